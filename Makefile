@@ -1,0 +1,39 @@
+# trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test lint format bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch pinned: an unpinned torch pulls several GB of CUDA wheels.
+	$(PIP) install --quiet "torch==2.13.0"
+	$(PIP) install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv
+	TRAINCTL_HOME=$${TRAINCTL_HOME:-$(CURDIR)/.trainctl-demo} \
+	$(VENV)/bin/trainctl submit train.py --source-dir examples/digits \
+		--instance-count 2 --distribution torch_distributed \
+		-p epochs=8 -p lr=0.1 -p seed=0
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .trainctl-demo .pytest_cache .ruff_cache

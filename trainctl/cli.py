@@ -1,0 +1,417 @@
+"""The `trainctl` command: a thin layer over the Python API (no logic of its own).
+
+Only typer is imported at module load; everything else loads inside the command that needs
+it, so `trainctl --help` is instant.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(
+    name="trainctl",
+    help="Managed training for PyTorch: submit jobs, follow their logs, fetch their models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+OutputOpt = typer.Option("text", "-o", "--output", help="Output format: text or json.")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+
+
+def handle_errors(fn):
+    """Turn trainctl errors into one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from trainctl.errors import SpecError, TrainctlError
+
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as exc:
+            _err(str(exc))
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except TrainctlError as exc:
+            _err(str(exc))
+            raise typer.Exit(EXIT_FAILED) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    return wrapper
+
+
+def _check_output(output: str) -> None:
+    if output not in ("text", "json"):
+        from trainctl.errors import SpecError
+
+        raise SpecError("--output", f"unknown format {output!r}; allowed: text, json")
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> dict[str, Any]:
+    """KEY=VALUE flags into a dict; with `typed`, JSON values (8 -> int) else strings."""
+    from trainctl.errors import SpecError
+
+    out: dict[str, Any] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(flag, f"{item!r} must be KEY=VALUE")
+        key = key.strip()
+        if typed:
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _load_job_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    from trainctl.errors import SpecError
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpecError("-f", f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError("-f", f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError("-f", f"{path} must hold a mapping of Estimator fields")
+    # Paths in the file are relative to the file, not to wherever trainctl runs.
+    for key in ("source_dir", "entry_point"):
+        if key in data and isinstance(data[key], str) and not Path(data[key]).is_absolute():
+            if key == "source_dir" or "source_dir" not in data:
+                data[key] = str((path.parent / data[key]).resolve())
+    return data
+
+
+@app.command()
+@handle_errors
+def submit(
+    entry_point: str | None = typer.Argument(None, help="The training script."),
+    source_dir: str | None = typer.Option(None, "--source-dir", help="Code directory."),
+    instance_type: str | None = typer.Option(None, "--instance-type", help="'local' (default)."),
+    instance_count: int | None = typer.Option(None, "--instance-count", help="Nodes."),
+    processes_per_host: int | None = typer.Option(None, "--processes-per-host"),
+    distribution: str | None = typer.Option(
+        None, "--distribution", help="torch_distributed | mpi | none (default: none)."
+    ),
+    hyperparameter: list[str] | None = typer.Option(
+        None, "-p", "--hyperparameter", help="KEY=VALUE (JSON values: 8, 0.1, true)."
+    ),
+    input_: list[str] | None = typer.Option(None, "--input", help="CHANNEL=URI."),
+    env: list[str] | None = typer.Option(None, "--env", help="K=V for the training script."),
+    job_name: str | None = typer.Option(None, "--job-name"),
+    output_path: str | None = typer.Option(None, "--output-path"),
+    checkpoint_s3_uri: str | None = typer.Option(None, "--checkpoint-uri"),
+    checkpoint_local_path: str | None = typer.Option(None, "--checkpoint-local-path"),
+    max_run: int | None = typer.Option(None, "--max-run", help="Seconds before stopping."),
+    image_uri: str | None = typer.Option(None, "--image"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
+    file: Path | None = typer.Option(
+        None, "-f", "--file", help="job.yaml with Estimator fields."
+    ),
+    output: str = OutputOpt,
+) -> None:
+    """Submit a training job; streams its logs and exits 0 only if it Completed."""
+    from trainctl.controller.controller import Controller
+    from trainctl.controller.logs import LogPrinter
+    from trainctl.controller.submit import create_job, default_store, spawn_controller
+    from trainctl.estimator import _print_summary
+    from trainctl.estimator.spec import build_spec, parse_distribution
+    from trainctl.state import JobState
+
+    _check_output(output)
+    fields: dict[str, Any] = _load_job_file(file) if file else {}
+    flags: dict[str, Any] = {
+        "entry_point": entry_point,
+        "source_dir": str(Path(source_dir).resolve()) if source_dir else None,
+        "instance_type": instance_type,
+        "instance_count": instance_count,
+        "processes_per_host": processes_per_host,
+        "job_name": job_name,
+        "output_path": output_path,
+        "checkpoint_s3_uri": checkpoint_s3_uri,
+        "checkpoint_local_path": checkpoint_local_path,
+        "max_run": max_run,
+        "image_uri": image_uri,
+    }
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    if distribution is not None:
+        fields["distribution"] = parse_distribution(distribution)
+    for key, values, typed, flag in (
+        ("hyperparameters", hyperparameter, True, "-p"),
+        ("inputs", input_, False, "--input"),
+        ("environment", env, False, "--env"),
+    ):
+        if values:
+            fields[key] = {**(fields.get(key) or {}), **parse_pairs(values, flag, typed=typed)}
+    if isinstance(fields.get("inputs"), str):
+        fields["inputs"] = {"training": fields["inputs"]}
+    spec = build_spec(**fields)
+    store = default_store()
+    record = create_job(spec, store)
+    if detach:
+        spawn_controller(store, record.name)
+        if output == "json":
+            _print_json(record.describe())
+        else:
+            sys.stdout.write(f"{record.name}\n")
+            sys.stderr.write(
+                f"job {record.name} started; follow it with `trainctl logs {record.name} -f`\n"
+            )
+        return
+    printer = LogPrinter(sys.stderr if output == "json" else sys.stdout)
+    printer.info(f"job {record.name} submitted (store {store.uri})")
+    controller = Controller(store, record.name, printer=printer)
+    final = controller.run()
+    _print_summary(printer, final)
+    if output == "json":
+        _print_json(final.describe())
+    if controller.interrupted_by_user:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if final.state is not JobState.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@handle_errors
+def jobs(output: str = OutputOpt) -> None:
+    """List jobs, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainctl.controller.record import list_jobs
+    from trainctl.controller.submit import default_store
+
+    _check_output(output)
+    records = list_jobs(default_store())
+    if output == "json":
+        _print_json([r.describe() for r in records])
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
+        table.add_column(col, no_wrap=True)
+    for r in records:
+        table.add_row(
+            r.name,
+            _state_text(r.state.value),
+            f"{r.spec.instance_count} x {r.spec.instance_type}",
+            r.created_at.replace("T", " ")[:19],
+            _duration(r.duration_s),
+            str(len(r.attempts)),
+        )
+    Console().print(table)
+
+
+def _state_text(state: str) -> Any:
+    from rich.text import Text
+
+    colour = {"Completed": "green", "Failed": "red", "Stopped": "yellow"}.get(state, "cyan")
+    return Text(state, style=colour)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
+
+
+@app.command()
+@handle_errors
+def status(job: str = typer.Argument(..., help="Job name."), output: str = OutputOpt) -> None:
+    """Show a job's state, attempts, failure reason and model."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainctl.controller.record import JobStore
+    from trainctl.controller.submit import default_store
+
+    _check_output(output)
+    record = JobStore(default_store(), job).load()
+    info = record.describe()
+    if output == "json":
+        _print_json(info)
+        return
+    console = Console(highlight=False)
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    rows = [
+        ("name", record.name),
+        ("state", _state_text(record.state.value)),
+        ("instances", f"{record.spec.instance_count} x {record.spec.instance_type}"),
+        ("launcher", record.spec.launcher),
+        ("entry point", f"{record.spec.entry_point} (in {record.spec.source_dir})"),
+        ("created", record.created_at),
+        ("duration", _duration(record.duration_s)),
+        ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
+        ("model", record.model_data or "-"),
+        ("store", info["store"]),
+    ]
+    if record.metrics:
+        rows.append(("metrics", ", ".join(f"{k}={v:g}" for k, v in record.metrics.items())))
+    if record.stop_reason:
+        rows.append(("stopped", record.stop_reason))
+    if record.failure_reason:
+        rows.append(("failure", record.failure_reason))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if record.failure_detail:
+        console.print(record.failure_detail, markup=False)
+    if record.attempts:
+        attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
+        for col in ("#", "STARTED", "ENDED", "NODES", "OUTCOME", "CAUSE"):
+            attempts.add_column(col)
+        for a in record.attempts:
+            attempts.add_row(
+                str(a.number),
+                a.started_at[11:19],
+                (a.ended_at or "")[11:19] or "-",
+                str(len(a.nodes)),
+                a.outcome or "running",
+                a.cause or "-",
+            )
+        console.print(attempts)
+
+
+@app.command()
+@handle_errors
+def logs(
+    job: str = typer.Argument(..., help="Job name."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
+) -> None:
+    """Print every node's log (all attempts) from the store."""
+    from trainctl.estimator import TrainingJob
+
+    TrainingJob.attach(job).logs(follow=follow)
+
+
+@app.command()
+@handle_errors
+def stop(job: str = typer.Argument(..., help="Job name.")) -> None:
+    """Stop a running job: every node's processes are ended."""
+    from trainctl.estimator import TrainingJob
+
+    info = TrainingJob.attach(job).stop(wait=True)
+    sys.stdout.write(f"{job}: {info['state']}\n")
+
+
+@app.command()
+@handle_errors
+def artifacts(
+    job: str = typer.Argument(..., help="Job name."),
+    action: str | None = typer.Argument(None, help="'get' to download one file."),
+    path: str | None = typer.Argument(None, help="With get: the file, relative to the job."),
+    dest: str | None = typer.Argument(None, help="With get: where to save it."),
+    output: str = OutputOpt,
+) -> None:
+    """Browse a job's files in the store (model, outputs, logs, checkpoints); `get` one."""
+    from trainctl.controller.artifacts import download_artifact, job_artifacts
+    from trainctl.controller.submit import default_store
+    from trainctl.errors import SpecError
+
+    _check_output(output)
+    store = default_store()
+    if action is None:
+        groups = job_artifacts(store, job)
+        if output == "json":
+            _print_json(
+                [
+                    {"root": root, "files": [{"path": i.key, "size": i.size} for i in infos]}
+                    for root, infos in groups
+                ]
+            )
+            return
+        _print_tree(groups)
+        return
+    if action != "get":
+        raise SpecError("action", f"unknown {action!r}; allowed: get")
+    if not path:
+        raise SpecError("PATH", "give the file to download, e.g. output/model.tar.gz")
+    saved = download_artifact(store, job, path, Path(dest) if dest else None)
+    sys.stdout.write(f"{saved}\n")
+
+
+def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:
+    from rich.console import Console
+    from rich.tree import Tree
+
+    console = Console(highlight=False)
+    for root, infos in groups:
+        tree = Tree(f"[bold]{root}[/]")
+        branches: dict[str, Tree] = {"": tree}
+        for info in infos:
+            parts = info.key.split("/")
+            for depth in range(1, len(parts)):
+                prefix = "/".join(parts[:depth])
+                if prefix not in branches:
+                    branches[prefix] = branches["/".join(parts[: depth - 1])].add(
+                        f"[bold blue]{parts[depth - 1]}/[/]"
+                    )
+            branches["/".join(parts[:-1])].add(f"{parts[-1]}  [dim]{_size(info.size)}[/]")
+        console.print(tree)
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+@app.command("ls")
+@handle_errors
+def ls_(
+    uri: str = typer.Argument(..., help="file:// or s3:// URI."), output: str = OutputOpt
+) -> None:
+    """List the objects under a store URI with sizes."""
+    from datetime import datetime
+
+    from trainctl.store import open_store
+
+    _check_output(output)
+    store = open_store(uri, field="URI")
+    infos = list(store.list(""))
+    if output == "json":
+        _print_json([{"key": i.key, "size": i.size, "mtime": i.mtime} for i in infos])
+        return
+    for info in infos:
+        stamp = datetime.fromtimestamp(info.mtime).strftime("%Y-%m-%d %H:%M:%S")
+        sys.stdout.write(f"{stamp}  {info.size:>12}  {store.url(info.key)}\n")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""What one attempt of a job runs on: written by the controller, read by every node agent."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NodeInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(ge=0)
+    host: str  # SageMaker-style logical name: algo-1, algo-2, ...
+    address: str  # where other nodes reach it (the master address for rank 0)
+    root: str  # layout root on that machine: '/' on cloud hosts, a per-node dir locally
+
+
+class ClusterInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str
+    attempt: int = Field(ge=1)
+    provider: str
+    instance_type: str
+    nodes: list[NodeInfo]
+    master_port: int = Field(ge=1, le=65535)
+    processes_per_host: int = Field(ge=1)
+    # Extra environment for every node from the provider (e.g. GLOO_SOCKET_IFNAME=lo locally).
+    network_env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def hosts(self) -> list[str]:
+        return [n.host for n in self.nodes]
+
+    @property
+    def master(self) -> NodeInfo:
+        return self.nodes[0]
+
+    def node(self, rank: int) -> NodeInfo:
+        return self.nodes[rank]
+
+
+def host_name(rank: int) -> str:
+    return f"algo-{rank + 1}"

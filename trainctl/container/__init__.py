@@ -1,0 +1,1 @@
+"""What runs on a node: the source archive and the in-container layout."""

@@ -1,0 +1,402 @@
+"""The node agent: one per node, started by the controller through the provider.
+
+It stages the node (code, SageMaker layout, channels, an isolated Python environment for
+`requirements.txt`), runs the launcher's command for its rank with the code directory as
+working directory, streams and saves the node's log, and on success uploads the model and
+output data. It talks back to the controller through its output: user lines verbatim,
+control messages as `@@trainctl@@ {json}` lines.
+
+Run as: python -m trainctl.container.agent --store URI --job NAME --attempt K --rank R
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+CONTROL_PREFIX = "@@trainctl@@ "
+EXIT_INFRA = 70  # the agent itself could not stage or run the node (not the user's code)
+
+
+def emit(event: str, **fields: Any) -> None:
+    """A control message for the controller, on the agent's own output."""
+    sys.stdout.write(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def parse_control(line: str) -> dict[str, Any] | None:
+    if not line.startswith(CONTROL_PREFIX):
+        return None
+    try:
+        msg = json.loads(line[len(CONTROL_PREFIX) :])
+    except json.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+# --- failure reasons -------------------------------------------------------------------
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+_LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
+
+
+def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
+    """(one-line reason, last traceback lines) from a worker's output.
+
+    Under torchrun the user's traceback is followed by torchrun's own (ChildFailedError);
+    the user's is the one worth showing, so launcher tracebacks are skipped.
+    """
+    clean = [_RANK_PREFIX.sub("", line) for line in lines]
+    blocks: list[list[str]] = []
+    i = 0
+    while i < len(clean):
+        if clean[i].lstrip().startswith("Traceback (most recent call last):"):
+            indent = len(clean[i]) - len(clean[i].lstrip())
+            block = [clean[i]]
+            i += 1
+            while i < len(clean):
+                block.append(clean[i])
+                body = clean[i][indent:] if len(clean[i]) > indent else clean[i].strip()
+                if body and not body[0].isspace() and not body.startswith("Traceback"):
+                    if not body.startswith(("During handling", "The above exception")):
+                        break
+                i += 1
+            blocks.append(block)
+        i += 1
+    user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
+    chosen = (user_blocks or blocks or [None])[-1]
+    if chosen is None:
+        tail = [line for line in clean if line.strip()][-5:]
+        return (tail[-1].strip()[:500] if tail else None), "\n".join(tail) or None
+    return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
+
+
+# --- staging ---------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def stage_channel(name: str, uri: str, dest: Path, log) -> None:
+    from trainctl.store import open_store, parse_uri
+
+    scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if scheme == "file":
+        src = Path(rest)
+        if not src.exists():
+            raise FileNotFoundError(f"input channel {name!r}: {uri} does not exist")
+        if src.is_dir():
+            dest.symlink_to(src, target_is_directory=True)
+        else:
+            dest.mkdir(exist_ok=True)
+            (dest / src.name).symlink_to(src)
+        log(f"channel {name}: linked {src}")
+        return
+    store = open_store(uri, field=f"inputs.{name}")
+    dest.mkdir(exist_ok=True)
+    count = 0
+    for info in store.list(""):
+        store.get_file(info.key, dest / info.key)
+        count += 1
+    if count == 0:  # the URI may name a single object rather than a prefix
+        parent_uri, _, leaf = uri.rstrip("/").rpartition("/")
+        open_store(parent_uri).get_file(leaf, dest / leaf)
+        count = 1
+    log(f"channel {name}: downloaded {count} file(s) from {uri}")
+
+
+def pack_directory(src: Path, dest: Path) -> bool:
+    """tar.gz of everything under src (names relative to it); False if src is empty."""
+    files = sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink())
+    if not files:
+        return False
+    with tarfile.open(dest, "w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
+    return True
+
+
+class LogShipper:
+    """Tees lines to the console and a log file, copying the file to the store now and then."""
+
+    def __init__(self, path: Path, store, key: str, interval: float) -> None:
+        self.path = path
+        self.store = store
+        self.key = key
+        self.interval = interval
+        self._file = path.open("a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+        self._shipped = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._thread.start()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            self._file.write(line + "\n")
+
+    def ship(self) -> None:
+        with self._lock:
+            self._file.flush()
+            size = self.path.stat().st_size
+        if size != self._shipped:
+            try:
+                self.store.put_file(self.key, self.path)
+                self._shipped = size
+            except Exception as exc:  # the store retries; a log copy must never kill training
+                sys.stderr.write(f"[trainctl] log upload failed: {exc}\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.ship()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.ship()
+        self._file.close()
+
+
+class Agent:
+    def __init__(self, store_uri: str, job: str, attempt: int, rank: int) -> None:
+        from trainctl.cluster import ClusterInfo
+        from trainctl.container.layout import Layout
+        from trainctl.controller.record import JobStore
+        from trainctl.settings import get_settings
+        from trainctl.store import open_store
+
+        self.settings = get_settings()
+        self.store = open_store(store_uri)
+        self.jobs = JobStore(self.store, job)
+        self.record = self.jobs.load()
+        self.spec = self.record.spec
+        self.cluster = ClusterInfo.model_validate_json(
+            self.store.get_text(self.jobs.keys.cluster(attempt))
+        )
+        self.rank = rank
+        self.attempt = attempt
+        self.node = self.cluster.node(rank)
+        self.layout = Layout(Path(self.node.root))
+        self.tail: deque[str] = deque(maxlen=400)
+        self.proc: subprocess.Popen[str] | None = None
+        self.stopping = False
+        log_path = self.layout.output / "node.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.logs = LogShipper(
+            log_path,
+            self.store,
+            self.jobs.keys.log(attempt, rank),
+            self.settings.log_sync_seconds,
+        )
+
+    def log(self, message: str) -> None:
+        self.logs.write(f"[trainctl] {message}")
+
+    # -- staging ------------------------------------------------------------------------
+    def stage(self) -> None:
+        from trainctl.container.layout import input_data_config, resource_config
+        from trainctl.container.packaging import safe_extract
+        from trainctl.store import open_store
+
+        for path in self.layout.all_dirs(self.spec):
+            path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="trainctl-src-") as tmp:
+            archive = Path(tmp) / "sourcedir.tar.gz"
+            parent_uri, _, leaf = self.record.source_uri.rpartition("/")
+            open_store(parent_uri).get_file(leaf, archive)
+            members = safe_extract(archive, self.layout.code)
+        self.log(f"code: {len(members)} entries from {self.record.source_uri}")
+        _write_json(self.layout.config / "hyperparameters.json", self.spec.hyperparameters)
+        _write_json(
+            self.layout.config / "resourceconfig.json", resource_config(self.cluster, self.rank)
+        )
+        _write_json(self.layout.config / "inputdataconfig.json", input_data_config(self.spec))
+        for name, uri in sorted(self.spec.inputs.items()):
+            stage_channel(name, uri, self.layout.channel(name), self.log)
+
+    def python(self) -> str:
+        from trainctl.container.pyenv import prepare_python
+
+        return prepare_python(self.layout.code, self.settings.home / "envs", self.logs.write)
+
+    def environment(self, extra: dict[str, str]) -> dict[str, str]:
+        from trainctl.container.layout import sagemaker_env
+
+        env = dict(os.environ)
+        env.update(self.cluster.network_env)
+        env.update(
+            sagemaker_env(
+                self.spec,
+                self.cluster,
+                self.rank,
+                self.layout,
+                num_gpus=count_gpus(),
+                num_cpus=os.cpu_count() or 1,
+                source_uri=self.record.source_uri,
+            )
+        )
+        env.update(extra)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.spec.environment)  # the user's explicit values win
+        return env
+
+    # -- running ------------------------------------------------------------------------
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
+            except ProcessLookupError:
+                pass
+        else:
+            raise SystemExit(128 + signum)
+
+    def run(self) -> int:
+        from trainctl.launcher import build_node_command
+
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        signal.signal(signal.SIGINT, self.on_sigterm)
+        emit("agent_started", rank=self.rank, pid=os.getpid())
+        try:
+            self.stage()
+            python = self.python()
+        except Exception as exc:
+            return self.finish(EXIT_INFRA, f"node setup failed: {exc}", None)
+        command = build_node_command(self.spec, self.cluster, self.rank, python=python)
+        if not command.argv:
+            emit("idle", rank=self.rank)
+            self.log("this host runs no launcher of its own; waiting for the job to end")
+            while not self.stopping:
+                time.sleep(0.5)
+            return self.finish(0, None, None)
+        env = self.environment(command.env)
+        self.log(f"launching: {' '.join(command.argv)}")
+        try:
+            self.proc = subprocess.Popen(
+                command.argv,
+                cwd=self.layout.code,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                bufsize=1,
+            )
+        except OSError as exc:
+            return self.finish(EXIT_INFRA, f"cannot start {command.argv[0]}: {exc}", None)
+        emit("launched", rank=self.rank, pid=self.proc.pid)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            self.logs.write(line)
+        code = self.proc.wait()
+        if code == 0:
+            return self.succeed()
+        reason, detail = self.failure_reason(code)
+        return self.finish(code, reason, detail)
+
+    def failure_reason(self, code: int) -> tuple[str, str | None]:
+        if self.stopping:
+            return f"stopped (exit code {code})", None
+        if self.layout.failure.is_file():
+            text = self.layout.failure.read_text(errors="replace").strip()
+            if text:
+                return text.splitlines()[-1][:500], text[-4000:]
+        reason, detail = failure_from_output(list(self.tail))
+        return (reason or f"exit code {code}"), detail
+
+    def succeed(self) -> int:
+        if self.rank == 0:
+            emit("uploading", rank=self.rank)
+            try:
+                self.upload_outputs()
+            except Exception as exc:
+                return self.finish(EXIT_INFRA, f"uploading outputs failed: {exc}", None)
+        return self.finish(0, None, None)
+
+    def upload_outputs(self) -> None:
+        from trainctl.controller.outputs import output_store
+
+        out = output_store(self.record)
+        with tempfile.TemporaryDirectory(prefix="trainctl-out-") as tmp:
+            model = Path(tmp) / "model.tar.gz"
+            if pack_directory(self.layout.model, model):
+                out.put_file("model.tar.gz", model)
+                self.log(f"model: {out.url('model.tar.gz')}")
+            data = Path(tmp) / "output.tar.gz"
+            if pack_directory(self.layout.output_data, data):
+                out.put_file("output.tar.gz", data)
+                self.log(f"output data: {out.url('output.tar.gz')}")
+
+    def finish(self, code: int, reason: str | None, detail: str | None) -> int:
+        if reason:
+            self.log(f"node failed: {reason}")
+        result = {
+            "rank": self.rank,
+            "exit_code": code,
+            "reason": reason,
+            "detail": detail,
+            "stopped": self.stopping,
+        }
+        try:
+            self.store.put_text(
+                self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
+            )
+        except Exception as exc:
+            sys.stderr.write(f"[trainctl] could not record the node result: {exc}\n")
+        self.logs.close()
+        emit("result", **result)
+        return code
+
+
+def count_gpus() -> int:
+    """GPUs visible to this node, without importing torch (slow) into the agent."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainctl-agent")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        agent = Agent(args.store, args.job, args.attempt, args.rank)
+    except Exception as exc:
+        emit("result", rank=args.rank, exit_code=EXIT_INFRA, reason=f"agent start failed: {exc}")
+        return EXIT_INFRA
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The SageMaker-compatible in-node contract: /opt/ml paths and SM_* environment.
+
+Pure functions of (spec, cluster, rank, layout root), so the exact environment a node gets
+can be asserted in tests and shown in a dry run. On cloud hosts the root is '/', off the
+cloud it is a per-node directory and every variable points there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainctl.cluster import ClusterInfo
+from trainctl.estimator.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def ml(self) -> Path:
+        return self.root / "opt" / "ml"
+
+    @property
+    def code(self) -> Path:
+        return self.ml / "code"
+
+    @property
+    def input(self) -> Path:
+        return self.ml / "input"
+
+    @property
+    def config(self) -> Path:
+        return self.input / "config"
+
+    @property
+    def data(self) -> Path:
+        return self.input / "data"
+
+    def channel(self, name: str) -> Path:
+        return self.data / name
+
+    @property
+    def model(self) -> Path:
+        return self.ml / "model"
+
+    @property
+    def output(self) -> Path:
+        return self.ml / "output"
+
+    @property
+    def output_data(self) -> Path:
+        return self.output / "data"
+
+    @property
+    def failure(self) -> Path:
+        return self.output / "failure"
+
+    def checkpoints(self, spec: JobSpec) -> Path:
+        """The local checkpoint dir; '/opt/ml/...' paths are rebased onto the layout root."""
+        path = spec.checkpoint_local_path or "/opt/ml/checkpoints"
+        if path == "/opt/ml" or path.startswith("/opt/ml/"):
+            return self.root / path.lstrip("/")
+        return Path(path)
+
+    def all_dirs(self, spec: JobSpec) -> list[Path]:
+        return [
+            self.code,
+            self.config,
+            self.data,
+            self.model,
+            self.output_data,
+            self.checkpoints(spec),
+        ]
+
+
+def env_suffix(name: str) -> str:
+    """Upper-case name usable in a shell variable: 'batch-size' -> 'BATCH_SIZE'."""
+    return re.sub(r"[^A-Z0-9_]", "_", name.upper())
+
+
+def hyperparameter_args(hyperparameters: dict[str, Any]) -> list[str]:
+    """`--key value` pairs, keys verbatim (SageMaker semantics: 'batch-size' stays as is)."""
+    args: list[str] = []
+    for key, value in hyperparameters.items():
+        args += [f"--{key}", format_hp_value(value)]
+    return args
+
+
+def format_hp_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)) or value is None:
+        return json.dumps(value)
+    return str(value)
+
+
+def resource_config(cluster: ClusterInfo, rank: int) -> dict[str, Any]:
+    return {
+        "current_host": cluster.node(rank).host,
+        "current_instance_type": cluster.instance_type,
+        "current_group_name": "homogeneousCluster",
+        "hosts": cluster.hosts,
+        "instance_groups": [
+            {
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": cluster.instance_type,
+                "hosts": cluster.hosts,
+            }
+        ],
+        "network_interface_name": cluster.network_env.get("GLOO_SOCKET_IFNAME", "eth0"),
+    }
+
+
+def input_data_config(spec: JobSpec) -> dict[str, Any]:
+    return {
+        name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}
+        for name in spec.inputs
+    }
+
+
+def sagemaker_env(
+    spec: JobSpec,
+    cluster: ClusterInfo,
+    rank: int,
+    layout: Layout,
+    *,
+    num_gpus: int,
+    num_cpus: int,
+    source_uri: str = "",
+) -> dict[str, str]:
+    """The SM_* (and MASTER_*) variables for the node of this rank."""
+    node = cluster.node(rank)
+    channels = sorted(spec.inputs)
+    user_args = hyperparameter_args(spec.hyperparameters)
+    training_env: dict[str, Any] = {
+        "job_name": cluster.job,
+        "hosts": cluster.hosts,
+        "current_host": node.host,
+        "current_host_rank": rank,
+        "host_count": len(cluster.nodes),
+        "master_addr": cluster.master.address,
+        "master_port": cluster.master_port,
+        "num_gpus": num_gpus,
+        "num_cpus": num_cpus,
+        "model_dir": str(layout.model),
+        "output_dir": str(layout.output),
+        "output_data_dir": str(layout.output_data),
+        "input_dir": str(layout.input),
+        "input_config_dir": str(layout.config),
+        "input_data_config": input_data_config(spec),
+        "resource_config": resource_config(cluster, rank),
+        "channel_input_dirs": {c: str(layout.channel(c)) for c in channels},
+        "hyperparameters": spec.hyperparameters,
+        "user_entry_point": spec.entry_point,
+        "module_dir": source_uri,
+        "checkpoint_dir": str(layout.checkpoints(spec)),
+        "log_level": 20,
+    }
+    env = {
+        "SM_TRAINING_ENV": json.dumps(training_env),
+        "SM_HOSTS": json.dumps(cluster.hosts),
+        "SM_CURRENT_HOST": node.host,
+        "SM_CURRENT_HOST_RANK": str(rank),
+        "SM_HOST_COUNT": str(len(cluster.nodes)),
+        "SM_MASTER_ADDR": cluster.master.address,
+        "SM_MASTER_PORT": str(cluster.master_port),
+        "SM_NUM_GPUS": str(num_gpus),
+        "SM_NUM_CPUS": str(num_cpus),
+        "SM_MODEL_DIR": str(layout.model),
+        "SM_OUTPUT_DIR": str(layout.output),
+        "SM_OUTPUT_DATA_DIR": str(layout.output_data),
+        "SM_INPUT_DIR": str(layout.input),
+        "SM_INPUT_CONFIG_DIR": str(layout.config),
+        "SM_INPUT_DATA_CONFIG": json.dumps(input_data_config(spec)),
+        "SM_RESOURCE_CONFIG": json.dumps(resource_config(cluster, rank)),
+        "SM_CHECKPOINT_DIR": str(layout.checkpoints(spec)),
+        "SM_CHANNELS": json.dumps(channels),
+        "SM_HPS": json.dumps(spec.hyperparameters),
+        "SM_USER_ENTRY_POINT": spec.entry_point,
+        "SM_USER_ARGS": json.dumps(user_args),
+        "SM_MODULE_DIR": source_uri,
+        "SM_MODULE_NAME": Path(spec.entry_point).stem,
+        "SM_LOG_LEVEL": "20",
+        "SM_NETWORK_INTERFACE_NAME": resource_config(cluster, rank)["network_interface_name"],
+    }
+    for channel in channels:
+        env[f"SM_CHANNEL_{env_suffix(channel)}"] = str(layout.channel(channel))
+    for key, value in spec.hyperparameters.items():
+        env[f"SM_HP_{env_suffix(key)}"] = format_hp_value(value)
+    return env

@@ -1,0 +1,1 @@
+"""The job controller: state machine, lease, log multiplexing, teardown."""

@@ -1,0 +1,250 @@
+"""A job's record in the store: job.json (atomic replace), events.jsonl, lease, stop marker.
+
+The controller that holds the lease is the only writer of job.json and events.jsonl; other
+processes (status, stop, logs) read them, and ask for a stop by writing a marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainctl.errors import JobNotFoundError, NotFoundError
+from trainctl.estimator.spec import JobSpec
+from trainctl.state import JobState, can_transition
+from trainctl.store import Store
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+class JobKeys:
+    """Store keys of one job (see design.md, 'The data path')."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prefix = f"jobs/{name}"
+
+    @property
+    def record(self) -> str:
+        return f"{self.prefix}/job.json"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}/events.jsonl"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.prefix}/lease.json"
+
+    @property
+    def stop(self) -> str:
+        return f"{self.prefix}/control/stop"
+
+    @property
+    def output(self) -> str:
+        return f"{self.prefix}/output"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.prefix}/checkpoints"
+
+    def log(self, attempt: int, rank: int) -> str:
+        return f"{self.prefix}/logs/attempt-{attempt}/node-{rank}.log"
+
+    def logs_dir(self, attempt: int) -> str:
+        return f"{self.prefix}/logs/attempt-{attempt}"
+
+    def cluster(self, attempt: int) -> str:
+        return f"{self.prefix}/attempts/attempt-{attempt}/cluster.json"
+
+    def node_result(self, attempt: int, rank: int) -> str:
+        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.result.json"
+
+
+def source_key(sha256: str) -> str:
+    # Content-addressed and shared by all jobs: an unchanged source is uploaded once.
+    return f"sources/{sha256}/sourcedir.tar.gz"
+
+
+class AttemptNode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int
+    host: str
+    address: str
+
+
+class Attempt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    started_at: str
+    ended_at: str | None = None
+    nodes: list[AttemptNode] = Field(default_factory=list)
+    outcome: str | None = None  # completed | failed | stopped | interrupted
+    cause: str | None = None
+    exit_code: int | None = None
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    state: JobState = JobState.PENDING
+    spec: JobSpec
+    store_uri: str
+    source_uri: str
+    source_sha256: str
+    owner: str
+    trainctl_version: str
+    created_at: str
+    updated_at: str
+    started_at: str | None = None
+    training_started_at: str | None = None
+    ended_at: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    failure_reason: str | None = None
+    failure_detail: str | None = None
+    exit_code: int | None = None
+    stop_reason: str | None = None
+    model_data: str | None = None
+    output_data: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        if not self.started_at:
+            return None
+        end = parse_iso(self.ended_at) if self.ended_at else time.time()
+        return round(end - parse_iso(self.started_at), 3)
+
+    def describe(self) -> dict[str, Any]:
+        """The user-facing summary (`status -o json`, `job.describe()`)."""
+        spec = self.spec
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "training_started_at": self.training_started_at,
+            "ended_at": self.ended_at,
+            "duration_s": self.duration_s,
+            "instance_type": spec.instance_type,
+            "instance_count": spec.instance_count,
+            "launcher": spec.launcher,
+            "entry_point": spec.entry_point,
+            "source_dir": spec.source_dir,
+            "hyperparameters": spec.hyperparameters,
+            "attempts": [a.model_dump() for a in self.attempts],
+            "failure_reason": self.failure_reason,
+            "failure_detail": self.failure_detail,
+            "exit_code": self.exit_code,
+            "stop_reason": self.stop_reason,
+            "model_data": self.model_data,
+            "output_data": self.output_data,
+            "metrics": self.metrics,
+            "store": f"{self.store_uri}/jobs/{self.name}",
+        }
+
+
+def owner_id() -> str:
+    try:
+        user = os.getlogin()
+    except OSError:
+        user = os.environ.get("USER") or str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+class JobStore:
+    """Reads and writes one job's record; the controller is the single writer."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.keys = JobKeys(name)
+
+    def exists(self) -> bool:
+        return self.store.exists(self.keys.record)
+
+    def load(self) -> JobRecord:
+        try:
+            raw = self.store.get_text(self.keys.record)
+        except NotFoundError:
+            raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
+        return JobRecord.model_validate_json(raw)
+
+    def save(self, record: JobRecord) -> None:
+        record.updated_at = now_iso()
+        self.store.put_text(self.keys.record, record.model_dump_json(indent=2))
+
+    def event(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"time": now_iso(), "type": kind, **fields}, default=str)
+        self.store.append_bytes(self.keys.events, (line + "\n").encode())
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            raw = self.store.get_text(self.keys.events)
+        except NotFoundError:
+            return []
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+    def transition(self, record: JobRecord, state: JobState, **detail: Any) -> None:
+        """Move to `state`, recording the event; ignored if the record is already terminal."""
+        if record.state == state:
+            return
+        if not can_transition(record.state, state):
+            raise RuntimeError(f"invalid transition {record.state} -> {state}")
+        previous = record.state
+        record.state = state
+        if state is JobState.PROVISIONING and record.started_at is None:
+            record.started_at = now_iso()
+        if state is JobState.TRAINING and record.training_started_at is None:
+            record.training_started_at = now_iso()
+        if state.is_terminal():
+            record.ended_at = now_iso()
+        self.save(record)
+        self.event("state", state=state.value, previous=previous.value, **detail)
+
+    # -- stop requests -------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        self.store.put_text(self.keys.stop, json.dumps({"time": now_iso(), "reason": reason}))
+
+    def stop_requested(self) -> str | None:
+        try:
+            return str(json.loads(self.store.get_text(self.keys.stop)).get("reason", "stopped"))
+        except NotFoundError:
+            return None
+
+    # -- lease ---------------------------------------------------------------------------
+    def write_lease(self, holder: dict[str, Any]) -> None:
+        self.store.put_text(self.keys.lease, json.dumps({**holder, "renewed_at": time.time()}))
+
+    def read_lease(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.store.get_text(self.keys.lease)))
+        except NotFoundError:
+            return None
+
+    def release_lease(self) -> None:
+        self.store.delete(self.keys.lease)
+
+
+def list_jobs(store: Store) -> list[JobRecord]:
+    records = []
+    for name in store.list_dirs("jobs"):
+        try:
+            records.append(JobStore(store, name).load())
+        except (JobNotFoundError, ValueError):
+            continue  # a job being created, or an unreadable record: skip, don't fail the list
+    return sorted(records, key=lambda r: r.created_at, reverse=True)

@@ -1,0 +1,189 @@
+"""Submitting, stopping and waiting for jobs: the calls the Estimator and the CLI share."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from trainctl import __version__
+from trainctl.controller.record import JobRecord, JobStore, now_iso, owner_id, source_key
+from trainctl.errors import SpecError, TrainctlError
+from trainctl.estimator.spec import JobSpec
+from trainctl.settings import get_settings
+from trainctl.state import JobState
+from trainctl.store import Store, open_store, parse_uri
+from trainctl.transport.procs import CONTROLLER_TAG
+
+
+def default_store() -> Store:
+    return open_store(get_settings().store_uri, field="TRAINCTL_STORE")
+
+
+def generate_job_name(entry_point: str) -> str:
+    stem = "".join(c if c.isalnum() else "-" for c in Path(entry_point).stem).strip("-") or "job"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stem[:36].strip('-')}-{stamp}-{secrets.token_hex(2)}"
+
+
+def preflight(spec: JobSpec) -> None:
+    """Checks that need the outside world, done before anything is uploaded or started."""
+    from trainctl.provisioning import get_provider
+
+    get_provider(spec.instance_type)
+    if spec.image_uri:
+        raise SpecError(
+            "image_uri",
+            "running in a container image is not supported by this version of trainctl yet; "
+            "leave image_uri unset to run the entry point as processes",
+        )
+    for name, uri in spec.inputs.items():
+        scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+        if scheme == "file" and not Path(rest).exists():
+            raise SpecError(f"inputs.{name}", f"{uri} does not exist")
+
+
+def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
+    """Validate, package and upload the source, and record the job (state Pending)."""
+    from trainctl.container.packaging import package_source
+
+    store = store or default_store()
+    preflight(spec)
+    name = spec.job_name or generate_job_name(spec.entry_point)
+    jobs = JobStore(store, name)
+    if jobs.exists():
+        raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
+    settings = get_settings()
+    with tempfile.TemporaryDirectory(prefix="trainctl-pkg-") as tmp:
+        packaged = package_source(
+            Path(spec.source_dir),
+            Path(tmp) / "sourcedir.tar.gz",
+            max_bytes=int(settings.max_source_mb * 1024 * 1024),
+        )
+        key = source_key(packaged.sha256)
+        if not store.exists(key):
+            store.put_file(key, packaged.path)
+    now = now_iso()
+    record = JobRecord(
+        name=name,
+        spec=spec.model_copy(update={"job_name": name}),
+        store_uri=store.uri,
+        source_uri=store.url(key),
+        source_sha256=packaged.sha256,
+        owner=owner_id(),
+        trainctl_version=__version__,
+        created_at=now,
+        updated_at=now,
+    )
+    jobs.save(record)
+    jobs.event("state", state=JobState.PENDING.value, previous=None)
+    jobs.event(
+        "source",
+        uri=record.source_uri,
+        sha256=packaged.sha256,
+        files=packaged.file_count,
+        bytes=packaged.size,
+    )
+    return record
+
+
+def controller_log_path(name: str) -> Path:
+    return get_settings().home / "controllers" / f"{name}.log"
+
+
+def spawn_controller(store: Store, name: str) -> int:
+    """Run the job's controller as a detached process; returns its pid."""
+    log_path = controller_log_path(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, CONTROLLER_TAG: name}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainctl.controller", "--store", store.uri, name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the terminal that submitted it
+            env=env,
+            close_fds=True,
+        )
+    JobStore(store, name).event("controller_spawned", pid=proc.pid, host=socket.gethostname())
+    return proc.pid
+
+
+def lease_is_live(jobs: JobStore) -> bool:
+    lease = jobs.read_lease()
+    if not lease:
+        return False
+    if time.time() - float(lease.get("renewed_at", 0)) > get_settings().lease_seconds:
+        return False
+    if lease.get("host") == socket.gethostname():
+        pid = int(lease.get("pid", 0))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+    return True
+
+
+def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120.0) -> JobRecord:
+    """Ask the job's controller to stop it; take over if no controller is alive."""
+    jobs = JobStore(store, name)
+    record = jobs.load()
+    if record.state.is_terminal():
+        return record
+    jobs.request_stop("stopped by the user")
+    lease = jobs.read_lease()
+    if lease and lease.get("host") == socket.gethostname():
+        try:  # wakes the controller at once instead of at its next store poll
+            os.kill(int(lease["pid"]), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError, KeyError, ValueError):
+            pass
+    if not wait:
+        return record
+    deadline = time.monotonic() + timeout
+    grace_until = time.monotonic() + 5.0  # a freshly spawned controller may not hold the lease yet
+    while time.monotonic() < deadline:
+        record = jobs.load()
+        if record.state.is_terminal():
+            return record
+        if not lease_is_live(jobs) and time.monotonic() > grace_until:
+            return _stop_orphaned(store, jobs)
+        time.sleep(0.25)
+    raise TrainctlError(f"job {name!r} did not stop within {timeout:.0f} s")
+
+
+def _stop_orphaned(store: Store, jobs: JobStore) -> JobRecord:
+    """No controller is alive: end what the job left behind and record it Stopped."""
+    from trainctl.provisioning import get_provider
+
+    record = jobs.load()
+    provider = get_provider(record.spec.instance_type)
+    provider.terminate(record.name, grace=get_settings().stop_grace_seconds)
+    if not record.state.is_terminal():
+        record.stop_reason = "stopped by the user (no controller was running)"
+        if record.attempts and record.attempts[-1].ended_at is None:
+            record.attempts[-1].ended_at = now_iso()
+            record.attempts[-1].outcome = "stopped"
+        jobs.transition(record, JobState.STOPPED, stop_reason=record.stop_reason)
+    return record
+
+
+def wait_for(store: Store, name: str, timeout: float | None = None, poll: float = 0.5) -> JobRecord:
+    jobs = JobStore(store, name)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        record = jobs.load()
+        if record.state.is_terminal():
+            return record
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {name!r} is still {record.state.value} after {timeout} s")
+        time.sleep(poll)

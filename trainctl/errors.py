@@ -1,0 +1,35 @@
+"""Errors users see. Every message is one line that names what is wrong and what is allowed."""
+
+from __future__ import annotations
+
+
+class TrainctlError(Exception):
+    """Base class for errors reported to the user as a single line (no traceback)."""
+
+
+class SpecError(TrainctlError, ValueError):
+    """Bad input, found before anything is provisioned, uploaded or started."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class StoreError(TrainctlError):
+    """A store operation failed (after the store's own retries)."""
+
+
+class NotFoundError(StoreError, KeyError):
+    """The object or job does not exist in the store."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; users get the plain message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class JobNotFoundError(NotFoundError):
+    pass
+
+
+class PackagingError(TrainctlError):
+    """The source directory cannot be packaged, or an archive is unsafe to extract."""

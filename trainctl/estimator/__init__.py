@@ -1,0 +1,223 @@
+"""The user API: `Estimator` builds a validated JobSpec; `TrainingJob` is a handle to a job.
+
+No cloud calls here: the controller does the work, in this process (`fit(wait=True)`) or in
+a detached one (`fit(wait=False)`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from trainctl.errors import SpecError, TrainctlError
+from trainctl.estimator.spec import JobSpec, build_spec
+from trainctl.state import JobState
+
+__all__ = ["Estimator", "JobFailedError", "JobSpec", "TrainingJob"]
+
+
+class JobFailedError(TrainctlError):
+    """`fit()` / `wait()` ended with the job not Completed; `.job` is its handle."""
+
+    def __init__(self, job: TrainingJob, record: Any) -> None:
+        self.job = job
+        why = record.failure_reason or record.stop_reason or ""
+        code = f" (exit code {record.exit_code})" if record.exit_code not in (None, 0) else ""
+        super().__init__(f"job {job.name} {record.state.value}{code}" + (f": {why}" if why else ""))
+
+
+class TrainingJob:
+    """A handle to a job in the store: describe, wait, follow logs, stop."""
+
+    def __init__(self, name: str, store: Any = None) -> None:
+        from trainctl.controller.submit import default_store
+
+        self.name = name
+        self.store = store or default_store()
+
+    @classmethod
+    def attach(cls, name: str, store_uri: str | None = None) -> TrainingJob:
+        from trainctl.controller.record import JobStore
+        from trainctl.store import open_store
+
+        job = cls(name, open_store(store_uri) if store_uri else None)
+        JobStore(job.store, name).load()  # fail now if there is no such job
+        return job
+
+    def _record(self):
+        from trainctl.controller.record import JobStore
+
+        return JobStore(self.store, self.name).load()
+
+    def describe(self) -> dict[str, Any]:
+        return self._record().describe()
+
+    @property
+    def state(self) -> JobState:
+        return self._record().state
+
+    @property
+    def model_data(self) -> str | None:
+        return self._record().model_data
+
+    def events(self) -> list[dict[str, Any]]:
+        from trainctl.controller.record import JobStore
+
+        return JobStore(self.store, self.name).events()
+
+    def wait(self, logs: bool = False, timeout: float | None = None, raise_on_failure: bool = True):
+        """Block until the job ends; with `logs`, stream its node logs meanwhile."""
+        from trainctl.controller.submit import wait_for
+
+        if logs:
+            self.logs(follow=True)
+        record = wait_for(self.store, self.name, timeout=timeout)
+        if raise_on_failure and record.state is not JobState.COMPLETED:
+            raise JobFailedError(self, record)
+        return record.describe()
+
+    def logs(self, follow: bool = False, stream: Any = None) -> None:
+        from trainctl.controller.logs import LogPrinter, follow_logs
+
+        follow_logs(
+            self.store,
+            self.name,
+            LogPrinter(stream or sys.stdout),
+            follow=follow,
+            is_done=lambda: self._record().state.is_terminal(),
+        )
+
+    def stop(self, wait: bool = True) -> dict[str, Any]:
+        from trainctl.controller.submit import stop_job
+
+        return stop_job(self.store, self.name, wait=wait).describe()
+
+    def __repr__(self) -> str:
+        return f"TrainingJob({self.name!r})"
+
+
+class Estimator:
+    """SageMaker-style estimator: describe the job once, `fit()` it on inputs.
+
+    `instance_type="local"` (the default) runs each node as local processes with the store
+    in a directory; the same code runs elsewhere by changing the instance type.
+    """
+
+    def __init__(
+        self,
+        entry_point: str,
+        source_dir: str | None = None,
+        *,
+        instance_type: str = "local",
+        instance_count: int = 1,
+        processes_per_host: int | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        distribution: dict[str, Any] | None = None,
+        environment: dict[str, str] | None = None,
+        output_path: str | None = None,
+        checkpoint_s3_uri: str | None = None,
+        checkpoint_local_path: str | None = None,
+        max_run: int | None = None,
+        job_name: str | None = None,
+        base_job_name: str | None = None,
+        metric_definitions: list[dict[str, str]] | None = None,
+        image_uri: str | None = None,
+        store_uri: str | None = None,
+    ) -> None:
+        self._fields: dict[str, Any] = {
+            "entry_point": entry_point,
+            "source_dir": source_dir,
+            "instance_type": instance_type,
+            "instance_count": instance_count,
+            "processes_per_host": processes_per_host,
+            "hyperparameters": dict(hyperparameters or {}),
+            "distribution": distribution,
+            "environment": dict(environment or {}),
+            "output_path": output_path,
+            "checkpoint_s3_uri": checkpoint_s3_uri,
+            "checkpoint_local_path": checkpoint_local_path,
+            "max_run": max_run,
+            "job_name": job_name,
+            "metric_definitions": metric_definitions,
+            "image_uri": image_uri,
+        }
+        self.base_job_name = base_job_name
+        self.store_uri = store_uri
+        self.spec = build_spec(**self._fields)  # bad input fails here, at construction
+        self.latest_training_job: TrainingJob | None = None
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.spec.hyperparameters)
+
+    @property
+    def model_data(self) -> str | None:
+        return self.latest_training_job.model_data if self.latest_training_job else None
+
+    def fit(
+        self,
+        inputs: str | dict[str, str] | None = None,
+        wait: bool = True,
+        logs: bool = True,
+        job_name: str | None = None,
+    ) -> TrainingJob:
+        """Run the job. `inputs`: a URI (channel 'training') or {channel: URI}.
+
+        With `wait`, returns when the job ends and raises JobFailedError unless it
+        Completed; without, returns at once while a detached controller runs the job.
+        """
+        from trainctl.controller.controller import Controller
+        from trainctl.controller.logs import LogPrinter
+        from trainctl.controller.submit import create_job, default_store, spawn_controller
+        from trainctl.store import open_store
+
+        if isinstance(inputs, str):
+            inputs = {"training": inputs}
+        elif inputs is not None and not isinstance(inputs, dict):
+            raise SpecError("inputs", "must be a URI string or a {channel: URI} dict")
+        fields = {**self._fields, "inputs": dict(inputs or {})}
+        if job_name or self._fields["job_name"]:
+            fields["job_name"] = job_name or self._fields["job_name"]
+        elif self.base_job_name:
+            from trainctl.controller.submit import generate_job_name
+
+            fields["job_name"] = generate_job_name(self.base_job_name)
+        spec = build_spec(**fields)
+        store = open_store(self.store_uri) if self.store_uri else default_store()
+        record = create_job(spec, store)
+        job = TrainingJob(record.name, store)
+        self.latest_training_job = job
+        if not wait:
+            spawn_controller(store, record.name)
+            return job
+        printer = LogPrinter(sys.stdout) if logs else None
+        controller = Controller(store, record.name, printer=printer)
+        if printer:
+            printer.info(f"job {record.name} submitted (store {store.uri})")
+        final = controller.run()
+        if printer:
+            _print_summary(printer, final)
+        if controller.interrupted_by_user:
+            raise KeyboardInterrupt
+        if final.state is not JobState.COMPLETED:
+            raise JobFailedError(job, final)
+        return job
+
+    @classmethod
+    def attach(cls, job_name: str, store_uri: str | None = None) -> TrainingJob:
+        """A handle to an existing job (running or ended)."""
+        return TrainingJob.attach(job_name, store_uri)
+
+
+def _print_summary(printer: Any, record: Any) -> None:
+    duration = f"{record.duration_s:.1f} s" if record.duration_s is not None else "-"
+    printer.info(f"job {record.name}: {record.state.value} in {duration}")
+    if record.model_data:
+        printer.info(f"model: {record.model_data}")
+    if record.failure_reason:
+        printer.info(f"failure: {record.failure_reason}")
+        if record.failure_detail:
+            for line in record.failure_detail.splitlines():
+                printer.info(f"  {line}")
+    if record.stop_reason:
+        printer.info(f"stopped: {record.stop_reason}")

@@ -1,0 +1,301 @@
+"""The job specification: every field a user can give, validated before anything runs.
+
+The Estimator, `trainctl submit` flags and `-f job.yaml` all end up here, so one set of rules
+(and one wording of each error) serves every entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trainctl.errors import SpecError
+
+# SageMaker's job-name rule, so names carry over both ways.
+JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HP_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+IMAGE_URI_RE = re.compile(
+    r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[\w][\w.-]{0,127})?"
+    r"(?:@sha256:[0-9a-f]{64})?$"
+)
+SUPPORTED_URI_SCHEMES = ("file", "s3")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TorchDistributed(_Strict):
+    enabled: bool = True
+
+
+class MPIDistribution(_Strict):
+    enabled: bool = True
+    processes_per_host: int | None = Field(default=None, ge=1)
+    custom_mpi_options: str = ""
+
+
+class Distribution(_Strict):
+    """Which launcher runs the entry point on each host. Absent: plain `python`, once per host."""
+
+    torch_distributed: TorchDistributed | None = None
+    mpi: MPIDistribution | None = None
+
+    @model_validator(mode="after")
+    def _one_launcher(self) -> Distribution:
+        if (
+            self.torch_distributed
+            and self.torch_distributed.enabled
+            and self.mpi
+            and self.mpi.enabled
+        ):
+            raise ValueError("enable either torch_distributed or mpi, not both")
+        return self
+
+    @property
+    def launcher(self) -> str:
+        """'torchrun', 'mpi' or 'python'."""
+        if self.torch_distributed and self.torch_distributed.enabled:
+            return "torchrun"
+        if self.mpi and self.mpi.enabled:
+            return "mpi"
+        return "python"
+
+
+class MetricDefinition(_Strict):
+    Name: str = Field(min_length=1, max_length=255)
+    Regex: str = Field(min_length=1, max_length=500)
+
+    @field_validator("Regex")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            pattern = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        if pattern.groups < 1:
+            raise ValueError("needs one capture group for the metric's value")
+        return v
+
+
+def _check_uri(value: str, field: str) -> str:
+    from trainctl.store import validate_uri
+
+    validate_uri(value, field=field)
+    return value
+
+
+def _check_json_value(value: Any, path: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is not JSON-serialisable ({exc})") from None
+
+
+class JobSpec(_Strict):
+    """Everything needed to run a job; stored as `spec` in the job's job.json."""
+
+    entry_point: str
+    source_dir: str  # absolute, resolved
+    instance_type: str = "local"
+    instance_count: int = Field(default=1, ge=1, le=512)
+    processes_per_host: int | None = Field(default=None, ge=1, le=64)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    distribution: Distribution | None = None
+    environment: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict)
+    output_path: str | None = None
+    checkpoint_s3_uri: str | None = None
+    checkpoint_local_path: str | None = None
+    max_run: int = Field(default=86400, ge=1, le=28 * 86400)
+    job_name: str | None = None
+    metric_definitions: list[MetricDefinition] = Field(default_factory=list)
+    image_uri: str | None = None
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_relative(cls, v: str) -> str:
+        if not v or not v.strip():
+            raise ValueError("is required (the script to run, e.g. train.py)")
+        return v
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance_type(cls, v: str) -> str:
+        from trainctl.provisioning.catalog import check_instance_type
+
+        check_instance_type(v)
+        return v
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hp_json(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, value in v.items():
+            if not isinstance(key, str) or not HP_KEY_RE.match(key):
+                raise ValueError(
+                    f"key {key!r} must start with a letter, digit or '_' and use only "
+                    "letters, digits, '_', '-' and '.'"
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key}={value!r} is not a finite number")
+            _check_json_value(value, key)
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("inputs")
+    @classmethod
+    def _channels(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, uri in v.items():
+            if not CHANNEL_RE.match(name):
+                raise ValueError(
+                    f"channel name {name!r} must be 1-64 letters, digits, '_', '-' or '.'"
+                )
+            _check_uri(uri, f"inputs.{name}")
+        return v
+
+    @field_validator("output_path", "checkpoint_s3_uri")
+    @classmethod
+    def _uris(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else _check_uri(v, info.field_name)
+
+    @field_validator("checkpoint_local_path")
+    @classmethod
+    def _abs_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path (e.g. /opt/ml/checkpoints)")
+        return v
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, v: str | None) -> str | None:
+        if v is not None and not JOB_NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} is invalid: 1-63 letters, digits and hyphens, starting and ending "
+                "with a letter or digit"
+            )
+        return v
+
+    @field_validator("image_uri")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not IMAGE_URI_RE.match(v):
+            raise ValueError(f"{v!r} is not an image reference like registry/repo:tag")
+        return v
+
+    @model_validator(mode="after")
+    def _files_exist(self) -> JobSpec:
+        # Raised as ValueError with the field named in the text: pydantic wraps validator
+        # errors, and a model-level error has no location of its own.
+        source = Path(self.source_dir)
+        if not source.is_dir():
+            raise ValueError(f"source_dir: {source} is not a directory")
+        entry = Path(self.entry_point)
+        if entry.is_absolute():
+            raise ValueError(f"entry_point: {entry} must be relative to source_dir {source}")
+        resolved = (source / entry).resolve()
+        if not resolved.is_relative_to(source.resolve()):
+            raise ValueError(f"entry_point: {entry} is outside source_dir {source}")
+        if not resolved.is_file():
+            raise ValueError(f"entry_point: {entry} not found in source_dir {source}")
+        return self
+
+    @property
+    def launcher(self) -> str:
+        return self.distribution.launcher if self.distribution else "python"
+
+
+def _format_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        for prefix in ("Value error, ", "Assertion failed, "):
+            msg = msg.removeprefix(prefix)
+        if err["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in err["loc"][:-1])
+            allowed = _allowed_keys(parent)
+            msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif err["type"] == "missing":
+            msg = "is required"
+        parts.append(f"{loc}: {msg}" if err["loc"] else msg)
+    return "; ".join(parts)
+
+
+def _allowed_keys(parent: str) -> list[str]:
+    models: dict[str, type[BaseModel]] = {
+        "": JobSpec,
+        "distribution": Distribution,
+        "distribution.torch_distributed": TorchDistributed,
+        "distribution.mpi": MPIDistribution,
+    }
+    model = models.get(parent)
+    if model is None and parent.startswith("metric_definitions"):
+        model = MetricDefinition
+    return sorted(model.model_fields) if model else []
+
+
+def build_spec(**fields: Any) -> JobSpec:
+    """Validate user fields into a JobSpec, raising SpecError with one line on bad input.
+
+    Resolves source_dir (default: the entry point's directory) before validation so the
+    stored spec is independent of the submitter's working directory.
+    """
+    fields = {k: v for k, v in fields.items() if v is not None}
+    entry = fields.get("entry_point")
+    if not entry:
+        raise SpecError("entry_point", "is required (the script to run, e.g. train.py)")
+    if not isinstance(entry, str):
+        raise SpecError("entry_point", f"must be a path string, got {type(entry).__name__}")
+    source_dir = fields.get("source_dir")
+    if source_dir is None:
+        entry_path = Path(entry).expanduser()
+        if not entry_path.is_file():
+            raise SpecError("entry_point", f"{entry} not found")
+        fields["source_dir"] = str(entry_path.resolve().parent)
+        fields["entry_point"] = entry_path.name
+    else:
+        src = Path(str(source_dir)).expanduser()
+        if not src.is_dir():
+            raise SpecError("source_dir", f"{source_dir} is not a directory")
+        fields["source_dir"] = str(src.resolve())
+    dist = fields.get("distribution")
+    if isinstance(dist, str):
+        fields["distribution"] = parse_distribution(dist)
+    try:
+        return JobSpec(**fields)
+    except ValidationError as exc:
+        raise SpecError("", _format_error(exc)) from None
+
+
+def parse_distribution(name: str) -> dict[str, Any] | None:
+    """The CLI's `--distribution NAME` shorthand."""
+    table: dict[str, dict[str, Any] | None] = {
+        "torch_distributed": {"torch_distributed": {"enabled": True}},
+        "torchrun": {"torch_distributed": {"enabled": True}},
+        "mpi": {"mpi": {"enabled": True}},
+        "none": None,
+    }
+    if name not in table:
+        raise SpecError("distribution", f"unknown {name!r}; allowed: {', '.join(table)}")
+    return table[name]

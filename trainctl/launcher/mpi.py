@@ -1,0 +1,50 @@
+"""`mpirun` from the first node across all hosts (SageMaker's MPI semantics).
+
+Only rank 0 launches; the other hosts run nothing themselves and are reached by mpirun.
+Hosts that share an address (the local provider) are merged into one host entry, so the
+processes run there without a remote shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from trainctl.cluster import ClusterInfo
+from trainctl.container.layout import hyperparameter_args
+from trainctl.estimator.spec import JobSpec
+from trainctl.launcher import NodeCommand
+
+
+def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> NodeCommand:
+    if rank != 0:
+        return NodeCommand([])
+    mpi = spec.distribution.mpi if spec.distribution else None
+    per_host = (mpi.processes_per_host if mpi else None) or cluster.processes_per_host
+    slots: dict[str, int] = {}
+    for node in cluster.nodes:
+        slots[node.address] = slots.get(node.address, 0) + per_host
+    total = per_host * len(cluster.nodes)
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--host",
+        ",".join(f"{addr}:{n}" for addr, n in slots.items()),
+        "-np",
+        str(total),
+        "--bind-to",
+        "none",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        *shlex.split(mpi.custom_mpi_options if mpi else ""),
+        python,
+        spec.entry_point,
+        *hyperparameter_args(spec.hyperparameters),
+    ]
+    env = {"MASTER_ADDR": cluster.master.address, "MASTER_PORT": str(cluster.master_port)}
+    return NodeCommand(argv, env)

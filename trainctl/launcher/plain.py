@@ -1,0 +1,24 @@
+"""No distribution: the entry point once per host under plain `python` (SageMaker semantics).
+
+Scripts that start their own process groups read SM_HOSTS / SM_CURRENT_HOST; the torch
+`env://` variables are set too so `init_process_group()` works with one process per host.
+"""
+
+from __future__ import annotations
+
+from trainctl.cluster import ClusterInfo
+from trainctl.container.layout import hyperparameter_args
+from trainctl.estimator.spec import JobSpec
+from trainctl.launcher import NodeCommand
+
+
+def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> NodeCommand:
+    env = {
+        "MASTER_ADDR": cluster.master.address,
+        "MASTER_PORT": str(cluster.master_port),
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(len(cluster.nodes)),
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    return NodeCommand([python, spec.entry_point, *hyperparameter_args(spec.hyperparameters)], env)

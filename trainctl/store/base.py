@@ -1,0 +1,79 @@
+"""One store interface over file:// directories and s3:// buckets.
+
+Keys are '/'-separated paths relative to the store's root URI. Writes of whole objects are
+atomic: a reader sees the old object or the new one, never a partial one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the store root
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+class Store(ABC):
+    """A place for job records, sources, logs, checkpoints and outputs."""
+
+    uri: str  # root URI, no trailing slash
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key.lstrip('/')}" if key else self.uri
+
+    def child(self, prefix: str) -> Store:
+        """The same store rooted one level deeper."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """Raises NotFoundError when the key does not exist."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int) -> bytes:
+        """Bytes from offset `start` to the end (b'' when start is at or past the end)."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> None: ...
+
+    @abstractmethod
+    def get_file(self, key: str, path: Path) -> None:
+        """Download to `path` (parents created). Raises NotFoundError."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object under `prefix` (recursively), sorted by key."""
+
+    @abstractmethod
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Names of the immediate 'sub-directories' under `prefix`."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; missing is not an error."""
+
+    @abstractmethod
+    def append_bytes(self, key: str, data: bytes) -> None:
+        """Append to an object (created if missing). One writer per key at a time."""
+
+    def put_text(self, key: str, text: str) -> None:
+        self.put_bytes(key, text.encode())
+
+    def get_text(self, key: str) -> str:
+        return self.get_bytes(key).decode()
+
+    def delete_prefix(self, prefix: str) -> None:
+        for info in list(self.list(prefix)):
+            self.delete(info.key)

@@ -1,0 +1,241 @@
+"""A store rooted at a local directory (file:// URIs).
+
+Whole-object writes go to a hidden temp file in the destination directory and are then renamed
+over the target with os.replace, which is atomic on POSIX: readers see the old object or the new
+one, never a torn write. Temp files are named `.<name>.tmp-<random>` so that `list` can skip them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from trainctl.errors import NotFoundError, StoreError
+from trainctl.store.base import ObjectInfo, Store
+
+_TMP_MARK = ".tmp-"
+_PARENT_RETRIES = 10
+
+
+def clean_key(key: str, *, allow_empty: bool = False) -> str:
+    """Normalise a '/'-separated key and reject keys that could escape the store root.
+
+    Shared by every backend so that a key means the same thing on file:// and s3://: empty and
+    '.' components are dropped, '..' components and absolute keys are refused (on a local disk
+    they would reach outside the root; on S3 they would silently name a different object).
+    """
+    if "\x00" in key:
+        raise StoreError(f"invalid key {key!r}: contains a NUL character")
+    if key.startswith("/"):
+        raise StoreError(f"invalid key {key!r}: keys are relative to the store root")
+    parts = [p for p in key.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise StoreError(f"invalid key {key!r}: '..' would escape the store root")
+    if not parts and not allow_empty:
+        raise StoreError("invalid key '': an object key must not be empty")
+    return "/".join(parts)
+
+
+def _is_tmp(name: str) -> bool:
+    return name.startswith(".") and _TMP_MARK in name
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}{_TMP_MARK}{secrets.token_hex(6)}")
+
+
+class LocalStore(Store):
+    """Objects are plain files under `root`; 'directories' are real directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.uri!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalStore) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(("local", self.root))
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def _path(self, key: str, *, allow_empty: bool = False) -> Path:
+        clean = clean_key(key, allow_empty=allow_empty)
+        return self.root / clean if clean else self.root
+
+    def child(self, prefix: str) -> LocalStore:
+        return LocalStore(self._path(prefix, allow_empty=True))
+
+    # -- writes -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _in_parent(path: Path, action: Callable[[], object]) -> None:
+        """Create `path`'s parent directories, then run `action` (which creates `path`).
+
+        A concurrent delete() prunes empty parent directories, which can remove one between our
+        mkdir and `action` (FileNotFoundError), or in the middle of mkdir's own exist_ok check
+        (FileExistsError). Both are retried a few times, recreating the parents each time; a
+        persistent error (e.g. a file where a directory should be) still surfaces.
+        """
+        for attempt in range(_PARENT_RETRIES):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                action()
+                return
+            except (FileNotFoundError, FileExistsError):
+                if attempt == _PARENT_RETRIES - 1:
+                    raise
+
+    def _atomic_write(self, path: Path, fill: Callable[[Path], object]) -> None:
+        """Let `fill` write a temp sibling of `path`, then rename it into place."""
+
+        def write() -> None:
+            tmp = _tmp_sibling(path)
+            try:
+                fill(tmp)
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+
+        self._in_parent(path, write)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        def fill(tmp: Path) -> None:
+            # O_EXCL: the random name must be ours alone; mode 0o666 lets the umask decide, as
+            # for any other file the user creates (mkstemp would force 0o600).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+
+        self._wrap_os(key, lambda: self._atomic_write(self._path(key), fill))
+
+    def put_file(self, key: str, path: Path) -> None:
+        src = Path(path)
+        if not src.is_file():
+            raise FileNotFoundError(f"{src} is not a file")
+        self._wrap_os(
+            key, lambda: self._atomic_write(self._path(key), lambda t: shutil.copyfile(src, t))
+        )
+
+    def append_bytes(self, key: str, data: bytes) -> None:
+        target = self._path(key)
+
+        def append() -> None:
+            # O_APPEND: every write lands at the file's current end, so bytes already there are
+            # never overwritten, whatever other handles did meanwhile.
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            with os.fdopen(fd, "ab") as f:
+                f.write(data)
+
+        self._wrap_os(key, lambda: self._in_parent(target, append))
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        return self._read(key, path.read_bytes)
+
+    def get_range(self, key: str, start: int) -> bytes:
+        if start < 0:
+            raise ValueError(f"get_range start must be >= 0, got {start}")
+        path = self._path(key)
+
+        def read() -> bytes:
+            with path.open("rb") as f:
+                f.seek(start)
+                return f.read()
+
+        return self._read(key, read)
+
+    def get_file(self, key: str, path: Path) -> None:
+        src = self._path(key)
+        dest = Path(path)
+        if not src.is_file():
+            raise NotFoundError(f"{self.url(key)} does not exist")
+        # Same temp-and-rename dance on the destination, so a reader of `path` (or a crash)
+        # never sees a half-copied file.
+        try:
+            self._atomic_write(dest, lambda t: shutil.copyfile(src, t))
+        except FileNotFoundError:
+            if not src.is_file():  # deleted between the check and the copy
+                raise NotFoundError(f"{self.url(key)} does not exist") from None
+            raise
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # `prefix` names a directory (path-component semantics, same as S3Store): "jobs/a" lists
+        # jobs/a/..., never jobs/ab/... — so delete_prefix(job) cannot touch a sibling job.
+        base = self._path(prefix, allow_empty=True)
+        found: list[ObjectInfo] = []
+        for dirpath, _dirnames, filenames in os.walk(base):
+            for name in filenames:
+                if _is_tmp(name):
+                    continue  # an in-progress atomic write
+                full = Path(dirpath) / name
+                try:
+                    st = full.stat()
+                except FileNotFoundError:
+                    continue  # deleted while we walked
+                key = full.relative_to(self.root).as_posix()
+                found.append(ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime))
+        # Sort on the full key (not per directory) to match S3's lexicographic order, where
+        # "a.txt" sorts before "a/b".
+        found.sort(key=lambda info: info.key)
+        yield from found
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix, allow_empty=True)
+        try:
+            with os.scandir(base) as entries:
+                return sorted(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    # -- deletes ----------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, IsADirectoryError):
+            return  # missing is not an error; a directory is not an object
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: delete failed ({exc.strerror})") from None
+        self._prune(path.parent)
+
+    def _prune(self, directory: Path) -> None:
+        # Remove now-empty parents so that list_dirs does not report 'directories' that hold
+        # nothing (S3 has no empty prefixes either). rmdir fails harmlessly when not empty.
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            directory = directory.parent
+
+    # -- error mapping ----------------------------------------------------------------------
+
+    def _read(self, key: str, fn: Callable[[], bytes]) -> bytes:
+        try:
+            return fn()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFoundError(f"{self.url(key)} does not exist") from None
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: read failed ({exc.strerror or exc})") from None
+
+    def _wrap_os(self, key: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: write failed ({exc.strerror or exc})") from None

@@ -1,0 +1,313 @@
+"""A store under an S3 prefix (s3://bucket/prefix).
+
+boto3 is imported only inside methods: `import trainctl.store` must stay cheap and must work
+without the `aws` extra installed. The client honours the standard AWS environment (credentials,
+region, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible servers, proxies); nothing here
+names an endpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainctl.errors import NotFoundError, SpecError, StoreError
+from trainctl.store.base import ObjectInfo, Store
+from trainctl.store.local import clean_key
+
+if TYPE_CHECKING:
+    from boto3.s3.transfer import TransferConfig
+
+# 3-63 characters of lowercase letters, digits, dots and hyphens, starting and ending with a
+# letter or digit (the S3 naming rules that matter for a URI typed by a user).
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_MULTIPART_THRESHOLD = 8 * 1024 * 1024
+_DELETE_BATCH = 1000  # the DeleteObjects maximum
+_SSE = {"ServerSideEncryption": "AES256"}
+
+
+def split_s3_uri(uri: str, field: str = "uri") -> tuple[str, str]:
+    """`s3://bucket/a/b/` -> ("bucket", "a/b"). Raises SpecError naming `field`."""
+    if not uri.startswith("s3://"):
+        raise SpecError(field, f"{uri!r} is not an s3:// URI; use s3://bucket/prefix")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not _BUCKET_RE.fullmatch(bucket):
+        raise SpecError(
+            field,
+            f"invalid S3 bucket name {bucket!r} in {uri!r}; bucket names are 3-63 lowercase "
+            "letters, digits, '.' or '-', starting and ending with a letter or digit",
+        )
+    try:
+        prefix = clean_key(prefix, allow_empty=True)
+    except StoreError as exc:
+        raise SpecError(field, f"invalid S3 prefix in {uri!r}: {exc}") from None
+    return bucket, prefix
+
+
+class _ClientHolder:
+    """One lazily created boto3 client, shared by a store and the children it hands out.
+
+    boto3 clients are thread-safe once built, but building one from the default session is not,
+    so creation is guarded by a lock and goes through a private Session.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Any = None
+
+    def get(self) -> Any:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    import boto3
+                    from botocore.config import Config
+
+                    # Adaptive mode retries throttling (SlowDown/503) with client-side rate
+                    # limiting, which matters when many nodes upload checkpoints at once.
+                    config = Config(retries={"mode": "adaptive", "max_attempts": 10})
+                    self._client = boto3.session.Session().client("s3", config=config)
+        return self._client
+
+    # Clients hold sockets and locks and are not fork/pickle-safe: a copy starts without one.
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class S3Store(Store):
+    """Objects are S3 objects under `s3://bucket/prefix/`; 'directories' are key prefixes."""
+
+    def __init__(self, uri: str, *, _clients: _ClientHolder | None = None) -> None:
+        self.bucket, self.prefix = split_s3_uri(uri)
+        self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self._clients = _clients or _ClientHolder()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, S3Store) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(("s3", self.uri))
+
+    @property
+    def client(self) -> Any:
+        return self._clients.get()
+
+    def child(self, prefix: str) -> S3Store:
+        clean = clean_key(prefix, allow_empty=True)
+        return S3Store(self.url(clean), _clients=self._clients)
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        clean = clean_key(key)
+        return f"{self.prefix}/{clean}" if self.prefix else clean
+
+    def _dir_prefix(self, prefix: str) -> str:
+        """The S3 Prefix for a 'directory': always ends in '/' so "jobs/a" never matches
+        "jobs/ab/..." (same path-component semantics as LocalStore)."""
+        clean = clean_key(prefix, allow_empty=True)
+        full = "/".join(p for p in (self.prefix, clean) if p)
+        return f"{full}/" if full else ""
+
+    @property
+    def _root_strip(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    @staticmethod
+    def _transfer_config() -> TransferConfig:
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=_MULTIPART_THRESHOLD, max_concurrency=10)
+
+    # -- error mapping ----------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, key: str, op: str) -> Iterator[None]:
+        """Map boto errors to NotFoundError / one-line StoreError.
+
+        Messages name the URI, the operation and the S3 error code only: S3's free-text
+        messages and request details are left out so no request signature or key id leaks.
+        """
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        url = self.url(key)
+        try:
+            yield
+        except ClientError as exc:
+            raise self._client_error(url, op, exc) from None
+        except S3UploadFailedError as exc:
+            # upload_file wraps the ClientError it hit; report that one's code.
+            cause = exc.__context__
+            if isinstance(cause, ClientError):
+                raise self._client_error(url, op, cause) from None
+            raise StoreError(f"{url}: {op} failed (upload error)") from exc
+        except BotoCoreError as exc:
+            # e.g. EndpointConnectionError, NoCredentialsError, ReadTimeoutError: their messages
+            # name endpoints or settings, never secrets.
+            detail = " ".join(str(exc).split())
+            raise StoreError(f"{url}: {op} failed ({type(exc).__name__}: {detail})") from exc
+
+    @staticmethod
+    def _client_error(url: str, op: str, exc: Any) -> StoreError:
+        code = str(exc.response.get("Error", {}).get("Code", "") or "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _NOT_FOUND_CODES:
+            return NotFoundError(f"{url} does not exist")
+        return StoreError(f"{url}: {op} failed ({code or 'error'}, HTTP {status})")
+
+    @staticmethod
+    def _is_invalid_range(exc: Any) -> bool:
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return err.get("Code") == "InvalidRange" or status == 416
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        with self._errors(key, "put"):
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **_SSE)
+
+    def put_file(self, key: str, path: Path) -> None:
+        full = self._key(key)
+        src = Path(path)
+        if not src.is_file():
+            raise FileNotFoundError(f"{src} is not a file")
+        with self._errors(key, "upload"):
+            # s3transfer switches to a parallel multipart upload above the threshold; S3 only
+            # makes the object visible once the upload completes, so the write stays atomic.
+            self.client.upload_file(
+                str(src), self.bucket, full, ExtraArgs=dict(_SSE), Config=self._transfer_config()
+            )
+
+    def append_bytes(self, key: str, data: bytes) -> None:
+        # S3 has no append: read-modify-write. Safe because the contract is one writer per key;
+        # objects appended to (logs) stay small enough that rewriting them is cheap.
+        try:
+            old = self.get_bytes(key)
+        except NotFoundError:
+            old = b""
+        self.put_bytes(key, old + data)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get_bytes(self, key: str) -> bytes:
+        full = self._key(key)
+        with self._errors(key, "get"):
+            resp = self.client.get_object(Bucket=self.bucket, Key=full)
+            return resp["Body"].read()
+
+    def get_range(self, key: str, start: int) -> bytes:
+        if start < 0:
+            raise ValueError(f"get_range start must be >= 0, got {start}")
+        if start == 0:
+            return self.get_bytes(key)  # a range on an empty object would be a 416
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        with self._errors(key, "get"):
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={start}-")
+            except ClientError as exc:
+                # S3 answers 416 when start is at or past the end: nothing new to read.
+                if self._is_invalid_range(exc):
+                    return b""
+                raise
+            return resp["Body"].read()
+
+    def get_file(self, key: str, path: Path) -> None:
+        full = self._key(key)
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self._errors(key, "download"):
+            # s3transfer downloads to a temp name beside `dest` and renames it into place, so
+            # `dest` is never seen half-written.
+            self.client.download_file(self.bucket, full, str(dest), Config=self._transfer_config())
+
+    def exists(self, key: str) -> bool:
+        full = self._key(key)
+        try:
+            with self._errors(key, "head"):
+                self.client.head_object(Bucket=self.bucket, Key=full)
+        except NotFoundError:
+            return False
+        return True
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        s3_prefix = self._dir_prefix(prefix)
+        strip = len(self._root_strip)
+        with self._errors(prefix, "list"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=s3_prefix
+            )
+            # S3 returns keys in UTF-8 byte order, which equals Python's str order: no sort.
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    key: str = obj["Key"]
+                    if key.endswith("/"):
+                        continue  # a console-made 'folder' marker, not an object
+                    yield ObjectInfo(
+                        key=key[strip:],
+                        size=int(obj["Size"]),
+                        mtime=obj["LastModified"].timestamp(),
+                    )
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        s3_prefix = self._dir_prefix(prefix)
+        names: set[str] = set()
+        with self._errors(prefix, "list"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=s3_prefix, Delimiter="/"
+            )
+            for page in pages:
+                for common in page.get("CommonPrefixes", []):
+                    name = common["Prefix"][len(s3_prefix) :].rstrip("/")
+                    if name:
+                        names.add(name)
+        return sorted(names)
+
+    # -- deletes ----------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        full = self._key(key)
+        with self._errors(key, "delete"):
+            self.client.delete_object(Bucket=self.bucket, Key=full)  # missing: S3 says 204
+
+    def delete_prefix(self, prefix: str) -> None:
+        # One DeleteObjects call per 1000 keys instead of one request per object.
+        strip = self._root_strip
+        batch: list[str] = []
+        for info in self.list(prefix):
+            batch.append(strip + info.key)
+            if len(batch) == _DELETE_BATCH:
+                self._delete_batch(prefix, batch)
+                batch = []
+        if batch:
+            self._delete_batch(prefix, batch)
+
+    def _delete_batch(self, prefix: str, keys: list[str]) -> None:
+        with self._errors(prefix, "delete"):
+            resp = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+            )
+        errors = resp.get("Errors") or []
+        if errors:
+            first = errors[0]
+            raise StoreError(
+                f"{self.url(prefix)}: delete failed for {len(errors)} object(s) "
+                f"(first: {first.get('Key')}: {first.get('Code')})"
+            )

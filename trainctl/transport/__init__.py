@@ -1,0 +1,31 @@
+"""How the controller runs a node agent and reads its output: a handful of primitives.
+
+`RunningProcess` is what every transport returns (subprocess here; SSH later): merged
+stdout/stderr lines, poll/wait for the exit code, terminate/kill.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+
+class RunningProcess(ABC):
+    @abstractmethod
+    def lines(self) -> Iterator[str]:
+        """Output lines (without newline) until the process closes its output."""
+
+    @abstractmethod
+    def poll(self) -> int | None: ...
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> int:
+        """Exit code; raises TimeoutError if still running after `timeout`."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Ask to stop (SIGTERM): the agent forwards it to the workers."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Stop now, with every process it started."""

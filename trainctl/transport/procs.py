@@ -1,0 +1,120 @@
+"""Find and end the processes of a job on this machine.
+
+torchrun starts every worker in a session of its own, and a killed agent's children are
+re-parented, so neither process groups nor the parent chain find them all. Every process
+of a job carries TRAINCTL_JOB (and TRAINCTL_NODE) in its environment, which children
+inherit; scanning /proc for that tag finds them wherever they went, as EC2 finds a job's
+instances by tag.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+JOB_TAG = "TRAINCTL_JOB"
+NODE_TAG = "TRAINCTL_NODE"
+ATTEMPT_TAG = "TRAINCTL_ATTEMPT"
+CONTROLLER_TAG = "TRAINCTL_CONTROLLER"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key.startswith(b"TRAINCTL_"):
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _pids() -> Iterable[int]:
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            yield int(entry)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def find_tagged(tag: str, value: str, **more: str) -> list[int]:
+    """Live processes whose environment has tag=value (and each of `more`)."""
+    found = []
+    for pid in _pids():
+        env = _environ(pid)
+        if env.get(tag) == value and all(env.get(k) == v for k, v in more.items()):
+            if not _is_zombie(pid):
+                found.append(pid)
+    return found
+
+
+def job_processes(job: str, node: int | None = None) -> list[int]:
+    if node is None:
+        return find_tagged(JOB_TAG, job)
+    return find_tagged(JOB_TAG, job, **{NODE_TAG: str(node)})
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in _pids():
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[-1].split()[1])
+        children.setdefault(ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_processes(find, grace: float) -> None:
+    """SIGTERM what `find()` returns, wait up to `grace`, then SIGKILL until none is left."""
+    pids = find()
+    if not pids:
+        return
+    signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in find()):
+            return
+        time.sleep(0.1)
+    for _ in range(50):  # processes may fork while we kill: repeat until the scan is empty
+        pids = find()
+        if not pids:
+            return
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.1)
