@@ -131,9 +131,7 @@ def submit(
     max_run: int | None = typer.Option(None, "--max-run", help="Seconds before stopping."),
     image_uri: str | None = typer.Option(None, "--image"),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
-    file: Path | None = typer.Option(
-        None, "-f", "--file", help="job.yaml with Estimator fields."
-    ),
+    file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
 ) -> None:
     """Submit a training job; streams its logs and exits 0 only if it Completed."""

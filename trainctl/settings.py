@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(
         default=15.0, gt=0, description="A controller lease older than this is stale."
     )
+    orphan_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A node whose controller's lease has been stale this long shuts down.",
+    )
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )

@@ -30,10 +30,18 @@ CONTROL_PREFIX = "@@trainctl@@ "
 EXIT_INFRA = 70  # the agent itself could not stage or run the node (not the user's code)
 
 
+def _console(text: str) -> None:
+    """Write to the controller's pipe; once the controller is gone, the log file still has it."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
+
+
 def emit(event: str, **fields: Any) -> None:
     """A control message for the controller, on the agent's own output."""
-    sys.stdout.write(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+    _console(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
 
 
 def parse_control(line: str) -> dict[str, Any] | None:
@@ -148,8 +156,7 @@ class LogShipper:
 
     def write(self, line: str) -> None:
         with self._lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            _console(line + "\n")
             self._file.write(line + "\n")
 
     def ship(self) -> None:
@@ -268,11 +275,32 @@ class Agent:
         else:
             raise SystemExit(128 + signum)
 
+    def watch_lease(self) -> None:
+        """Shut the node down when its controller has been gone past the orphan timeout.
+
+        A dead controller is not a dead job: `trainctl stop` (and later `attach`) take over
+        through the store, so nodes wait `orphan_timeout_seconds` before giving up.
+        """
+        timeout = self.settings.orphan_timeout_seconds
+        check = min(5.0, max(0.5, timeout / 4))
+        while not self.stopping:
+            time.sleep(check)
+            try:
+                lease = self.jobs.read_lease()
+            except Exception:
+                continue  # store trouble is not evidence of a dead controller
+            renewed = float(lease.get("renewed_at", 0)) if lease else 0.0
+            if time.time() - renewed > timeout:  # a missing lease: the controller let go
+                self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
     def run(self) -> int:
         from trainctl.launcher import build_node_command
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
+        threading.Thread(target=self.watch_lease, name="lease-watch", daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
             self.stage()

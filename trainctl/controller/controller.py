@@ -110,17 +110,17 @@ class Controller:
         self.stop_reason: str | None = None
         self.interrupted_by_user = False
         self._nodes: dict[int, _Node] = {}
+        self._signal: int | None = None
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
         ]
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only note it: the watch loop turns it into a stop with the requester's reason.
+        self._signal = signum
         if signum == signal.SIGINT:
             self.interrupted_by_user = True
-            self.stop_reason = self.stop_reason or "interrupted by the user (Ctrl-C)"
-        else:
-            self.stop_reason = self.stop_reason or "stop requested"
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -241,6 +241,12 @@ class Controller:
                 self._end(JobState.FAILED, reason="every node exited without running the job")
                 return
             now = time.monotonic()
+            if self.stop_reason is None and self._signal is not None:
+                self.stop_reason = (
+                    "interrupted by the user (Ctrl-C)"
+                    if self._signal == signal.SIGINT
+                    else self.jobs.stop_requested() or "controller received SIGTERM"
+                )
             if self.stop_reason is None and now >= next_stop_check:
                 next_stop_check = now + STOP_CHECK_SECONDS
                 self.stop_reason = self.jobs.stop_requested()

@@ -1,0 +1,68 @@
+"""Shared fixtures: an isolated TRAINCTL_HOME per test and a check that nothing is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EXAMPLES = REPO / "examples"
+TRAINCTL = str(Path(sys.executable).parent / "trainctl")
+
+
+def tagged_processes() -> list[int]:
+    """Processes of any trainctl job or detached controller (tests run one at a time)."""
+    from trainctl.transport.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
+
+    return [
+        pid
+        for pid in _pids()
+        if (JOB_TAG in (env := _environ(pid)) or CONTROLLER_TAG in env) and not _is_zombie(pid)
+    ]
+
+
+def wait_no_leftovers(timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = tagged_processes()
+        if not left:
+            return []
+        time.sleep(0.2)
+    return tagged_processes()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """TRAINCTL_HOME in a temp dir; after the test, no process of any job may survive."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINCTL_HOME", str(home))
+    monkeypatch.delenv("TRAINCTL_STORE", raising=False)
+    yield home
+    left = wait_no_leftovers()
+    for pid in left:  # clean up before failing so one bad test does not poison the rest
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left behind: {left}"
+    nodes = home / "nodes"
+    assert not nodes.exists() or not any(nodes.iterdir()), "node directories left behind"
+
+
+@pytest.fixture
+def source(tmp_path) -> callable:
+    """Copy a fixture script directory into tmp_path and return its path."""
+
+    def make(name: str) -> Path:
+        dest = tmp_path / "src" / name
+        shutil.copytree(FIXTURES / name, dest)
+        return dest
+
+    return make

@@ -1,0 +1,280 @@
+"""The `trainctl` command end to end, as a user runs it (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, TRAINCTL
+
+pytestmark = pytest.mark.e2e
+
+
+def trainctl(*args: str, timeout: float = 180, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [TRAINCTL, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy()
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def job_state(name: str) -> dict:
+    return json.loads(trainctl("status", name, "-o", "json", check=True).stdout)
+
+
+def wait_state(name: str, states: set[str], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    info: dict = {}
+    while time.monotonic() < deadline:
+        proc = trainctl("status", name, "-o", "json")
+        if proc.returncode == 0:  # the job may not be recorded yet
+            info = json.loads(proc.stdout)
+            if info["state"] in states:
+                return info
+        time.sleep(0.3)
+    raise AssertionError(f"{name} never reached {states}: {info}")
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Make sure a process a test started is gone (politely first: it may own a job)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_submit_digits_two_nodes_json(home):
+    proc = trainctl(
+        "submit",
+        "train.py",
+        "--source-dir",
+        str(EXAMPLES / "digits"),
+        "--instance-count",
+        "2",
+        "--distribution",
+        "torch_distributed",
+        "-p",
+        "epochs=8",
+        "-p",
+        "lr=0.1",
+        "-p",
+        "seed=0",
+        "--job-name",
+        "digits-cli",
+        "-o",
+        "json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)  # stdout is only the describe dict; logs went to stderr
+    assert info["name"] == "digits-cli"
+    assert info["state"] == "Completed"
+    assert info["model_data"].endswith("jobs/digits-cli/output/model.tar.gz")
+    assert info["hyperparameters"] == {"epochs": 8, "lr": 0.1, "seed": 0}
+    assert "[algo-1]" in proc.stderr and "[algo-2]" in proc.stderr
+    assert "test_accuracy=" in proc.stderr
+
+    # jobs, status, logs, artifacts, artifacts get, ls
+    listing = json.loads(trainctl("jobs", "-o", "json", check=True).stdout)
+    assert [j["name"] for j in listing] == ["digits-cli"]
+    text = trainctl("status", "digits-cli", check=True).stdout
+    assert "Completed" in text and "model.tar.gz" in text and "attempts" in text
+    logs = trainctl("logs", "digits-cli", check=True).stdout
+    assert "[algo-1]" in logs and "test_accuracy=" in logs and "[algo-2]" in logs
+    tree = trainctl("artifacts", "digits-cli", check=True).stdout
+    for name in ("model.tar.gz", "node-0.log", "node-1.log", "job.json", "events.jsonl"):
+        assert name in tree
+    dest = home.parent / "model.tar.gz"
+    got = trainctl("artifacts", "digits-cli", "get", "output/model.tar.gz", str(dest), check=True)
+    assert got.stdout.strip() == str(dest) and dest.stat().st_size > 0
+    missing = trainctl("artifacts", "digits-cli", "get", "output/nope.bin")
+    assert missing.returncode != 0 and "not found" in missing.stderr
+    store_uri = (home / "store").resolve().as_uri()
+    ls = trainctl("ls", f"{store_uri}/jobs/digits-cli/output", check=True).stdout
+    assert "model.tar.gz" in ls
+
+    # a second job with the same name is refused before anything runs
+    again = trainctl(
+        "submit", "train.py", "--source-dir", str(EXAMPLES / "digits"), "--job-name", "digits-cli"
+    )
+    assert again.returncode == 2 and "job_name" in again.stderr
+
+
+def test_submit_failing_script_exits_nonzero_with_reason(home, source):
+    src = source("fail")
+    proc = trainctl("submit", str(src / "train.py"), "--job-name", "fails")
+    assert proc.returncode == 1
+    assert "ValueError: learning rate 10.0 is too large" in proc.stdout
+    info = job_state("fails")
+    assert info["state"] == "Failed"
+    assert info["exit_code"] == 1
+    status = trainctl("status", "fails").stdout
+    assert "Failed" in status and "ValueError: learning rate 10.0 is too large" in status
+
+
+def test_detach_logs_follow_and_stop(home, source):
+    src = source("sleeper")
+    proc = trainctl(
+        "submit",
+        "train.py",
+        "--source-dir",
+        str(src),
+        "--instance-count",
+        "2",
+        "--distribution",
+        "torch_distributed",
+        "--detach",
+        "--job-name",
+        "sleepy",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "sleepy"
+    wait_state("sleepy", {"Training"})
+    follower = subprocess.Popen(
+        [TRAINCTL, "logs", "sleepy", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(2.5)
+        stopped = trainctl("stop", "sleepy")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == "sleepy: Stopped"
+        out, _ = follower.communicate(timeout=30)  # -f ends by itself once the job ends
+    finally:
+        end(follower)
+    assert follower.returncode == 0
+    assert "[algo-1] rank 0 step" in out and "[algo-2] rank 1 step" in out
+    info = job_state("sleepy")
+    assert info["state"] == "Stopped"
+    assert info["stop_reason"] == "stopped by the user"
+    # stopping an ended job is a no-op that still answers
+    assert trainctl("stop", "sleepy", check=True).stdout.strip() == "sleepy: Stopped"
+
+
+def test_ctrl_c_on_attached_submit_stops_everything(home, source):
+    src = source("sleeper")
+    submit = subprocess.Popen(
+        [
+            TRAINCTL,
+            "submit",
+            "train.py",
+            "--source-dir",
+            str(src),
+            "--instance-count",
+            "2",
+            "--distribution",
+            "torch_distributed",
+            "--job-name",
+            "interrupted",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_state("interrupted", {"Training"})
+        time.sleep(1.5)
+        submit.send_signal(signal.SIGINT)
+        out, _ = submit.communicate(timeout=60)
+    finally:
+        end(submit)
+    assert submit.returncode == 130, out
+    info = job_state("interrupted")
+    assert info["state"] == "Stopped"
+    assert "Ctrl-C" in info["stop_reason"]
+    assert "rank 1 step" in out
+
+
+def test_submit_from_job_file_with_flag_override(home, source, tmp_path):
+    src = source("probe")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(
+        f"entry_point: probe.py\nsource_dir: {src}\ninstance_count: 2\n"
+        "hyperparameters: {lr: 0.5, epochs: 1}\nenvironment: {MY_FLAG: from-file}\n"
+    )
+    proc = trainctl(
+        "submit",
+        "-f",
+        str(job_file),
+        "-p",
+        "lr=0.25",
+        "--instance-count",
+        "1",
+        "--job-name",
+        "from-file",
+        "-o",
+        "json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["instance_count"] == 1
+    assert info["hyperparameters"] == {"lr": 0.25, "epochs": 1}
+    assert "MY_FLAG" in proc.stderr and "from-file" in proc.stderr
+
+
+def test_help_is_instant_and_lists_commands():
+    start = time.monotonic()
+    proc = trainctl("--help", check=True)
+    elapsed = time.monotonic() - start
+    for command in ("submit", "jobs", "status", "logs", "stop", "artifacts", "ls"):
+        assert command in proc.stdout
+    # no heavy SDK is imported for --help
+    probe = subprocess.run(
+        [
+            str(Path(TRAINCTL).parent / "python"),
+            "-c",
+            "import sys; from trainctl.cli import app; "
+            "print(sorted(m for m in ('torch','boto3','botocore','paramiko') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "[]"
+    assert elapsed < 10  # generous: a loaded CI machine; what matters is the import check
+
+
+def test_dead_controller_nodes_shut_down_and_stop_takes_over(home, source, monkeypatch):
+    """kill -9 of a detached controller: nodes end after the orphan timeout; stop records it."""
+    monkeypatch.setenv("TRAINCTL_LEASE_SECONDS", "2")
+    monkeypatch.setenv("TRAINCTL_ORPHAN_TIMEOUT_SECONDS", "3")
+    src = source("sleeper")
+    proc = trainctl(
+        "submit",
+        "train.py",
+        "--source-dir",
+        str(src),
+        "--instance-count",
+        "2",
+        "--distribution",
+        "torch_distributed",
+        "--detach",
+        "--job-name",
+        "orphan",
+    )
+    assert proc.returncode == 0, proc.stderr
+    wait_state("orphan", {"Training"})
+    from tests.conftest import tagged_processes, wait_no_leftovers
+    from trainctl.transport.procs import CONTROLLER_TAG, find_tagged
+
+    controllers = find_tagged(CONTROLLER_TAG, "orphan")
+    assert len(controllers) == 1
+    os.kill(controllers[0], signal.SIGKILL)
+    assert tagged_processes()  # the nodes outlive their controller for a while...
+    assert wait_no_leftovers(timeout=30) == []  # ...then shut themselves down
+    stopped = trainctl("stop", "orphan")
+    assert stopped.returncode == 0, stopped.stderr
+    info = job_state("orphan")
+    assert info["state"] == "Stopped"
+    assert "no controller" in info["stop_reason"]

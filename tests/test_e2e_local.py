@@ -1,0 +1,315 @@
+"""End to end on the local provider: real agents, real torchrun (gloo on loopback)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES
+from trainctl import Estimator, TrainingJob
+from trainctl.estimator import JobFailedError
+from trainctl.state import JobState
+
+pytestmark = pytest.mark.e2e
+
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+
+
+def probe_records(job: TrainingJob, attempt: int = 1) -> dict[str, dict]:
+    """The PROBE line of every node, keyed by host, read from the node logs in the store."""
+    out = {}
+    for info in job.store.list(f"jobs/{job.name}/logs/attempt-{attempt}"):
+        for line in job.store.get_text(info.key).splitlines():
+            if line.startswith("PROBE "):
+                rec = json.loads(line[6:])
+                out[rec["env"]["SM_CURRENT_HOST"]] = rec
+    return out
+
+
+def read_tar(store, key: str) -> dict[str, bytes]:
+    data = store.get_bytes(key)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_digits_two_nodes_trains_to_accuracy(home, capsys):
+    """The README's example: 2 nodes under torchrun reach >= 0.95 and yield model.pt."""
+    import torch
+
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(EXAMPLES / "digits"),
+        instance_type="local",
+        instance_count=2,
+        hyperparameters={"epochs": 8, "lr": 0.1, "seed": 0},
+        distribution=TORCHRUN,
+        environment={"MY_FLAG": "1"},
+    )
+    job = est.fit(wait=True, logs=True)
+    console = capsys.readouterr().out
+    info = job.describe()
+    assert info["state"] == "Completed"
+    assert info["exit_code"] == 0
+    # live, prefixed log lines from both nodes
+    assert "[algo-1] rank 0/2" in console and "[algo-2] rank 1/2" in console
+    accuracy = [line for line in console.splitlines() if "test_accuracy=" in line]
+    assert accuracy, console
+    assert float(accuracy[-1].split("test_accuracy=")[1]) >= 0.95
+    assert f"job {job.name}: Completed" in console
+
+    # the model artifact holds a loadable state_dict
+    assert est.model_data == info["model_data"]
+    assert info["model_data"].endswith(f"jobs/{job.name}/output/model.tar.gz")
+    files = read_tar(job.store, f"jobs/{job.name}/output/model.tar.gz")
+    state = torch.load(io.BytesIO(files["model.pt"]), weights_only=True)
+    assert all(not k.startswith("module.") for k in state)
+
+    # both nodes' logs are in the store
+    logs = {i.key.rsplit("/", 1)[-1]: i for i in job.store.list(f"jobs/{job.name}/logs/attempt-1")}
+    assert set(logs) == {"node-0.log", "node-1.log"}
+    assert "test_accuracy=" in job.store.get_text(logs["node-0.log"].key)
+    assert "rank 1/2" in job.store.get_text(logs["node-1.log"].key)
+
+    # the event timeline goes through every state in order
+    states = [e["state"] for e in job.events() if e["type"] == "state"]
+    assert states == [
+        "Pending",
+        "Provisioning",
+        "Starting",
+        "Training",
+        "Uploading",
+        "Completed",
+    ]
+    assert info["attempts"][0]["outcome"] == "completed"
+    assert len(info["attempts"][0]["nodes"]) == 2
+
+    # attach gives a handle to the same job
+    attached = Estimator.attach(job.name)
+    assert attached.describe()["model_data"] == info["model_data"]
+
+
+def test_node_contract_under_torchrun(home, source, tmp_path):
+    """The SageMaker in-node contract: layout, SM_* variables, channels, args, working dir."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "rows.csv").write_text("1,2,3\n")
+    src = source("probe")
+    est = Estimator(
+        entry_point="probe.py",
+        source_dir=str(src),
+        instance_count=2,
+        hyperparameters={"batch-size": 32, "batch_size": 16, "lr": 0.1, "name": "a b"},
+        distribution=TORCHRUN,
+        environment={"MY_FLAG": "1"},
+    )
+    job = est.fit(inputs={"train": data.as_uri()}, logs=False)
+    probes = probe_records(job)
+    assert set(probes) == {"algo-1", "algo-2"}
+    for host, rank in (("algo-1", 0), ("algo-2", 1)):
+        rec = probes[host]
+        env = rec["env"]
+        root = Path(env["SM_MODEL_DIR"]).parent.parent.parent  # <root>/opt/ml/model
+        assert rec["argv"] == [
+            "--batch-size",
+            "32",
+            "--batch_size",
+            "16",
+            "--lr",
+            "0.1",
+            "--name",
+            "a b",
+        ]
+        assert rec["cwd"] == str(root / "opt/ml/code") == rec["script_dir"]
+        assert json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2"]
+        assert env["SM_CURRENT_HOST_RANK"] == str(rank)
+        assert env["SM_HOST_COUNT"] == "2"
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == "0"
+        assert env["MASTER_ADDR"] == env["SM_MASTER_ADDR"] == "127.0.0.1"
+        assert env["SM_CHANNEL_TRAIN"] == str(root / "opt/ml/input/data/train")
+        assert json.loads(env["SM_CHANNELS"]) == ["train"]
+        assert json.loads(env["SM_HPS"])["batch-size"] == 32
+        assert env["SM_HP_BATCH_SIZE"] == "16" or env["SM_HP_BATCH_SIZE"] == "32"
+        assert env["SM_CHECKPOINT_DIR"] == str(root / "opt/ml/checkpoints")
+        assert env["MY_FLAG"] == "1"
+        assert env["GLOO_SOCKET_IFNAME"] == "lo"
+        assert json.loads(env["SM_TRAINING_ENV"])["current_host"] == host
+        assert rec["configs"]["hyperparameters.json"]["lr"] == 0.1
+        assert rec["configs"]["resourceconfig.json"]["current_host"] == host
+        assert rec["configs"]["resourceconfig.json"]["hosts"] == ["algo-1", "algo-2"]
+        assert "train" in rec["configs"]["inputdataconfig.json"]
+        assert rec["channels"]["train"] == ["rows.csv"]
+        assert rec["channels"]["train:rows.csv"] == "1,2,3\n"
+    # rank 0's model and output data dirs are packed into the store
+    assert read_tar(job.store, f"jobs/{job.name}/output/model.tar.gz") == {
+        "weights.txt": b"trained\n"
+    }
+    assert read_tar(job.store, f"jobs/{job.name}/output/output.tar.gz") == {"report.txt": b"ok\n"}
+
+
+def test_plain_python_per_host_starts_its_own_process_group(home, source):
+    """No distribution: the script runs once per host and can build its own process group."""
+    job = Estimator(entry_point="train.py", source_dir=str(source("ownpg")), instance_count=2).fit(
+        logs=False
+    )
+    assert job.describe()["state"] == "Completed"
+    assert job.describe()["launcher"] == "python"
+    text = "".join(
+        job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{r}.log") for r in (0, 1)
+    )
+    assert "host algo-1 allreduce=3.0" in text
+    assert "host algo-2 allreduce=3.0" in text
+
+
+def test_failing_script_fails_job_with_traceback(home, source, capsys):
+    """A script that raises: Failed, its exit code, its traceback, the other node ended."""
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(source("fail")),
+        instance_count=2,
+        distribution=TORCHRUN,
+    )
+    with pytest.raises(JobFailedError) as raised:
+        est.fit()
+    console = capsys.readouterr().out
+    info = raised.value.job.describe()
+    assert info["state"] == "Failed"
+    assert info["exit_code"] not in (None, 0)
+    assert info["failure_reason"] == "algo-2: ValueError: learning rate 10.0 is too large"
+    assert "load_config" in info["failure_detail"]
+    assert "ValueError: learning rate 10.0 is too large" in console
+    assert info["attempts"][0]["outcome"] == "failed"
+    failure = raised.value.job.store.get_text(f"jobs/{raised.value.job.name}/output/failure")
+    assert "ValueError" in failure
+    assert "ValueError: learning rate" in str(raised.value)
+
+
+def test_failure_file_is_the_reason(home, tmp_path):
+    """/opt/ml/output/failure, when the script writes it, is the reason shown."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(
+        "import os, sys\n"
+        "open(os.path.join(os.environ['SM_OUTPUT_DIR'], 'failure'), 'w')"
+        ".write('dataset shard 3 is corrupt\\n')\n"
+        "sys.exit(3)\n"
+    )
+    with pytest.raises(JobFailedError) as raised:
+        Estimator(entry_point="train.py", source_dir=str(src)).fit(logs=False)
+    info = raised.value.job.describe()
+    assert info["failure_reason"] == "algo-1: dataset shard 3 is corrupt"
+    assert info["exit_code"] == 3
+
+
+def test_detached_fit_wait_and_stop(home, source):
+    """fit(wait=False) returns at once; stop() ends every process of the job."""
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(source("sleeper")),
+        instance_count=2,
+        distribution=TORCHRUN,
+    )
+    job = est.fit(wait=False)
+    _wait_for_state(job, JobState.TRAINING)
+    _wait_for_log(job, "rank 1 step 3")
+    info = job.stop()
+    assert info["state"] == "Stopped"
+    assert info["stop_reason"] == "stopped by the user"
+    assert info["attempts"][0]["outcome"] == "stopped"
+
+
+def test_requirements_install_into_isolated_env(home, source):
+    """requirements.txt is installed for the job only, never into trainctl's own env."""
+    import importlib.util
+
+    src = source("reqs")
+    deps = src / "deps"
+    deps.mkdir()
+    _write_wheel(deps / "tinydep-0.1-py3-none-any.whl")
+    (src / "requirements.txt").write_text("./deps/tinydep-0.1-py3-none-any.whl\n")
+    job = Estimator(entry_point="train.py", source_dir=str(src)).fit(logs=False)
+    log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "tinydep=42" in log
+    assert str(home / "envs") in log.split("from=")[1]
+    assert importlib.util.find_spec("tinydep") is None  # the user's environment is untouched
+    # a second job with the same requirements reuses the environment
+    job2 = Estimator(entry_point="train.py", source_dir=str(src)).fit(logs=False)
+    assert "requirements: reusing" in job2.store.get_text(
+        f"jobs/{job2.name}/logs/attempt-1/node-0.log"
+    )
+
+
+def test_unchanged_source_is_uploaded_once(home, source):
+    src = source("probe")
+    first = Estimator(entry_point="probe.py", source_dir=str(src)).fit(logs=False)
+    second = Estimator(entry_point="probe.py", source_dir=str(src)).fit(logs=False)
+    a, b = (TrainingJob(j.name)._record() for j in (first, second))
+    assert a.source_uri == b.source_uri
+    assert len(list(first.store.list("sources"))) == 1
+
+
+def test_max_run_stops_the_job(home, source):
+    est = Estimator(entry_point="train.py", source_dir=str(source("sleeper")), max_run=2)
+    with pytest.raises(JobFailedError):
+        est.fit(logs=False)
+    info = est.latest_training_job.describe()
+    assert info["state"] == "Stopped"
+    assert info["stop_reason"].startswith("MaxRuntimeExceeded")
+
+
+def test_metric_definitions_are_recorded(home):
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(EXAMPLES / "digits"),
+        hyperparameters={"epochs": 2},
+        metric_definitions=[{"Name": "test:accuracy", "Regex": r"test_accuracy=([0-9.]+)"}],
+    )
+    job = est.fit(logs=False)
+    assert 0 < job.describe()["metrics"]["test:accuracy"] <= 1
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _wait_for_state(job: TrainingJob, state: JobState, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if job.state is state:
+            return
+        assert not job.state.is_terminal(), job.describe()
+        time.sleep(0.2)
+    raise AssertionError(f"job never reached {state}: {job.describe()}")
+
+
+def _wait_for_log(job: TrainingJob, text: str, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in job.store.list(f"jobs/{job.name}/logs"):
+            if text in job.store.get_text(info.key):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in the logs")
+
+
+def _write_wheel(path: Path) -> None:
+    files = {
+        "tinydep/__init__.py": "VALUE = 42\n",
+        "tinydep-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinydep\nVersion: 0.1\n",
+        "tinydep-0.1.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = "".join(f"{name},,\n" for name in files) + "tinydep-0.1.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+        whl.writestr("tinydep-0.1.dist-info/RECORD", record)
