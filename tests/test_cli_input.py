@@ -252,11 +252,6 @@ def test_typer_usage_error_is_exit_2(cli_home: Path, src: Path) -> None:
 # --- library bugs, kept visible --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="cli.submit merges -p/--input/--env into the file's value with {**value}: a non-"
-    "mapping from -f (a string, a list) raises TypeError (exit 1, traceback) instead of exit 2",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("yaml_text", "flag"),
     [
@@ -274,32 +269,17 @@ def test_file_non_mapping_plus_flag(
     _assert_bad_input(result, cli_home)
 
 
-@pytest.mark.xfail(
-    reason="cli._load_job_file catches OSError and YAMLError only: a non-UTF-8 file raises "
-    "UnicodeDecodeError (exit 1, traceback)",
-    strict=True,
-)
 def test_file_not_utf8(cli_home: Path, tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_bytes(b"entry_point: \xff\xfe.py\n")
     _assert_bad_input(_invoke(["submit", "-f", str(job)]), cli_home, "-f")
 
 
-@pytest.mark.xfail(
-    reason="cli.submit passes the YAML mapping as build_spec(**fields): a non-string key "
-    "(e.g. `1: 2`) raises TypeError 'keywords must be strings' (exit 1, traceback)",
-    strict=True,
-)
 def test_file_non_string_key(cli_home: Path, tmp_path: Path, src: Path) -> None:
     job = _write(tmp_path / "job.yaml", "entry_point: src/train.py\n1: 2\n")
     _assert_bad_input(_invoke(["submit", "-f", job]), cli_home)
 
 
-@pytest.mark.xfail(
-    reason="spec.build_spec interpolates the entry point unquoted: a newline in it makes the "
-    "error two lines",
-    strict=True,
-)
 def test_entry_point_with_newline_is_one_line(cli_home: Path) -> None:
     _assert_bad_input(_invoke(["submit", "no\nfile.py"]), cli_home, "entry_point")
 
@@ -392,8 +372,9 @@ def test_load_job_file_resolves_source_dir_relative_to_the_file(
 
 
 def test_load_job_file_entry_point_without_source_dir(tmp_path: Path) -> None:
+    # kept as written: `submit` resolves it against the file only if no source_dir is given
     job = _write(tmp_path / "job.yaml", "entry_point: code/train.py\n")
-    assert _load_job_file(Path(job)) == {"entry_point": str(tmp_path.resolve() / "code/train.py")}
+    assert _load_job_file(Path(job)) == {"entry_point": "code/train.py"}
 
 
 def test_load_job_file_absolute_paths_kept(tmp_path: Path) -> None:
@@ -542,12 +523,6 @@ def test_relative_source_dir_flag_is_resolved_against_cwd(
     assert spec.entry_point == "train.py"
 
 
-@pytest.mark.xfail(
-    reason="cli._load_job_file makes a file's entry_point absolute when the file has no "
-    "source_dir, so `-f job.yaml --source-dir DIR` fails with 'entry_point: ... must be "
-    "relative to source_dir' instead of taking entry_point relative to DIR",
-    strict=True,
-)
 def test_source_dir_flag_with_entry_point_from_file(
     cli_home: Path, tmp_path: Path, src: Path, capture: None
 ) -> None:

@@ -223,6 +223,39 @@ def test_detached_fit_wait_and_stop(home, source):
     assert info["attempts"][0]["outcome"] == "stopped"
 
 
+def test_detached_fit_then_wait(home, source):
+    est = Estimator(entry_point="probe.py", source_dir=str(source("probe")), instance_count=2)
+    job = est.fit(wait=False)
+    assert not job.state.is_terminal() or job.state is JobState.COMPLETED
+    info = job.wait(timeout=120)
+    assert info["state"] == "Completed"
+    assert est.model_data == info["model_data"] is not None
+
+
+def test_processes_per_host(home, source):
+    """torchrun runs processes_per_host workers on each node: global ranks 0..N*P-1."""
+    job = Estimator(
+        entry_point="probe.py",
+        source_dir=str(source("probe")),
+        instance_count=2,
+        processes_per_host=2,
+        distribution=TORCHRUN,
+    ).fit(logs=False)
+    seen = set()
+    for info in job.store.list(f"jobs/{job.name}/logs/attempt-1"):
+        for line in job.store.get_text(info.key).splitlines():
+            if line.startswith("PROBE "):
+                env = json.loads(line[6:])["env"]
+                assert env["WORLD_SIZE"] == "4"
+                seen.add((env["SM_CURRENT_HOST"], env["RANK"], env["LOCAL_RANK"]))
+    assert seen == {
+        ("algo-1", "0", "0"),
+        ("algo-1", "1", "1"),
+        ("algo-2", "2", "0"),
+        ("algo-2", "3", "1"),
+    }
+
+
 def test_requirements_install_into_isolated_env(home, source):
     """requirements.txt is installed for the job only, never into trainctl's own env."""
     import importlib.util

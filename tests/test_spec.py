@@ -153,11 +153,12 @@ def test_entry_point_not_found_without_source_dir(tmp_path: Path) -> None:
 
 
 def test_entry_point_absolute_with_source_dir(src: Path) -> None:
-    # Even an absolute path that lies inside source_dir: entry_point is relative to it.
-    for entry in (str(src / "train.py"), str(src.parent / "outside.py")):
-        msg = _spec_error(entry_point=entry, source_dir=str(src))
-        assert msg.startswith("entry_point"), msg
-        assert "relative" in msg
+    # An absolute path inside source_dir names the same script; outside it is refused.
+    assert build_spec(entry_point=str(src / "train.py"), source_dir=str(src)).entry_point == (
+        "train.py"
+    )
+    msg = _spec_error(entry_point=str(src.parent / "outside.py"), source_dir=str(src))
+    assert msg.startswith("entry_point"), msg
 
 
 def test_entry_point_symlink_escaping_source_dir(src: Path) -> None:
@@ -207,11 +208,6 @@ def test_spec_error_is_a_value_error(src: Path) -> None:
 # --- library bugs, kept visible --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="spec.py: JOB_NAME_RE/CHANNEL_RE/ENV_NAME_RE/HP_KEY_RE/IMAGE_URI_RE end in '$', "
-    "which also matches before a trailing newline; use re.fullmatch or '\\Z'",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -226,11 +222,6 @@ def test_trailing_newline_is_rejected(src: Path, overrides: dict[str, Any]) -> N
     _spec_error(**{**_base(src), **overrides})
 
 
-@pytest.mark.xfail(
-    reason="spec.py build_spec/_files_exist interpolate user paths unquoted ({entry}, "
-    "{source_dir}), so a newline in the value makes the error span two lines; use !r",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "fields",
     [
@@ -245,11 +236,6 @@ def test_error_stays_one_line_with_newline_in_path(src: Path, fields: dict[str, 
     _spec_error(**fields)
 
 
-@pytest.mark.xfail(
-    reason="spec.py _check_uri raises SpecError (already 'field: ...') inside a pydantic "
-    "validator and _format_error prefixes the loc again: 'output_path: output_path: ...'",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("overrides", "prefix"),
     [

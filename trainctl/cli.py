@@ -91,20 +91,29 @@ def _load_job_file(path: Path) -> dict[str, Any]:
     from trainctl.errors import SpecError
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SpecError("-f", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError("-f", f"{path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise SpecError("-f", f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SpecError("-f", f"{path} must hold a mapping of Estimator fields")
+    if bad := [k for k in data if not isinstance(k, str)]:
+        raise SpecError("-f", f"{path}: keys must be field names, got {bad[0]!r}")
+    for key in ("hyperparameters", "environment"):
+        if key in data and not isinstance(data[key], dict):
+            raise SpecError(key, f"in {path} must be a mapping")
+    if isinstance(data.get("inputs"), str):
+        data["inputs"] = {"training": data["inputs"]}
+    elif "inputs" in data and not isinstance(data["inputs"], dict):
+        raise SpecError("inputs", f"in {path} must be a URI or a mapping of channel: URI")
     # Paths in the file are relative to the file, not to wherever trainctl runs.
-    for key in ("source_dir", "entry_point"):
-        if key in data and isinstance(data[key], str) and not Path(data[key]).is_absolute():
-            if key == "source_dir" or "source_dir" not in data:
-                data[key] = str((path.parent / data[key]).resolve())
+    if isinstance(data.get("source_dir"), str) and not Path(data["source_dir"]).is_absolute():
+        data["source_dir"] = str((path.parent / data["source_dir"]).resolve())
     return data
 
 
@@ -160,6 +169,11 @@ def submit(
     fields.update({k: v for k, v in flags.items() if v is not None})
     if distribution is not None:
         fields["distribution"] = parse_distribution(distribution)
+    if file and "source_dir" not in fields and isinstance(fields.get("entry_point"), str):
+        # an entry point from the file (with no source_dir anywhere) is relative to the file
+        entry = Path(fields["entry_point"])
+        if not entry.is_absolute() and entry_point is None:
+            fields["entry_point"] = str((file.parent / entry).resolve())
     for key, values, typed, flag in (
         ("hyperparameters", hyperparameter, True, "-p"),
         ("inputs", input_, False, "--input"),
@@ -167,8 +181,6 @@ def submit(
     ):
         if values:
             fields[key] = {**(fields.get(key) or {}), **parse_pairs(values, flag, typed=typed)}
-    if isinstance(fields.get("inputs"), str):
-        fields["inputs"] = {"training": fields["inputs"]}
     spec = build_spec(**fields)
     store = default_store()
     record = create_job(spec, store)

@@ -10,10 +10,16 @@ class TrainctlError(Exception):
 class SpecError(TrainctlError, ValueError):
     """Bad input, found before anything is provisioned, uploaded or started."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, prefixed: bool = False) -> None:
         self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
+        self.message = one_line(message)
+        text = self.message if prefixed or not field else f"{field}: {self.message}"
+        super().__init__(text)
+
+
+def one_line(text: str) -> str:
+    """User input (paths, names) echoed in an error must not break the one-line contract."""
+    return "".join(c if c >= " " or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 class StoreError(TrainctlError):

@@ -10,9 +10,10 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -95,8 +96,22 @@ class MetricDefinition(_Strict):
 def _check_uri(value: str, field: str) -> str:
     from trainctl.store import validate_uri
 
-    validate_uri(value, field=field)
+    try:
+        validate_uri(value, field=field)
+    except SpecError as exc:  # pydantic adds the field's location itself
+        raise ValueError(exc.message) from None
     return value
+
+
+def _channel_name(name: str) -> str:
+    if not CHANNEL_RE.fullmatch(name):
+        raise ValueError(f"channel name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
+    return name
+
+
+# Typed keys and values: pydantic then reports an error at inputs.<channel>.
+ChannelName = Annotated[str, AfterValidator(_channel_name)]
+InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
 
 
 def _check_json_value(value: Any, path: str) -> None:
@@ -112,16 +127,17 @@ class JobSpec(_Strict):
     entry_point: str
     source_dir: str  # absolute, resolved
     instance_type: str = "local"
-    instance_count: int = Field(default=1, ge=1, le=512)
-    processes_per_host: int | None = Field(default=None, ge=1, le=64)
+    # strict: True is not a count, and "2" from an untyped source is a mistake worth naming
+    instance_count: int = Field(default=1, ge=1, le=512, strict=True)
+    processes_per_host: int | None = Field(default=None, ge=1, le=64, strict=True)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     distribution: Distribution | None = None
     environment: dict[str, str] = Field(default_factory=dict)
-    inputs: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[ChannelName, InputUri] = Field(default_factory=dict)
     output_path: str | None = None
     checkpoint_s3_uri: str | None = None
     checkpoint_local_path: str | None = None
-    max_run: int = Field(default=86400, ge=1, le=28 * 86400)
+    max_run: int = Field(default=86400, ge=1, le=28 * 86400, strict=True)
     job_name: str | None = None
     metric_definitions: list[MetricDefinition] = Field(default_factory=list)
     image_uri: str | None = None
@@ -145,7 +161,7 @@ class JobSpec(_Strict):
     @classmethod
     def _hp_json(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key, value in v.items():
-            if not isinstance(key, str) or not HP_KEY_RE.match(key):
+            if not isinstance(key, str) or not HP_KEY_RE.fullmatch(key):
                 raise ValueError(
                     f"key {key!r} must start with a letter, digit or '_' and use only "
                     "letters, digits, '_', '-' and '.'"
@@ -159,19 +175,8 @@ class JobSpec(_Strict):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not ENV_NAME_RE.match(key):
+            if not ENV_NAME_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-        return v
-
-    @field_validator("inputs")
-    @classmethod
-    def _channels(cls, v: dict[str, str]) -> dict[str, str]:
-        for name, uri in v.items():
-            if not CHANNEL_RE.match(name):
-                raise ValueError(
-                    f"channel name {name!r} must be 1-64 letters, digits, '_', '-' or '.'"
-                )
-            _check_uri(uri, f"inputs.{name}")
         return v
 
     @field_validator("output_path", "checkpoint_s3_uri")
@@ -182,14 +187,18 @@ class JobSpec(_Strict):
     @field_validator("checkpoint_local_path")
     @classmethod
     def _abs_path(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
+        if v is None:
+            return v
+        if not v.startswith("/"):
             raise ValueError("must be an absolute path (e.g. /opt/ml/checkpoints)")
+        if ".." in v.split("/") or any(ord(c) < 32 for c in v):
+            raise ValueError("must be a plain absolute path without '..' or control characters")
         return v
 
     @field_validator("job_name")
     @classmethod
     def _job_name(cls, v: str | None) -> str | None:
-        if v is not None and not JOB_NAME_RE.match(v):
+        if v is not None and not JOB_NAME_RE.fullmatch(v):
             raise ValueError(
                 f"{v!r} is invalid: 1-63 letters, digits and hyphens, starting and ending "
                 "with a letter or digit"
@@ -199,7 +208,7 @@ class JobSpec(_Strict):
     @field_validator("image_uri")
     @classmethod
     def _image(cls, v: str | None) -> str | None:
-        if v is not None and not IMAGE_URI_RE.match(v):
+        if v is not None and not IMAGE_URI_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not an image reference like registry/repo:tag")
         return v
 
@@ -238,6 +247,8 @@ def _format_error(exc: ValidationError) -> str:
             msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif err["type"] == "missing":
             msg = "is required"
+        elif err["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "int_type"):
+            msg = f"{msg[0].lower()}{msg[1:]} (got {err.get('input')!r})"
         parts.append(f"{loc}: {msg}" if err["loc"] else msg)
     return "; ".join(parts)
 
@@ -279,13 +290,21 @@ def build_spec(**fields: Any) -> JobSpec:
         if not src.is_dir():
             raise SpecError("source_dir", f"{source_dir} is not a directory")
         fields["source_dir"] = str(src.resolve())
+        entry_path = Path(entry).expanduser()
+        if entry_path.is_absolute() and entry_path.resolve().is_relative_to(src.resolve()):
+            # an absolute path that lies inside source_dir means the same script
+            fields["entry_point"] = str(entry_path.resolve().relative_to(src.resolve()))
     dist = fields.get("distribution")
     if isinstance(dist, str):
         fields["distribution"] = parse_distribution(dist)
     try:
         return JobSpec(**fields)
     except ValidationError as exc:
-        raise SpecError("", _format_error(exc)) from None
+        errors = exc.errors()
+        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+        if not field and errors:  # model-level checks name their field in the text
+            field = str(errors[0]["msg"]).removeprefix("Value error, ").split(":", 1)[0]
+        raise SpecError(field, _format_error(exc), prefixed=True) from None
 
 
 def parse_distribution(name: str) -> dict[str, Any] | None:

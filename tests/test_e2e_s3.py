@@ -1,0 +1,127 @@
+"""A whole job with its store in S3: a real moto server on loopback, real boto3/s3transfer."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import tarfile
+
+import pytest
+
+from tests.conftest import EXAMPLES
+from trainctl import Estimator
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    """A moto S3 server on 127.0.0.1 and the environment that points boto3 (and nodes) at it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(key, raising=False)
+    import boto3
+
+    import uuid
+
+    client = boto3.client("s3")
+    # moto keeps its state per process, not per server: a bucket of its own per test.
+    bucket = f"trainctl-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    yield client, bucket
+    server.stop()
+
+
+def test_job_with_s3_store_inputs_and_outputs(home, s3, source, monkeypatch):
+    s3, bucket = s3
+    monkeypatch.setenv("TRAINCTL_STORE", f"s3://{bucket}/store")
+    s3.put_object(Bucket=bucket, Key="data/train/rows.csv", Body=b"4,5,6\n")
+    s3.put_object(Bucket=bucket, Key="data/train/sub/more.csv", Body=b"7\n")
+    est = Estimator(
+        entry_point="probe.py",
+        source_dir=str(source("probe")),
+        instance_count=2,
+        distribution={"torch_distributed": {"enabled": True}},
+        output_path=f"s3://{bucket}/models",
+    )
+    job = est.fit(inputs={"train": f"s3://{bucket}/data/train"}, logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    assert info["model_data"] == f"s3://{bucket}/models/{job.name}/output/model.tar.gz"
+    assert info["store"] == f"s3://{bucket}/store/jobs/{job.name}"
+
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    prefix = f"store/jobs/{job.name}"
+    assert {f"{prefix}/job.json", f"{prefix}/events.jsonl"} <= keys
+    assert {f"{prefix}/logs/attempt-1/node-0.log", f"{prefix}/logs/attempt-1/node-1.log"} <= keys
+    assert any(k.startswith("store/sources/") for k in keys)
+    head = s3.head_object(Bucket=bucket, Key=f"{prefix}/job.json")
+    assert head["ServerSideEncryption"] == "AES256"
+
+    body = s3.get_object(Bucket=bucket, Key=f"models/{job.name}/output/model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(body["Body"].read()), mode="r:gz") as tar:
+        assert tar.getnames() == ["weights.txt"]
+
+    # both nodes downloaded the channel
+    log = s3.get_object(Bucket=bucket, Key=f"{prefix}/logs/attempt-1/node-1.log")
+    probe = next(
+        json.loads(line[6:])
+        for line in log["Body"].read().decode().splitlines()
+        if line.startswith("PROBE ")
+    )
+    assert probe["channels"]["train"] == ["rows.csv", "sub/more.csv"]
+    assert probe["channels"]["train:rows.csv"] == "4,5,6\n"
+
+
+def test_cli_browses_s3_store(home, s3, monkeypatch):
+    s3, bucket = s3
+    import os
+    import subprocess
+
+    from tests.conftest import TRAINCTL
+
+    monkeypatch.setenv("TRAINCTL_STORE", f"s3://{bucket}/store")
+    job = Estimator(
+        entry_point="train.py",
+        source_dir=str(EXAMPLES / "digits"),
+        hyperparameters={"epochs": 1},
+        job_name="s3-digits",
+    ).fit(logs=False)
+    assert job.describe()["state"] == "Completed"
+
+    def run(*args):
+        return subprocess.run(
+            [TRAINCTL, *args], capture_output=True, text=True, timeout=60, env=os.environ.copy()
+        )
+
+    tree = run("artifacts", "s3-digits")
+    assert tree.returncode == 0, tree.stderr
+    assert f"s3://{bucket}/store/jobs/s3-digits" in tree.stdout
+    assert "model.tar.gz" in tree.stdout and "node-0.log" in tree.stdout
+    listing = run("ls", f"s3://{bucket}/store/jobs/s3-digits/output")
+    assert f"s3://{bucket}/store/jobs/s3-digits/output/model.tar.gz" in listing.stdout
+    logs = run("logs", "s3-digits")
+    assert "test_accuracy=" in logs.stdout
+    jobs = json.loads(run("jobs", "-o", "json").stdout)
+    assert [j["name"] for j in jobs] == ["s3-digits"]
