@@ -244,15 +244,13 @@ def test_processes_per_host(home, source):
     seen = set()
     for info in job.store.list(f"jobs/{job.name}/logs/attempt-1"):
         for line in job.store.get_text(info.key).splitlines():
-            if line.startswith("PROBE "):
-                env = json.loads(line[6:])["env"]
-                assert env["WORLD_SIZE"] == "4"
-                seen.add((env["SM_CURRENT_HOST"], env["RANK"], env["LOCAL_RANK"]))
+            if "RANKINFO " in line:
+                seen.add(tuple(line.split("RANKINFO ", 1)[1].split()[:4]))
     assert seen == {
-        ("algo-1", "0", "0"),
-        ("algo-1", "1", "1"),
-        ("algo-2", "2", "0"),
-        ("algo-2", "3", "1"),
+        ("algo-1", "0", "0", "4"),
+        ("algo-1", "1", "1", "4"),
+        ("algo-2", "2", "0", "4"),
+        ("algo-2", "3", "1", "4"),
     }
 
 
@@ -346,3 +344,30 @@ def _write_wheel(path: Path) -> None:
         for name, text in files.items():
             whl.writestr(name, text)
         whl.writestr("tinydep-0.1.dist-info/RECORD", record)
+
+
+def test_stop_of_fit_running_in_a_thread(home, source):
+    """stop() reaches an attached fit() in a worker thread through the store, not a signal
+    (a SIGTERM would kill the user's whole process, this test run included)."""
+    import threading
+    import time
+
+    est = Estimator(entry_point="train.py", source_dir=str(source("sleeper")))
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            est.fit(logs=False)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while est.latest_training_job is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _wait_for_state(est.latest_training_job, JobState.TRAINING)
+    assert est.latest_training_job.stop()["state"] == "Stopped"
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert isinstance(outcome[0], JobFailedError)

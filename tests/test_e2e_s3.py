@@ -41,9 +41,9 @@ def s3(monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(key, raising=False)
-    import boto3
-
     import uuid
+
+    import boto3
 
     client = boto3.client("s3")
     # moto keeps its state per process, not per server: a bucket of its own per test.

@@ -134,9 +134,17 @@ class Controller:
     def run(self) -> JobRecord:
         if self.record.state.is_terminal():
             return self.record
-        lease = Lease(self.jobs, self.settings.lease_seconds)
-        lease.acquire()
         previous = self._install_signals()
+        lease = Lease(self.jobs, self.settings.lease_seconds)
+        # Only a controller that handles SIGTERM may be woken with it by `stop`; without
+        # handlers (fit() in a worker thread) SIGTERM would kill the user's whole process.
+        lease.holder["handles_sigterm"] = bool(previous)
+        try:
+            lease.acquire()
+        except BaseException:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            raise
         try:
             self._run_attempt(attempt=len(self.record.attempts) + 1)
         except Exception as exc:

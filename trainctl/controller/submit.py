@@ -142,7 +142,7 @@ def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120
         return record
     jobs.request_stop("stopped by the user")
     lease = jobs.read_lease()
-    if lease and lease.get("host") == socket.gethostname():
+    if lease and lease.get("host") == socket.gethostname() and lease.get("handles_sigterm"):
         try:  # wakes the controller at once instead of at its next store poll
             os.kill(int(lease["pid"]), signal.SIGTERM)
         except (ProcessLookupError, PermissionError, KeyError, ValueError):
