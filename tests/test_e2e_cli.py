@@ -53,6 +53,22 @@ def end(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def sleeper_args(source, name: str) -> list[str]:
+    """`submit` of a 2-node torchrun job that trains until it is stopped."""
+    return [
+        "submit",
+        "train.py",
+        "--source-dir",
+        str(source("sleeper")),
+        "--instance-count",
+        "2",
+        "--distribution",
+        "torch_distributed",
+        "--job-name",
+        name,
+    ]
+
+
 def test_submit_digits_two_nodes_json(home):
     proc = trainctl(
         "submit",
@@ -122,20 +138,7 @@ def test_submit_failing_script_exits_nonzero_with_reason(home, source):
 
 
 def test_detach_logs_follow_and_stop(home, source):
-    src = source("sleeper")
-    proc = trainctl(
-        "submit",
-        "train.py",
-        "--source-dir",
-        str(src),
-        "--instance-count",
-        "2",
-        "--distribution",
-        "torch_distributed",
-        "--detach",
-        "--job-name",
-        "sleepy",
-    )
+    proc = trainctl(*sleeper_args(source, "sleepy"), "--detach")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "sleepy"
     wait_state("sleepy", {"Training"})
@@ -163,21 +166,8 @@ def test_detach_logs_follow_and_stop(home, source):
 
 
 def test_ctrl_c_on_attached_submit_stops_everything(home, source):
-    src = source("sleeper")
     submit = subprocess.Popen(
-        [
-            TRAINCTL,
-            "submit",
-            "train.py",
-            "--source-dir",
-            str(src),
-            "--instance-count",
-            "2",
-            "--distribution",
-            "torch_distributed",
-            "--job-name",
-            "interrupted",
-        ],
+        [TRAINCTL, *sleeper_args(source, "interrupted")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -249,20 +239,7 @@ def test_dead_controller_nodes_shut_down_and_stop_takes_over(home, source, monke
     """kill -9 of a detached controller: nodes end after the orphan timeout; stop records it."""
     monkeypatch.setenv("TRAINCTL_LEASE_SECONDS", "2")
     monkeypatch.setenv("TRAINCTL_ORPHAN_TIMEOUT_SECONDS", "3")
-    src = source("sleeper")
-    proc = trainctl(
-        "submit",
-        "train.py",
-        "--source-dir",
-        str(src),
-        "--instance-count",
-        "2",
-        "--distribution",
-        "torch_distributed",
-        "--detach",
-        "--job-name",
-        "orphan",
-    )
+    proc = trainctl(*sleeper_args(source, "orphan"), "--detach")
     assert proc.returncode == 0, proc.stderr
     wait_state("orphan", {"Training"})
     from tests.conftest import tagged_processes, wait_no_leftovers
