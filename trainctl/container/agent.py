@@ -26,8 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-CONTROL_PREFIX = "@@trainctl@@ "
-EXIT_INFRA = 70  # the agent itself could not stage or run the node (not the user's code)
+from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA
 
 
 def _console(text: str) -> None:
@@ -42,16 +41,6 @@ def _console(text: str) -> None:
 def emit(event: str, **fields: Any) -> None:
     """A control message for the controller, on the agent's own output."""
     _console(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
-
-
-def parse_control(line: str) -> dict[str, Any] | None:
-    if not line.startswith(CONTROL_PREFIX):
-        return None
-    try:
-        msg = json.loads(line[len(CONTROL_PREFIX) :])
-    except json.JSONDecodeError:
-        return None
-    return msg if isinstance(msg, dict) else None
 
 
 # --- failure reasons -------------------------------------------------------------------

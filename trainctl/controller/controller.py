@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
-from trainctl.container.agent import parse_control
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.outputs import output_store
 from trainctl.controller.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso
 from trainctl.errors import TrainctlError
+from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
 from trainctl.settings import get_settings

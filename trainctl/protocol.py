@@ -1,0 +1,58 @@
+"""The small contract between training scripts, node agents and the controller.
+
+No dependencies: imported by the training helper library (inside the user's processes),
+by the agent and by the controller.
+
+- Control messages are single output lines `@@trainctl@@ {json}`. Scripts (through
+  `trainctl.train`) send them on stdout; the agent forwards them to the controller and
+  keeps them out of the node log.
+- Checkpoints live in the node's checkpoint dir (SM_CHECKPOINT_DIR). Files still being
+  written end in TMP_SUFFIX (or sit in a directory that does); the agent never uploads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+CONTROL_PREFIX = "@@trainctl@@ "
+
+# Exit codes with a meaning for the controller.
+EXIT_PREEMPTED = 85  # the script saved an emergency checkpoint after SIGTERM and stopped
+EXIT_INFRA = 70  # the agent could not stage or run the node (not the user's code)
+
+TMP_SUFFIX = ".tmp"
+
+# Events a script may send (all optional; scripts that send none still run):
+#   {"event": "step", "step": N}           progress (rank 0, throttled)
+#   {"event": "checkpoint", "step": N}     a complete checkpoint of step N is on disk
+#   {"event": "resumed", "step": N}        training resumed from the checkpoint of step N
+#   {"event": "preempted", "step": N}      stopping after an emergency checkpoint of step N
+SCRIPT_EVENTS = ("step", "checkpoint", "resumed", "preempted")
+
+
+def under_trainctl() -> bool:
+    return "TRAINCTL_JOB" in os.environ
+
+
+def send(event: str, **fields: Any) -> None:
+    """Send a control message from a training script (a no-op outside trainctl)."""
+    if not under_trainctl():
+        return
+    line = CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n"
+    sys.stdout.write(line)  # one write: lines under PIPE_BUF stay whole between workers
+    sys.stdout.flush()
+
+
+def parse(line: str) -> dict[str, Any] | None:
+    """The control message on this line, if it is one (prefixes like '[rank0]:' allowed)."""
+    at = line.find(CONTROL_PREFIX)
+    if at < 0 or at > 16:
+        return None
+    try:
+        msg = json.loads(line[at + len(CONTROL_PREFIX) :])
+    except json.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) and "event" in msg else None
