@@ -139,6 +139,17 @@ def submit(
     checkpoint_local_path: str | None = typer.Option(None, "--checkpoint-local-path"),
     max_run: int | None = typer.Option(None, "--max-run", help="Seconds before stopping."),
     image_uri: str | None = typer.Option(None, "--image"),
+    max_restarts: int | None = typer.Option(
+        None, "--max-restarts", help="Relaunches after the user's code fails (default 0)."
+    ),
+    max_wait: int | None = typer.Option(
+        None, "--max-wait", help="Seconds the whole job may take, waits and retries included."
+    ),
+    inject_fault: list[str] | None = typer.Option(
+        None,
+        "--inject-fault",
+        help="kill:NODE@SECONDS or notice:NODE@SECONDS (NODE: rank or algo-N); repeatable.",
+    ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
     file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
@@ -165,6 +176,9 @@ def submit(
         "checkpoint_local_path": checkpoint_local_path,
         "max_run": max_run,
         "image_uri": image_uri,
+        "max_restarts": max_restarts,
+        "max_wait": max_wait,
+        "faults": inject_fault or None,
     }
     fields.update({k: v for k, v in flags.items() if v is not None})
     if distribution is not None:
@@ -297,16 +311,24 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         console.print(record.failure_detail, markup=False)
     if record.attempts:
         attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
-        for col in ("#", "STARTED", "ENDED", "NODES", "OUTCOME", "CAUSE"):
-            attempts.add_column(col)
+        for col in ("#", "STARTED", "ENDED", "OUTCOME", "RESUMED", "LAST STEP", "LOST"):
+            attempts.add_column(col, no_wrap=True)
+        attempts.add_column("CAUSE", overflow="fold")
+
+        def num(value: int | None) -> str:
+            return "-" if value is None else str(value)
+
         for a in record.attempts:
             attempts.add_row(
                 str(a.number),
                 a.started_at[11:19],
                 (a.ended_at or "")[11:19] or "-",
-                str(len(a.nodes)),
                 a.outcome or "running",
-                a.cause or "-",
+                num(a.resumed_from_step),
+                num(a.last_step),
+                num(a.steps_lost),
+                "; ".join([*(f"fault {f}" for f in a.faults), *([a.cause] if a.cause else [])])
+                or "-",
             )
         console.print(attempts)
 

@@ -40,6 +40,18 @@ class Settings(BaseSettings):
         gt=0,
         description="A node whose controller's lease has been stale this long shuts down.",
     )
+    notice_grace_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="After an interruption notice, how long workers get to checkpoint.",
+    )
+    checkpoint_sync_seconds: float = Field(
+        default=0.5, gt=0, description="How often a node looks for new checkpoint files."
+    )
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    heartbeat_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="A node silent this long is considered lost."
+    )
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )

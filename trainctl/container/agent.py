@@ -26,7 +26,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA
+from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
+from trainctl.protocol import parse as parse_control
+from trainctl.transport.procs import children, descendants, signal_all
 
 
 def _console(text: str) -> None:
@@ -193,6 +195,9 @@ class Agent:
         self.tail: deque[str] = deque(maxlen=400)
         self.proc: subprocess.Popen[str] | None = None
         self.stopping = False
+        self.notice: str | None = None  # why this node is being interrupted, if it is
+        self.preempted_at: int | None = None  # step of the script's emergency checkpoint
+        self.sync = None
         log_path = self.layout.output / "node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.logs = LogShipper(
@@ -226,6 +231,23 @@ class Agent:
         _write_json(self.layout.config / "inputdataconfig.json", input_data_config(self.spec))
         for name, uri in sorted(self.spec.inputs.items()):
             stage_channel(name, uri, self.layout.channel(name), self.log)
+        self.start_checkpoint_sync()
+
+    def start_checkpoint_sync(self) -> None:
+        from trainctl.container.checkpoints import CheckpointSync, restore
+        from trainctl.controller.outputs import checkpoint_store
+
+        store = checkpoint_store(self.record)
+        local = self.layout.checkpoints(self.spec)
+        known = restore(store, local, self.log)
+        self.sync = CheckpointSync(
+            store,
+            local,
+            self.rank,
+            interval=self.settings.checkpoint_sync_seconds,
+            log=self.log,
+            known=known,
+        ).start()
 
     def python(self) -> str:
         from trainctl.container.pyenv import prepare_python
@@ -284,12 +306,64 @@ class Agent:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
+    def watch_notices(self) -> None:
+        """Interruption notices: a 2-minute warning that this node will be taken away.
+
+        The store relay works for every provider (and fault injection); EC2's IMDSv2
+        spot/instance-action is another source of the same event.
+        """
+        key = self.jobs.keys.notice(self.attempt, self.rank)
+        while not self.stopping and self.notice is None:
+            try:
+                if self.store.exists(key):
+                    self.on_notice(self.store.get_text(key))
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+
+    def on_notice(self, detail: str) -> None:
+        """SIGTERM the workers so they save an emergency checkpoint, then end them."""
+        self.notice = detail or "interruption notice"
+        emit("notice", rank=self.rank)
+        self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
+        grace = self.settings.notice_grace_seconds
+        proc = self.proc
+        if proc is None:  # still staging: nothing to save
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        signal_all(self.worker_pids(proc), signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.log(f"workers did not stop within {grace:.0f} s; ending them")
+            signal_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
+
+    def worker_pids(self, proc: subprocess.Popen[str]) -> list[int]:
+        """The processes running the user's code: torchrun's children, else the launcher.
+
+        Signalling torchrun itself would make it kill its workers after its own 30 s
+        timeout; signalling the workers leaves the grace period to us.
+        """
+        if self.spec.launcher == "torchrun":
+            workers = children(proc.pid)
+            if workers:
+                return workers
+        return [proc.pid]
+
+    def heartbeat(self) -> None:
+        while not self.stopping:
+            time.sleep(self.settings.heartbeat_seconds)
+            emit("heartbeat", rank=self.rank)
+
     def run(self) -> int:
         from trainctl.launcher import build_node_command
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
         threading.Thread(target=self.watch_lease, name="lease-watch", daemon=True).start()
+        threading.Thread(target=self.watch_notices, name="notices", daemon=True).start()
+        threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
             self.stage()
@@ -324,11 +398,21 @@ class Agent:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             line = line.rstrip("\n")
+            msg = parse_control(line)
+            if msg is not None:  # the script's progress messages: for the controller only
+                if msg.get("event") == "preempted":
+                    self.preempted_at = int(msg.get("step", 0))
+                if msg.get("event") in ("checkpoint", "preempted") and self.sync is not None:
+                    self.sync.wake()
+                _console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
+                continue
             self.tail.append(line)
             self.logs.write(line)
         code = self.proc.wait()
-        if code == 0:
+        if code == 0 and self.notice is None:
             return self.succeed()
+        if self.notice is not None or self.preempted_at is not None:
+            return self.finish(EXIT_PREEMPTED, f"preempted: {self.notice or 'peer notice'}", None)
         reason, detail = self.failure_reason(code)
         return self.finish(code, reason, detail)
 
@@ -366,14 +450,22 @@ class Agent:
                 self.log(f"output data: {out.url('output.tar.gz')}")
 
     def finish(self, code: int, reason: str | None, detail: str | None) -> int:
+        if self.sync is not None:
+            try:  # the emergency checkpoint, or the last periodic one, goes up before we go
+                self.sync.close()
+            except Exception as exc:
+                self.log(f"final checkpoint upload failed: {exc}")
         if reason:
-            self.log(f"node failed: {reason}")
+            verb = "ended" if code == EXIT_PREEMPTED else "failed"
+            self.log(f"node {verb}: {reason}")
         result = {
             "rank": self.rank,
             "exit_code": code,
             "reason": reason,
             "detail": detail,
             "stopped": self.stopping,
+            "preempted": code == EXIT_PREEMPTED,
+            "notice": self.notice,
         }
         try:
             self.store.put_text(

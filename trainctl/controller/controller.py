@@ -7,6 +7,7 @@ process that `status`, `logs -f` and `stop` reach through the store.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -33,6 +34,10 @@ from trainctl.transport import RunningProcess
 
 POLL_SECONDS = 0.25
 STOP_CHECK_SECONDS = 1.0
+RECORD_SAVE_SECONDS = 2.0
+# After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
+# a preemption) before blaming the user's code.
+SETTLE_SECONDS = 3.0
 
 
 @dataclass
@@ -44,6 +49,16 @@ class _Node:
     exit_code: int | None = None
     result: dict[str, Any] = field(default_factory=dict)
     exited_at: float | None = None
+    last_seen: float = 0.0
+    lost: str | None = None  # why this node counts as lost (infrastructure, not user code)
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    outcome: str  # completed | stopped | failed | interrupted
+    cause: str | None
+    exit_code: int | None = None
+    detail: str | None = None
 
 
 class LeaseHeld(TrainctlError):
@@ -111,6 +126,11 @@ class Controller:
         self.interrupted_by_user = False
         self._nodes: dict[int, _Node] = {}
         self._signal: int | None = None
+        self._training_started: float | None = None
+        self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
+        self._notices: dict[int, float] = {}
+        # Each fault fires once, in the first attempt that trains long enough.
+        self._pending_faults = list(self.record.spec.parsed_faults)
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
         ]
@@ -146,7 +166,7 @@ class Controller:
                 signal.signal(sig, handler)
             raise
         try:
-            self._run_attempt(attempt=len(self.record.attempts) + 1)
+            self._run_attempts()
         except Exception as exc:
             self._end(JobState.FAILED, reason=f"controller error: {exc}")
             raise
@@ -161,11 +181,50 @@ class Controller:
         if self.printer:
             self.printer.info(message)
 
-    def _run_attempt(self, attempt: int) -> None:
+    def _run_attempts(self) -> None:
+        """Attempts until the job completes, fails for good, is stopped or runs out of time."""
         spec = self.record.spec
-        if reason := self.jobs.stop_requested():
-            self._end(JobState.STOPPED, stop_reason=reason)
-            return
+        started = time.monotonic()
+        user_failures = sum(1 for a in self.record.attempts if a.outcome == "failed")
+        while True:
+            if reason := self.jobs.stop_requested():
+                self._end(JobState.STOPPED, stop_reason=reason)
+                return
+            if spec.max_wait is not None and time.monotonic() - started > spec.max_wait:
+                self._end(
+                    JobState.FAILED,
+                    reason=f"max_wait of {spec.max_wait} s exceeded after "
+                    f"{len(self.record.attempts)} attempt(s)",
+                )
+                return
+            attempt = len(self.record.attempts) + 1
+            end = self._run_attempt(attempt)
+            self._close_attempt(end)
+            if end.outcome == "completed":
+                self._complete()
+                return
+            if end.outcome == "stopped":
+                self._end(JobState.STOPPED, stop_reason=end.cause)
+                return
+            cause = end.cause or "interrupted"
+            if end.outcome == "failed":
+                user_failures += 1
+                if user_failures > spec.max_restarts:
+                    self._end(
+                        JobState.FAILED,
+                        reason=end.cause,
+                        detail=end.detail,
+                        exit_code=end.exit_code,
+                    )
+                    return
+                cause = f"{cause} (restart {user_failures} of {spec.max_restarts})"
+            self.jobs.transition(self.record, JobState.INTERRUPTED, attempt=attempt, cause=cause)
+            self._info(f"attempt {attempt} interrupted: {cause}; relaunching")
+            # Release this attempt's capacity before asking for the next.
+            self.provider.terminate(self.name, grace=0)
+
+    def _run_attempt(self, attempt: int) -> AttemptEnd:
+        spec = self.record.spec
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
         cluster = self.provider.provision(spec, self.name, attempt)
@@ -181,7 +240,19 @@ class Controller:
         )
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
-        self._watch(cluster, nodes)
+        return self._watch(cluster, nodes)
+
+    def _close_attempt(self, end: AttemptEnd) -> None:
+        current = self.record.attempts[-1]
+        current.ended_at = now_iso()
+        current.outcome = end.outcome
+        current.cause = end.cause
+        current.exit_code = end.exit_code
+        if self._training_started is not None:
+            current.training_seconds = round(time.monotonic() - self._training_started, 3)
+            self._trained_before += current.training_seconds
+        self.jobs.save(self.record)
+        self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
 
     def _start_agents(self, cluster: ClusterInfo) -> dict[int, _Node]:
         nodes: dict[int, _Node] = {}
@@ -201,12 +272,14 @@ class Controller:
                 str(node.rank),
             ]
             proc = self.provider.start_agent(cluster, node.rank, argv, {})
-            nodes[node.rank] = _Node(node.rank, proc)
+            nodes[node.rank] = _Node(node.rank, proc, last_seen=time.monotonic())
             threading.Thread(
                 target=self._pump, args=(node.rank, proc), name=f"node-{node.rank}", daemon=True
             ).start()
         self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(nodes))
         self._nodes = nodes
+        self._training_started = None
+        self._notices = {}
         return nodes
 
     def _pump(self, rank: int, proc: RunningProcess) -> None:
@@ -216,39 +289,47 @@ class Controller:
         finally:
             self._lines.put((rank, None))
 
-    def _watch(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> None:
+    def _watch(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> AttemptEnd:
+        """Follow one attempt until it ends, and say how it ended."""
         spec = self.record.spec
-        started = time.monotonic()
         next_stop_check = 0.0
-        failure: _Node | None = None
+        next_save = time.monotonic() + RECORD_SAVE_SECONDS
+        first_abnormal: float | None = None
         while True:
             try:
                 rank, line = self._lines.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 rank, line = -1, None
+            now = time.monotonic()
             if rank >= 0:
                 node = nodes[rank]
+                node.last_seen = now
                 if line is None:
                     node.exit_code = node.proc.wait()
-                    node.exited_at = time.monotonic()
-                    if node.exit_code != 0 and failure is None and not node.idle:
-                        failure = node
+                    node.exited_at = now
+                    if not node.result and node.lost is None and not node.idle:
+                        node.lost = f"agent ended without a result (exit code {node.exit_code})"
+                    if (node.exit_code != 0 or node.lost) and first_abnormal is None:
+                        first_abnormal = now
                 elif (msg := parse_control(line)) is not None:
                     self._on_control(node, msg, nodes)
                 else:
                     self._on_line(rank, line)
-            if failure is not None and self.stop_reason is None:
-                self._fail(failure)
-                return
+            self._fire_due_faults(cluster, nodes, now)
+            for node in nodes.values():
+                silent = now - node.last_seen
+                if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
+                    node.lost = node.lost or f"no heartbeat for {silent:.0f} s"
+                    first_abnormal = first_abnormal or now
+            if now >= next_save:  # progress (steps, metrics) visible to `status`
+                next_save = now + RECORD_SAVE_SECONDS
+                self.jobs.save(self.record)
+
             runners = [n for n in nodes.values() if not n.idle]
-            if runners and all(n.exit_code == 0 for n in runners):
-                self._complete(nodes)
-                return
-            if all(n.exit_code is not None for n in nodes.values()):
-                # Every node is gone without a success or a failure to blame (all idle).
-                self._end(JobState.FAILED, reason="every node exited without running the job")
-                return
-            now = time.monotonic()
+            lost = [n for n in nodes.values() if n.lost]
+            if runners and all(n.exit_code == 0 for n in runners) and not lost:
+                if not self._notices:
+                    return AttemptEnd("completed", None, exit_code=0)
             if self.stop_reason is None and self._signal is not None:
                 self.stop_reason = (
                     "interrupted by the user (Ctrl-C)"
@@ -258,26 +339,110 @@ class Controller:
             if self.stop_reason is None and now >= next_stop_check:
                 next_stop_check = now + STOP_CHECK_SECONDS
                 self.stop_reason = self.jobs.stop_requested()
-                if self.stop_reason is None and now - started > spec.max_run:
+                trained = self._trained_before + (
+                    now - self._training_started if self._training_started else 0.0
+                )
+                if self.stop_reason is None and trained > spec.max_run:
                     self.stop_reason = f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
             if self.stop_reason is not None:
-                self._stop_nodes(nodes)
-                self._end(JobState.STOPPED, stop_reason=self.stop_reason)
-                return
+                self._stop_nodes(nodes, self.settings.stop_grace_seconds)
+                return AttemptEnd("stopped", self.stop_reason)
+            if lost:
+                # The survivors cannot finish a step without their peer: end them, keeping
+                # what they already checkpointed (their agents flush uploads on the way out).
+                self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
+                first = min(lost, key=lambda n: n.exited_at or now)
+                return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
+            if self._notices:
+                grace = self.settings.notice_grace_seconds + 30.0
+                first_notice = min(self._notices.values())
+                if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
+                    self._stop_nodes(nodes, self.settings.stop_grace_seconds)
+                    ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
+                    return AttemptEnd("interrupted", f"interruption notice for {ranks}")
+                continue
+            if first_abnormal is not None and (
+                all(n.exit_code is not None for n in runners)
+                or now - first_abnormal > SETTLE_SECONDS
+            ):
+                return self._classify_failure(nodes)
+
+    def _classify_failure(self, nodes: dict[int, _Node]) -> AttemptEnd:
+        """A node exited non-zero: the user's code failed, unless it was a preemption."""
+        self._stop_nodes(nodes, self.settings.stop_grace_seconds)
+        if any(n.result.get("preempted") for n in nodes.values()):
+            return AttemptEnd("interrupted", "workers stopped after an emergency checkpoint")
+        failed = [n for n in nodes.values() if n.exit_code not in (0, None) and not n.idle]
+        # The first node to fail holds the cause; the others fail because their peer went.
+        node = min(failed, key=lambda n: n.exited_at or 0.0)
+        result = node.result
+        code = int(result.get("exit_code", node.exit_code or 1))
+        reason = result.get("reason") or f"exit code {code}"
+        return AttemptEnd(
+            "failed",
+            f"algo-{node.rank + 1}: {reason}",
+            exit_code=code,
+            detail=result.get("detail"),
+        )
+
+    def _fire_due_faults(self, cluster: ClusterInfo, nodes: dict[int, _Node], now: float) -> None:
+        if self._training_started is None or not self._pending_faults:
+            return
+        elapsed = now - self._training_started
+        for fault in [f for f in self._pending_faults if f.at <= elapsed]:
+            self._pending_faults.remove(fault)
+            self.record.attempts[-1].faults.append(str(fault))
+            self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
+            self._info(f"injecting fault {fault} (algo-{fault.rank + 1}, {elapsed:.1f} s in)")
+            if fault.kind == "kill":
+                nodes[fault.rank].lost = nodes[fault.rank].lost or "killed (fault injection)"
+                nodes[fault.rank].exited_at = now
+                self.provider.kill_node(cluster, fault.rank)
+            else:
+                self.store.put_text(
+                    self.jobs.keys.notice(cluster.attempt, fault.rank),
+                    json.dumps({"source": "fault injection", "fault": str(fault)}),
+                )
+                self._notices.setdefault(fault.rank, now)
 
     def _on_control(self, node: _Node, msg: dict[str, Any], nodes: dict[int, _Node]) -> None:
         event = msg.get("event")
+        attempt = self.record.attempts[-1]
         if event in ("launched", "idle"):
             node.launched = True
             node.idle = event == "idle"
-            if all(n.launched for n in nodes.values()):
+            if all(n.launched for n in nodes.values()) and self._training_started is None:
+                self._training_started = time.monotonic()
                 self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
+        elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
+            step = int(msg["step"])
+            attempt.last_step = max(step, attempt.last_step or 0)
+            if event == "checkpoint":
+                attempt.last_checkpoint_step = step
+            if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
+                self._resumed(attempt, 0)
+        elif event == "resumed" and isinstance(msg.get("step"), int):
+            self._resumed(attempt, int(msg["step"]))
+        elif event == "notice":
+            self._notices.setdefault(node.rank, time.monotonic())
         elif event == "uploading":
             if self.record.state in (JobState.TRAINING, JobState.STARTING):
                 self.jobs.transition(self.record, JobState.UPLOADING)
         elif event == "result":
             node.result = msg
+
+    def _resumed(self, attempt: Attempt, step: int) -> None:
+        if attempt.resumed_from_step is not None:
+            return
+        attempt.resumed_from_step = step
+        if len(self.record.attempts) >= 2:
+            previous = self.record.attempts[-2]
+            if previous.last_step is not None:
+                previous.steps_lost = max(0, previous.last_step - step)
+        if step:
+            self._info(f"attempt {attempt.number} resumed from the checkpoint of step {step}")
+        self.jobs.event("resumed", attempt=attempt.number, step=step)
 
     def _on_line(self, rank: int, line: str) -> None:
         if self.printer:
@@ -289,12 +454,12 @@ class Controller:
                 except (TypeError, ValueError):
                     pass
 
-    def _stop_nodes(self, nodes: dict[int, _Node]) -> None:
+    def _stop_nodes(self, nodes: dict[int, _Node], grace: float) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure."""
         for node in nodes.values():
             if node.exit_code is None:
                 node.proc.terminate()
-        deadline = time.monotonic() + self.settings.stop_grace_seconds
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if all(n.proc.poll() is not None for n in nodes.values()):
                 break
@@ -313,21 +478,7 @@ class Controller:
                 if msg.get("event") == "result":
                     nodes[rank].result = msg
 
-    def _fail(self, node: _Node) -> None:
-        # The first node to fail holds the cause; the others fail because their peer went.
-        self._stop_nodes(self._nodes)
-        result = node.result
-        code = int(result.get("exit_code", node.exit_code or 1))
-        reason = result.get("reason") or f"exit code {code}"
-        host = f"algo-{node.rank + 1}"
-        self._end(
-            JobState.FAILED,
-            reason=f"{host}: {reason}",
-            detail=result.get("detail"),
-            exit_code=code,
-        )
-
-    def _complete(self, nodes: dict[int, _Node]) -> None:
+    def _complete(self) -> None:
         out = output_store(self.record)
         if out.exists("model.tar.gz"):
             self.record.model_data = out.url("model.tar.gz")
@@ -353,12 +504,11 @@ class Controller:
         rec.failure_detail = detail
         rec.exit_code = exit_code
         rec.stop_reason = stop_reason
-        if rec.attempts and rec.attempts[-1].ended_at is None:
+        if rec.attempts and rec.attempts[-1].ended_at is None:  # ended by a controller error
             last = rec.attempts[-1]
             last.ended_at = now_iso()
             last.outcome = state.value.lower()
             last.cause = reason or stop_reason
-            last.exit_code = exit_code
         if state is JobState.FAILED and reason:
             try:
                 text = reason + ("\n\n" + detail if detail else "") + "\n"

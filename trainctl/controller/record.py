@@ -72,6 +72,10 @@ class JobKeys:
     def node_result(self, attempt: int, rank: int) -> str:
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.result.json"
 
+    def notice(self, attempt: int, rank: int) -> str:
+        """An interruption notice for one node (fault injection, or any provider's relay)."""
+        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.notice.json"
+
 
 def source_key(sha256: str) -> str:
     # Content-addressed and shared by all jobs: an unchanged source is uploaded once.
@@ -95,6 +99,12 @@ class Attempt(BaseModel):
     outcome: str | None = None  # completed | failed | stopped | interrupted
     cause: str | None = None
     exit_code: int | None = None
+    faults: list[str] = Field(default_factory=list)  # injected during this attempt
+    resumed_from_step: int | None = None  # checkpoint step this attempt started from
+    last_step: int | None = None  # last training step reported in this attempt
+    last_checkpoint_step: int | None = None
+    steps_lost: int | None = None  # work of this attempt redone by the next one
+    training_seconds: float | None = None
 
 
 class JobRecord(BaseModel):

@@ -48,6 +48,23 @@ def preflight(spec: JobSpec) -> None:
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file" and not Path(rest).exists():
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
+    if spec.checkpoint_s3_uri:
+        check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
+    if spec.output_path:
+        check_writable(spec.output_path, "output_path")
+
+
+def check_writable(uri: str, field: str) -> None:
+    """Write and delete a probe object, so a job does not train for hours to fail at upload."""
+    from trainctl.errors import StoreError
+
+    store = open_store(uri, field=field)
+    key = f".trainctl/write-test-{secrets.token_hex(4)}"
+    try:
+        store.put_bytes(key, b"")
+        store.delete(key)
+    except (OSError, StoreError) as exc:
+        raise SpecError(field, f"{uri} is not writable: {exc}") from None
 
 
 def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:

@@ -122,6 +122,9 @@ class Estimator:
         base_job_name: str | None = None,
         metric_definitions: list[dict[str, str]] | None = None,
         image_uri: str | None = None,
+        max_restarts: int | None = None,
+        max_wait: int | None = None,
+        faults: list[str] | None = None,
         store_uri: str | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
@@ -140,6 +143,9 @@ class Estimator:
             "job_name": job_name,
             "metric_definitions": metric_definitions,
             "image_uri": image_uri,
+            "max_restarts": max_restarts,
+            "max_wait": max_wait,
+            "faults": faults,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri

@@ -34,6 +34,29 @@ IMAGE_URI_RE = re.compile(
     r"(?:@sha256:[0-9a-f]{64})?$"
 )
 SUPPORTED_URI_SCHEMES = ("file", "s3")
+FAULT_RE = re.compile(r"(kill|notice):(algo-[1-9][0-9]*|[0-9]+)@([0-9]+(?:\.[0-9]+)?)")
+FAULT_FORMAT = "KIND:NODE@SECONDS with KIND kill or notice, NODE a rank (0, 1, ...) or algo-N"
+
+
+class Fault(BaseModel):
+    """An injected fault: at `at` seconds into training of the current attempt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+    rank: int
+    at: float
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        m = FAULT_RE.fullmatch(text.strip())
+        if not m:
+            raise ValueError(f"{text!r} is not {FAULT_FORMAT} (e.g. kill:1@30, notice:algo-2@12.5)")
+        node = m.group(2)
+        rank = int(node[5:]) - 1 if node.startswith("algo-") else int(node)
+        return cls(kind=m.group(1), rank=rank, at=float(m.group(3)))
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.rank}@{self.at:g}"
 
 
 class _Strict(BaseModel):
@@ -141,6 +164,18 @@ class JobSpec(_Strict):
     job_name: str | None = None
     metric_definitions: list[MetricDefinition] = Field(default_factory=list)
     image_uri: str | None = None
+    max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
+    max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
+    faults: list[str] = Field(default_factory=list)
+
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, v: list[str]) -> list[str]:
+        return [str(Fault.parse(f)) for f in v]
+
+    @property
+    def parsed_faults(self) -> list[Fault]:
+        return [Fault.parse(f) for f in self.faults]
 
     @field_validator("entry_point")
     @classmethod
@@ -227,6 +262,21 @@ class JobSpec(_Strict):
             raise ValueError(f"entry_point: {entry} is outside source_dir {source}")
         if not resolved.is_file():
             raise ValueError(f"entry_point: {entry} not found in source_dir {source}")
+        for fault in self.parsed_faults:
+            if fault.rank >= self.instance_count:
+                raise ValueError(
+                    f"faults: {fault} names node {fault.rank} (algo-{fault.rank + 1}), but the "
+                    f"job has {self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
+                )
+        if (
+            self.max_wait is not None
+            and self.max_wait < self.max_run
+            and "max_run" in (self.model_fields_set)
+        ):
+            raise ValueError(
+                f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "
+                "max_wait bounds the whole job, waiting and retries included"
+            )
         return self
 
     @property

@@ -39,6 +39,10 @@ class Provider(ABC):
     def terminate(self, job: str, *, grace: float) -> None:
         """Release everything the job holds on this provider. Idempotent; finds by tag."""
 
+    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+        """Take one node away without warning (fault injection: a spot reclaim)."""
+        raise NotImplementedError(f"the {self.name} provider cannot kill a node")
+
     def leftovers(self, job: str) -> list[str]:
         """Descriptions of anything of the job still running (for tests and `gc`)."""
         return []

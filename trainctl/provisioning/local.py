@@ -85,6 +85,10 @@ class LocalProvider(Provider):
         root = Path(cluster.node(rank).root)
         return LocalProcess(argv, full_env, cwd=root)
 
+    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+        """SIGKILL every process of the node at once, as losing the machine would."""
+        end_processes(lambda: job_processes(cluster.job, node=rank), grace=0)
+
     def terminate(self, job: str, *, grace: float) -> None:
         end_processes(lambda: job_processes(job), grace)
         shutil.rmtree(self.nodes_dir(job), ignore_errors=True)

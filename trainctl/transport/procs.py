@@ -66,18 +66,27 @@ def job_processes(job: str, node: int | None = None) -> list[int]:
     return find_tagged(JOB_TAG, job, **{NODE_TAG: str(node)})
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
     for p in _pids():
         try:
             stat = Path(f"/proc/{p}/stat").read_text()
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[-1].split()[1])
-        children.setdefault(ppid, []).append(p)
+        kids.setdefault(ppid, []).append(p)
+    return kids
+
+
+def children(pid: int) -> list[int]:
+    return _children_map().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    kids = _children_map()
     out, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in kids.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
@@ -106,7 +115,8 @@ def end_processes(find, grace: float) -> None:
     pids = find()
     if not pids:
         return
-    signal_all(pids, signal.SIGTERM)
+    if grace > 0:
+        signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if not any(alive(p) for p in find()):

@@ -1,0 +1,173 @@
+"""Checkpoint sync between a node's checkpoint dir and the job's checkpoint URI.
+
+Nodes do not share a disk: each uploads what appears in its own dir, and before an attempt
+every node downloads the union of what all nodes uploaded. What is "in the store" is what
+the nodes' manifests list (`.trainctl/node-<rank>.json`); a file is listed only after its
+upload finished, and a manifest is replaced only after the files it adds are up, so a
+partly uploaded checkpoint is never seen by a restore. The training helper library then
+picks the newest checkpoint that is complete across ranks (see trainctl.train).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from trainctl.errors import NotFoundError
+from trainctl.protocol import TMP_SUFFIX
+from trainctl.store import Store
+
+MANIFEST_DIR = ".trainctl"
+Signature = tuple[int, int]  # (size, mtime_ns)
+
+
+def manifest_key(rank: int) -> str:
+    return f"{MANIFEST_DIR}/node-{rank}.json"
+
+
+def scan(local: Path) -> dict[str, Signature]:
+    """Finished files under `local` (nothing that is, or sits in, a *.tmp path)."""
+    found: dict[str, Signature] = {}
+    if not local.is_dir():
+        return found
+    for path in local.rglob("*"):
+        rel = path.relative_to(local)
+        if any(part.endswith(TMP_SUFFIX) for part in rel.parts) or rel.parts[0] == MANIFEST_DIR:
+            continue
+        try:
+            if path.is_file() and not path.is_symlink():
+                st = path.stat()
+                found[rel.as_posix()] = (st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            continue  # pruned while we looked
+    return found
+
+
+def stored_files(store: Store) -> dict[str, int]:
+    """The union of every node's manifest: relative path -> size."""
+    files: dict[str, int] = {}
+    manifests = [i for i in store.list(MANIFEST_DIR) if i.key.endswith(".json")]
+    for info in manifests:
+        try:
+            data = json.loads(store.get_text(info.key))
+        except (NotFoundError, ValueError):
+            continue
+        files.update({str(k): int(v) for k, v in data.get("files", {}).items()})
+    if not manifests:
+        # A checkpoint URI filled by other means (a user's own upload): take it all.
+        files = {i.key: i.size for i in store.list("") if not i.key.startswith(MANIFEST_DIR + "/")}
+    return files
+
+
+def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, Signature]:
+    """Download the stored checkpoints into `local`; returns what is now known to be stored."""
+    local.mkdir(parents=True, exist_ok=True)
+    files = stored_files(store)
+    restored: dict[str, Signature] = {}
+
+    def fetch(rel: str) -> None:
+        try:
+            store.get_file(rel, local / rel)
+        except NotFoundError:
+            return  # pruned by a node after its manifest was read
+        st = (local / rel).stat()
+        restored[rel] = (st.st_size, st.st_mtime_ns)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(fetch, sorted(files)))
+    if restored:
+        size = sum(s for s, _ in restored.values())
+        log(
+            f"checkpoints: restored {len(restored)} file(s), {size / 2**20:.1f} MiB "
+            f"from {store.uri} in {time.monotonic() - started:.1f} s"
+        )
+    return restored
+
+
+class CheckpointSync:
+    """Uploads new and changed checkpoint files in the background, manifest last."""
+
+    def __init__(
+        self,
+        store: Store,
+        local: Path,
+        rank: int,
+        *,
+        interval: float,
+        log: Callable[[str], None],
+        known: dict[str, Signature] | None = None,
+        workers: int = 8,
+    ) -> None:
+        self.store = store
+        self.local = local
+        self.rank = rank
+        self.interval = interval
+        self.log = log
+        self.uploaded: dict[str, Signature] = dict(known or {})
+        self.workers = workers
+        self._lock = threading.Lock()  # one sync pass at a time (thread vs. final flush)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
+        self.uploads = 0
+        self.bytes_uploaded = 0
+
+    def start(self) -> CheckpointSync:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            try:
+                self.sync_once()
+            except Exception as exc:  # the store retries; a failed pass is retried next time
+                self.log(f"checkpoint upload failed (will retry): {exc}")
+
+    def wake(self) -> None:
+        """Sync now: the script says a checkpoint is complete (don't wait for the poll)."""
+        self._wake.set()
+
+    def sync_once(self) -> int:
+        """One pass: upload what changed, then the manifest, then delete what was pruned."""
+        with self._lock:
+            current = scan(self.local)
+            changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
+            removed = [rel for rel in self.uploaded if rel not in current]
+            if not changed and not removed:
+                return 0
+
+            def upload(rel: str) -> None:
+                self.store.put_file(rel, self.local / rel)
+
+            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                list(pool.map(upload, changed))
+            for rel in changed:
+                self.uploaded[rel] = current[rel]
+                self.bytes_uploaded += current[rel][0]
+            self.uploads += len(changed)
+            for rel in removed:
+                del self.uploaded[rel]
+            manifest = {
+                "node": self.rank,
+                "time": time.time(),
+                "files": {rel: sig[0] for rel, sig in sorted(self.uploaded.items())},
+            }
+            self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+            for rel in removed:  # only once no manifest of ours lists them
+                self.store.delete(rel)
+            return len(changed)
+
+    def close(self) -> None:
+        """Stop the background pass and flush what is left (the emergency checkpoint too)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        self.sync_once()
