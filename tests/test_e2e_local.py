@@ -371,3 +371,21 @@ def test_stop_of_fit_running_in_a_thread(home, source):
     worker.join(timeout=60)
     assert not worker.is_alive()
     assert isinstance(outcome[0], JobFailedError)
+
+
+def test_deterministic_failure_ends_after_max_restarts(home, source):
+    """A script that always fails is retried max_restarts times, then Failed: no endless loop."""
+    est = Estimator(entry_point="train.py", source_dir=str(source("fail")), max_restarts=2)
+    with pytest.raises(JobFailedError):
+        est.fit(logs=False)
+    info = est.latest_training_job.describe()
+    assert info["state"] == "Failed"
+    assert [a["outcome"] for a in info["attempts"]] == ["failed", "failed", "failed"]
+    interrupted = [
+        e["cause"]
+        for e in est.latest_training_job.events()
+        if e["type"] == "state" and e["state"] == "Interrupted"
+    ]
+    assert len(interrupted) == 2
+    assert interrupted[0].endswith("(restart 1 of 2)") and interrupted[1].endswith("of 2)")
+    assert info["failure_reason"] == "algo-1: ValueError: learning rate 10.0 is too large"

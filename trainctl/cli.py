@@ -327,8 +327,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
                 num(a.resumed_from_step),
                 num(a.last_step),
                 num(a.steps_lost),
-                "; ".join([*(f"fault {f}" for f in a.faults), *([a.cause] if a.cause else [])])
-                or "-",
+                a.cause or "-",
             )
         console.print(attempts)
 

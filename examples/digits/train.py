@@ -4,9 +4,15 @@ Works unchanged as:
   * a plain single process:  ``python train.py``
   * under torchrun (one or many nodes): ``torchrun --nnodes 2 --nproc-per-node 1 ... train.py``
   * under trainctl, which launches torchrun and sets the SageMaker-style environment
-    (SM_MODEL_DIR, SM_CHANNEL_TRAIN, SM_OUTPUT_DATA_DIR).
+    (SM_MODEL_DIR, SM_CHECKPOINT_DIR, SM_CHANNEL_TRAIN, SM_OUTPUT_DATA_DIR).
 
 Hyperparameters arrive as command-line arguments (``--epochs 8 --lr 0.1 ...``).
+
+Training survives interruptions bit-exactly (through ``trainctl.train``): it checkpoints every
+``--checkpoint-every`` steps into SM_CHECKPOINT_DIR (default ./checkpoints), saves an emergency
+checkpoint and exits with code 85 on SIGTERM, and on start resumes from the newest complete
+checkpoint, at the exact step and sample of the epoch. An interrupted and resumed run ends
+with a model.pt identical, tensor for tensor, to the uninterrupted run's.
 """
 
 import argparse
@@ -22,7 +28,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+
+from trainctl.train import (
+    Checkpointer,
+    PreemptionFlag,
+    ResumableDistributedSampler,
+    init_distributed,
+    report_step,
+)
 
 
 def parse_args(argv=None):
@@ -39,6 +52,31 @@ def parse_args(argv=None):
         help="per-worker batch size",
     )
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument(
+        "--checkpoint-every",
+        "--checkpoint_every",
+        dest="checkpoint_every",
+        type=int,
+        default=10,
+        help="checkpoint every N optimizer steps (0: at the end of each epoch; <0: only on "
+        "SIGTERM)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        "--keep_checkpoints",
+        dest="keep_checkpoints",
+        type=int,
+        default=3,
+        help="checkpoints kept on each node",
+    )
+    p.add_argument(
+        "--step-delay",
+        "--step_delay",
+        dest="step_delay",
+        type=float,
+        default=0.0,
+        help="seconds to sleep after each optimizer step (to test interruptions)",
+    )
     args, unknown = p.parse_known_args(argv)
     return args, unknown
 
@@ -46,35 +84,6 @@ def parse_args(argv=None):
 def log(msg, rank=0, only_rank0=True):
     if not only_rank0 or rank == 0:
         print(msg, flush=True)
-
-
-# --------------------------------------------------------------------------- setup
-
-
-def setup_distributed():
-    """Return (rank, world_size, local_rank, device, distributed)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    distributed = world_size > 1
-
-    if torch.cuda.is_available():
-        # Needed by torch.use_deterministic_algorithms with cuBLAS.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-
-    if distributed:
-        # RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT come from torchrun.
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, **kwargs)
-        rank = dist.get_rank()
-        world_size = dist.get_world_size()
-    return rank, world_size, local_rank, device, distributed
 
 
 # --------------------------------------------------------------------------- data
@@ -120,29 +129,6 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-# --------------------------------------------------------------------------- train / eval
-
-
-def train_one_epoch(model, loader, optimizer, device, distributed):
-    """One pass over this worker's shard. Returns (mean loss, accuracy) over all workers."""
-    model.train()
-    # [sum of losses, number correct, number of samples] on this worker
-    stats = torch.zeros(3, dtype=torch.float64, device=device)
-    for xb, yb in loader:
-        xb, yb = xb.to(device), yb.to(device)
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(xb)
-        loss = F.cross_entropy(logits, yb)
-        loss.backward()  # DDP averages gradients across workers here
-        optimizer.step()
-        stats[0] += loss.detach().double() * yb.numel()
-        stats[1] += (logits.argmax(1) == yb).sum()
-        stats[2] += yb.numel()
-    if distributed:
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
-    return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
-
-
 @torch.no_grad()
 def evaluate(model, X, y, device):
     model.eval()
@@ -153,6 +139,14 @@ def evaluate(model, X, y, device):
     return loss, acc
 
 
+def global_stats(stats, distributed):
+    """[sum of losses, number correct, number of samples] summed over all workers."""
+    stats = stats.clone()
+    if distributed:
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+    return stats
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -160,15 +154,19 @@ def main(argv=None):
     args, unknown = parse_args(argv)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    if torch.cuda.is_available():
+        # Needed by torch.use_deterministic_algorithms with cuBLAS.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-    rank, world_size, local_rank, device, distributed = setup_distributed()
-    log(f"rank {rank}/{world_size} on {socket.gethostname()} starting", rank, only_rank0=False)
+    # From here on SIGTERM means "stop at the next step": checkpoint there and exit with 85.
+    preempt = PreemptionFlag()
+    # Process group (gloo on CPU, nccl on CUDA) when WORLD_SIZE > 1.
+    ctx = init_distributed()
+    rank, device, distributed = ctx.rank, ctx.device, ctx.is_distributed
+    log(f"rank {rank}/{ctx.world_size} on {socket.gethostname()} starting", rank, only_rank0=False)
     if unknown:
         log(f"ignoring unknown arguments: {unknown}", rank)
     log(f"hyperparameters: {vars(args)} device={device} distributed={distributed}", rank)
-
-    model_dir = os.environ.get("SM_MODEL_DIR", "./model")
-    output_dir = os.environ.get("SM_OUTPUT_DATA_DIR")
 
     X_tr, X_te, y_tr, y_te, source = load_data(args.seed)
     num_classes = int(max(y_tr.max(), y_te.max())) + 1
@@ -180,28 +178,84 @@ def main(argv=None):
 
     train_ds = TensorDataset(torch.from_numpy(X_tr), torch.from_numpy(y_tr))
     X_test, y_test = torch.from_numpy(X_te), torch.from_numpy(y_te)
-    sampler = DistributedSampler(
-        train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed
+    # Same order as torch's DistributedSampler, plus the position inside the epoch.
+    sampler = ResumableDistributedSampler(
+        train_ds, num_replicas=ctx.world_size, rank=rank, shuffle=True, seed=args.seed
     )
-    loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler)
+    # Its own generator: starting an epoch's iterator must not draw from the global RNG.
+    loader = DataLoader(
+        train_ds, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
+    )
 
     torch.manual_seed(args.seed)
     model = MLP(X_tr.shape[1], args.hidden, num_classes).to(device)
     ddp_model = (
-        DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
         if distributed
         else model
     )
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
 
-    # Training state kept in plain variables so checkpoint/resume can be added later:
-    # (model.state_dict(), optimizer.state_dict(), start_epoch) is all that is needed.
-    start_epoch = 0
+    # Resume last, right before the loop: it restores the RNG states too. Every rank loads
+    # the same model/optimizer state (into the plain model under DDP) and its own position.
+    ckpt = Checkpointer(ctx.checkpoint_dir, keep=args.keep_checkpoints, ctx=ctx)
+    info = ckpt.restore(model=model, optimizer=optimizer, sampler=sampler)
+    step, start_epoch = (info.step, info.epoch) if info else (0, 0)
+    # The resumed epoch's running loss/accuracy sums (all workers'), kept on rank 0.
+    carried = info.extra.get("epoch_stats") if info and isinstance(info.extra, dict) else None
+    last_saved = step if info else None
+    if info:
+        log(f"resumed from checkpoint step {info.step} (epoch {info.epoch + 1})", rank)
+
+    def save(epoch, stats_all):
+        nonlocal last_saved
+        ckpt.save(
+            step,
+            model=model,
+            optimizer=optimizer,
+            sampler=sampler,
+            epoch=epoch,
+            extra={"epoch_stats": stats_all.cpu().tolist()},
+        )
+        last_saved = step
+
     t0 = time.time()
     train_loss = train_acc = float("nan")
     for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        train_loss, train_acc = train_one_epoch(ddp_model, loader, optimizer, device, distributed)
+        sampler.set_epoch(epoch)  # keeps the position when this is the resumed epoch
+        ddp_model.train()
+        # [sum of losses, number correct, number of samples] on this worker
+        stats = torch.zeros(3, dtype=torch.float64, device=device)
+        if carried is not None and rank == 0:
+            stats += torch.tensor(carried, dtype=torch.float64, device=device)
+        carried = None
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            logits = ddp_model(xb)
+            loss = F.cross_entropy(logits, yb)
+            loss.backward()  # DDP averages gradients across workers here
+            optimizer.step()
+            stats[0] += loss.detach().double() * yb.numel()
+            stats[1] += (logits.argmax(1) == yb).sum()
+            stats[2] += yb.numel()
+
+            step += 1
+            sampler.advance(yb.shape[0])
+            report_step(step)
+            if args.step_delay > 0:
+                time.sleep(args.step_delay)
+            if preempt.should_stop():  # SIGTERM on any node: all ranks stop at this step
+                save(epoch, global_stats(stats, distributed))
+                log(f"preempted: emergency checkpoint at step {step}, exiting", rank)
+                preempt.exit(step)
+            if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+                save(epoch, global_stats(stats, distributed))
+
+        stats = global_stats(stats, distributed)
+        if args.checkpoint_every == 0 and step != last_saved:
+            save(epoch, stats)
+        train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
         log(
             f"epoch {epoch + 1}/{args.epochs} loss={train_loss:.4f} train_acc={train_acc:.4f}", rank
         )
@@ -212,11 +266,15 @@ def main(argv=None):
         log(f"test_loss={test_loss:.4f}", rank)
         log(f"test_accuracy={test_acc:.4f}", rank)
 
+        model_dir = ctx.model_dir
         os.makedirs(model_dir, exist_ok=True)
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        torch.save(state, os.path.join(model_dir, "model.pt"))
-        log(f"saved model to {os.path.join(model_dir, 'model.pt')}", rank)
+        path = os.path.join(model_dir, "model.pt")
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        log(f"saved model to {path}", rank)
 
+        output_dir = os.environ.get("SM_OUTPUT_DATA_DIR")
         if output_dir:
             os.makedirs(output_dir, exist_ok=True)
             metrics = {
@@ -225,7 +283,9 @@ def main(argv=None):
                 "train_loss": train_loss,
                 "train_accuracy": train_acc,
                 "epochs": args.epochs,
-                "world_size": world_size,
+                "world_size": ctx.world_size,
+                "steps": step,
+                "resumed_from_step": info.step if info else None,
                 "train_seconds": round(train_time, 3),
             }
             with open(os.path.join(output_dir, "metrics.json"), "w") as f:

@@ -359,7 +359,7 @@ class Controller:
                 if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
                     self._stop_nodes(nodes, self.settings.stop_grace_seconds)
                     ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
-                    return AttemptEnd("interrupted", f"interruption notice for {ranks}")
+                    return AttemptEnd("interrupted", f"interruption notice to {ranks}")
                 continue
             if first_abnormal is not None and (
                 all(n.exit_code is not None for n in runners)
@@ -389,19 +389,25 @@ class Controller:
         if self._training_started is None or not self._pending_faults:
             return
         elapsed = now - self._training_started
-        for fault in [f for f in self._pending_faults if f.at <= elapsed]:
+        # One per poll, earliest first: a kill is seen (and ends the attempt) before the
+        # next fault is due, so faults at nearby times hit successive attempts in order.
+        for fault in sorted(self._pending_faults, key=lambda f: f.at)[:1]:
+            if fault.at > elapsed or any(n.lost for n in nodes.values()):
+                return
             self._pending_faults.remove(fault)
             self.record.attempts[-1].faults.append(str(fault))
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
             self._info(f"injecting fault {fault} (algo-{fault.rank + 1}, {elapsed:.1f} s in)")
             if fault.kind == "kill":
-                nodes[fault.rank].lost = nodes[fault.rank].lost or "killed (fault injection)"
+                nodes[fault.rank].lost = (
+                    nodes[fault.rank].lost or f"killed by injected fault {fault}"
+                )
                 nodes[fault.rank].exited_at = now
                 self.provider.kill_node(cluster, fault.rank)
             else:
                 self.store.put_text(
                     self.jobs.keys.notice(cluster.attempt, fault.rank),
-                    json.dumps({"source": "fault injection", "fault": str(fault)}),
+                    json.dumps({"source": f"injected fault {fault}"}),
                 )
                 self._notices.setdefault(fault.rank, now)
 

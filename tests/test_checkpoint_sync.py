@@ -1,0 +1,95 @@
+"""Checkpoint sync between node dirs and the store: manifest last, union restore, pruning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainctl.container.checkpoints import CheckpointSync, manifest_key, restore, scan, stored_files
+from trainctl.store import LocalStore
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def test_scan_skips_files_being_written(tmp_path):
+    write(tmp_path / "step-1/state.pt", "a")
+    write(tmp_path / "step-1/rank-0.pt.tmp", "partial")
+    write(tmp_path / "step-2.tmp/state.pt", "partial dir")
+    assert set(scan(tmp_path)) == {"step-1/state.pt"}
+
+
+def test_manifest_lists_only_uploaded_files_and_is_written_last(tmp_path, store):
+    local = tmp_path / "node0"
+    write(local / "step-1/state.pt", "s1")
+    order: list[str] = []
+    real_put_file, real_put_bytes = store.put_file, store.put_bytes
+    store.put_file = lambda key, path: (order.append(key), real_put_file(key, path))[1]
+    store.put_bytes = lambda key, data: (order.append(key), real_put_bytes(key, data))[1]
+    sync = CheckpointSync(store, local, 0, interval=60, log=print)
+    assert sync.sync_once() == 1
+    assert order == ["step-1/state.pt", manifest_key(0)]
+    assert json.loads(store.get_text(manifest_key(0)))["files"] == {"step-1/state.pt": 2}
+    assert sync.sync_once() == 0  # unchanged: nothing uploaded again
+
+
+def test_restore_is_the_union_of_all_nodes(tmp_path, store):
+    node0, node1 = tmp_path / "n0", tmp_path / "n1"
+    write(node0 / "step-5/state.pt", "model")
+    write(node0 / "step-5/rank-0.pt", "rng0")
+    write(node0 / "step-5/meta.json", "{}")
+    write(node1 / "step-5/rank-1.pt", "rng1")
+    CheckpointSync(store, node0, 0, interval=60, log=print).sync_once()
+    CheckpointSync(store, node1, 1, interval=60, log=print).sync_once()
+    # an object that no manifest lists (an upload that never finished) is not restored
+    store.put_text("step-6/state.pt", "orphan")
+    fresh = tmp_path / "fresh"
+    known = restore(store, fresh, log=print)
+    assert set(scan(fresh)) == {
+        "step-5/state.pt",
+        "step-5/rank-0.pt",
+        "step-5/meta.json",
+        "step-5/rank-1.pt",
+    }
+    assert (fresh / "step-5/rank-1.pt").read_text() == "rng1"
+    # restored files are known to be stored: a sync right after uploads nothing
+    assert CheckpointSync(store, fresh, 0, interval=60, log=print, known=known).sync_once() == 0
+
+
+def test_pruned_files_are_deleted_after_the_manifest(tmp_path, store):
+    local = tmp_path / "n0"
+    write(local / "step-1/state.pt", "1")
+    write(local / "step-2/state.pt", "2")
+    sync = CheckpointSync(store, local, 0, interval=60, log=print)
+    sync.sync_once()
+    (local / "step-1/state.pt").unlink()
+    sync.sync_once()
+    assert not store.exists("step-1/state.pt")
+    assert set(stored_files(store)) == {"step-2/state.pt"}
+
+
+def test_uri_without_manifests_is_taken_whole(tmp_path, store):
+    """A checkpoint URI filled by the user (e.g. from an earlier job) restores completely."""
+    store.put_text("step-9/state.pt", "x")
+    restore(store, tmp_path / "fresh", log=print)
+    assert (tmp_path / "fresh/step-9/state.pt").read_text() == "x"
+
+
+def test_background_sync_and_final_flush(tmp_path, store):
+    local = tmp_path / "n0"
+    local.mkdir()
+    sync = CheckpointSync(store, local, 0, interval=0.05, log=print).start()
+    write(local / "step-1/state.pt", "1")
+    sync.wake()
+    write(local / "step-2/state.pt", "2")
+    sync.close()  # whatever is left is flushed before close returns
+    assert set(stored_files(store)) == {"step-1/state.pt", "step-2/state.pt"}

@@ -1,0 +1,187 @@
+"""Fault tolerance end to end: kills, notices, relaunch, and bit-exact resume.
+
+Real 2-node torchrun jobs of examples/digits on the local provider; faults are injected for
+real (SIGKILL of every process of a node; an interruption notice relayed to a node's agent).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES
+from trainctl import Estimator
+from trainctl.estimator import JobFailedError
+from trainctl.estimator.spec import Fault
+
+pytestmark = pytest.mark.e2e
+
+CHECKPOINT_EVERY = 10
+# ~92 steps of >= 50 ms: training outlasts three interruptions after a ~4 s start-up.
+HYPERPARAMETERS = {
+    "epochs": 4,
+    "lr": 0.1,
+    "seed": 0,
+    "checkpoint-every": CHECKPOINT_EVERY,
+    "step-delay": 0.05,
+}
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+
+
+def digits(**kwargs) -> Estimator:
+    fields = {
+        "entry_point": "train.py",
+        "source_dir": str(EXAMPLES / "digits"),
+        "instance_count": 2,
+        "hyperparameters": HYPERPARAMETERS,
+        "distribution": TORCHRUN,
+    }
+    return Estimator(**{**fields, **kwargs})
+
+
+def model_tensors(job) -> dict:
+    import torch
+
+    data = job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        raw = tar.extractfile("model.pt").read()
+    return torch.load(io.BytesIO(raw), weights_only=True)
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The uninterrupted run's model (one per test module: it is the reference)."""
+    home = tmp_path_factory.mktemp("baseline-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRAINCTL_HOME", str(home))
+    mp.delenv("TRAINCTL_STORE", raising=False)
+    try:
+        job = digits().fit(logs=False)
+        info = job.describe()
+        assert info["state"] == "Completed"
+        assert len(info["attempts"]) == 1
+        return model_tensors(job)
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, trial):
+    """The bar: the model after two kills and one notice is bit-identical to the baseline."""
+    rng = random.Random(1000 + trial)
+    # Seconds into the current attempt (from its launch; start-up takes ~4 s here), each
+    # fault fires once, in the first attempt that runs long enough: random moments of
+    # training in successive attempts, in a random order.
+    faults = [
+        str(Fault.parse(spec))  # the normal form the job records
+        for spec in (
+            f"kill:1@{rng.uniform(5.0, 6.5):.2f}",
+            f"kill:0@{rng.uniform(5.0, 6.5):.2f}",
+            f"notice:{rng.choice([0, 1])}@{rng.uniform(5.0, 6.5):.2f}",
+        )
+    ]
+    job = digits(faults=faults).fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    attempts = info["attempts"]
+    assert attempts[-1]["outcome"] == "completed"
+    assert all(a["outcome"] == "interrupted" for a in attempts[:-1]), attempts
+    assert sorted(f for a in attempts for f in a["faults"]) == sorted(faults)
+    for attempt in attempts[:-1]:
+        assert attempt["steps_lost"] is not None, attempt
+        if attempt["faults"] == [f for f in faults if f.startswith("notice")]:
+            assert "interruption notice" in attempt["cause"]
+            assert attempt["steps_lost"] == 0, attempt  # the emergency checkpoint saved all
+        else:
+            assert "lost" in attempt["cause"]
+            assert attempt["steps_lost"] <= CHECKPOINT_EVERY, attempt
+    assert_bit_identical(model_tensors(job), baseline)
+
+
+def test_kill_during_relaunch_and_quick_succession(home, baseline):
+    """A second kill as the next attempt starts, before it trained a step."""
+    job = digits(faults=["kill:1@5.5", "kill:0@0"]).fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    assert [a["outcome"] for a in info["attempts"]] == ["interrupted", "interrupted", "completed"]
+    assert_bit_identical(model_tensors(job), baseline)
+
+
+def test_script_ignoring_sigterm_is_killed_after_grace(home, monkeypatch, tmp_path):
+    """A notice to a script that ignores SIGTERM: ended after the grace period, and the job
+    still resumes from the last complete checkpoint."""
+    monkeypatch.setenv("TRAINCTL_NOTICE_GRACE_SECONDS", "2")
+    src = tmp_path / "digits"
+    shutil.copytree(EXAMPLES / "digits", src)
+    original = (src / "train.py").read_text()
+    (src / "train.py").write_text(
+        "import signal\n"
+        "_install = signal.signal\n"
+        "def _ignore_sigterm(sig, handler):\n"
+        "    return _install(sig, signal.SIG_IGN if sig == signal.SIGTERM else handler)\n"
+        "signal.signal = _ignore_sigterm\n" + original
+    )
+    est = digits(source_dir=str(src), faults=["notice:1@5.5"])
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    first, second = info["attempts"]
+    assert "interruption notice" in first["cause"]
+    assert second["resumed_from_step"] is not None
+    assert second["resumed_from_step"] <= first["last_step"]
+    node_log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
+    assert "did not stop within 2 s" in node_log
+
+
+def test_corrupt_newest_checkpoint_falls_back(home, baseline, tmp_path):
+    """A checkpoint left corrupt (by a kill mid-write) is skipped for the previous one."""
+    ckpt = tmp_path / "ckpt"
+    first = digits(checkpoint_s3_uri=ckpt.as_uri()).fit(logs=False)
+    assert first.describe()["state"] == "Completed"
+    steps = sorted(p for p in ckpt.iterdir() if p.name.startswith("step-"))
+    assert len(steps) >= 2
+    newest, previous = steps[-1], steps[-2]
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])  # truncated mid-write
+    second = digits(checkpoint_s3_uri=ckpt.as_uri()).fit(logs=False)
+    info = second.describe()
+    assert info["state"] == "Completed"
+    assert info["attempts"][0]["resumed_from_step"] == int(previous.name.split("-")[1])
+    assert_bit_identical(model_tensors(second), baseline)
+
+
+def test_unwritable_checkpoint_uri_is_refused_up_front(home):
+    with pytest.raises(Exception) as raised:
+        digits(checkpoint_s3_uri="file:///etc/hostname/ckpt").fit(logs=False)
+    assert "checkpoint_s3_uri" in str(raised.value) and "not writable" in str(raised.value)
+    assert not (Path(home) / "store" / "jobs").exists()
+
+
+def test_user_failure_counts_against_max_restarts_but_kills_do_not(home, source):
+    """Infrastructure interruptions never use the user's restart budget."""
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(source("fail")),
+        instance_count=2,
+        distribution=TORCHRUN,
+        max_restarts=1,
+        faults=["kill:0@0.3"],
+    )
+    with pytest.raises(JobFailedError):
+        est.fit(logs=False)
+    outcomes = [a["outcome"] for a in est.latest_training_job.describe()["attempts"]]
+    # the kill (infrastructure) + two user failures (the first one retried once)
+    assert outcomes == ["interrupted", "failed", "failed"]

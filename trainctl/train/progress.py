@@ -1,0 +1,49 @@
+"""Progress reports for the trainctl controller.
+
+    for batch in loader:
+        ...
+        step += 1
+        report_step(step)      # cheap: rank 0 only, at most one message every 0.5 s
+
+The controller uses the last reported step to measure how many steps an interruption cost.
+Outside trainctl (no TRAINCTL_JOB in the environment) this does nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainctl import protocol
+
+__all__ = ["report_step"]
+
+MIN_INTERVAL = 0.5
+
+_last_sent: float | None = None
+
+
+def report_step(step: int, *, min_interval: float = MIN_INTERVAL) -> None:
+    """Send `{"event": "step", "step": step}` from global rank 0, throttled to `min_interval`.
+
+    The first call always sends. `Checkpointer.save` reports its step unthrottled.
+    """
+    global _last_sent
+    if not protocol.under_trainctl():
+        return
+    from trainctl.train.context import _global_rank
+
+    if _global_rank() != 0:
+        return
+    now = time.monotonic()
+    if _last_sent is not None and now - _last_sent < min_interval:
+        return
+    _last_sent = now
+    protocol.send("step", step=int(step))
+
+
+def _report_now(step: int) -> None:
+    """Unthrottled (rank 0 callers only): also restarts the throttle interval."""
+    global _last_sent
+    if protocol.under_trainctl():
+        _last_sent = time.monotonic()
+        protocol.send("step", step=int(step))
