@@ -26,6 +26,7 @@ demo: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+	@test -f .pytest-session-finished || { echo "pytest did not finish its session"; exit 1; }
 
 lint: venv
 	$(VENV)/bin/ruff check .

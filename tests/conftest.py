@@ -17,25 +17,29 @@ EXAMPLES = REPO / "examples"
 TRAINCTL = str(Path(sys.executable).parent / "trainctl")
 
 
-def tagged_processes() -> list[int]:
-    """Processes of any trainctl job or detached controller (tests run one at a time)."""
+def tagged_processes(home: Path | None = None) -> list[int]:
+    """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
+    (other trainctl users on the machine, a benchmark say, are not ours to judge)."""
     from trainctl.transport.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
 
+    home = home or Path(os.environ["TRAINCTL_HOME"])
     return [
         pid
         for pid in _pids()
-        if (JOB_TAG in (env := _environ(pid)) or CONTROLLER_TAG in env) and not _is_zombie(pid)
+        if (JOB_TAG in (env := _environ(pid)) or CONTROLLER_TAG in env)
+        and env.get("TRAINCTL_HOME") == str(home)
+        and not _is_zombie(pid)
     ]
 
 
-def wait_no_leftovers(timeout: float = 20.0) -> list[int]:
+def wait_no_leftovers(timeout: float = 20.0, home: Path | None = None) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        left = tagged_processes()
+        left = tagged_processes(home)
         if not left:
             return []
         time.sleep(0.2)
-    return tagged_processes()
+    return tagged_processes(home)
 
 
 @pytest.fixture
@@ -45,7 +49,7 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TRAINCTL_HOME", str(home))
     monkeypatch.delenv("TRAINCTL_STORE", raising=False)
     yield home
-    left = wait_no_leftovers()
+    left = wait_no_leftovers(home=home)
     for pid in left:  # clean up before failing so one bad test does not poison the rest
         try:
             os.kill(pid, signal.SIGKILL)
@@ -66,3 +70,16 @@ def source(tmp_path) -> callable:
         return dest
 
     return make
+
+
+SESSION_MARKER = REPO / ".pytest-session-finished"
+
+
+def pytest_sessionstart(session) -> None:
+    SESSION_MARKER.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    # `make test` checks this exists: code under test that ends the process (os._exit in a
+    # training helper, say) must not pass for a green run.
+    SESSION_MARKER.write_text(f"{exitstatus}\n")

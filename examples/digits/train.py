@@ -33,6 +33,7 @@ from trainctl.train import (
     Checkpointer,
     PreemptionFlag,
     ResumableDistributedSampler,
+    finish,
     init_distributed,
     report_step,
 )
@@ -291,10 +292,9 @@ def main(argv=None):
             with open(os.path.join(output_dir, "metrics.json"), "w") as f:
                 json.dump(metrics, f, indent=2)
 
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # Barrier, flush, exit: skips process-group destructors that can hang at exit (finish.py).
+    finish(0)

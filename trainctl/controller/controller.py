@@ -442,10 +442,12 @@ class Controller:
         if attempt.resumed_from_step is not None:
             return
         attempt.resumed_from_step = step
-        if len(self.record.attempts) >= 2:
-            previous = self.record.attempts[-2]
-            if previous.last_step is not None:
-                previous.steps_lost = max(0, previous.last_step - step)
+        # Every earlier attempt not yet accounted for (one cut short before it trained, say)
+        # lost what it reached beyond this resume point; one that reached no step lost nothing.
+        for earlier in self.record.attempts[:-1]:
+            if earlier.steps_lost is None:
+                reached = earlier.last_step if earlier.last_step is not None else step
+                earlier.steps_lost = max(0, reached - step)
         if step:
             self._info(f"attempt {attempt.number} resumed from the checkpoint of step {step}")
         self.jobs.event("resumed", attempt=attempt.number, step=step)

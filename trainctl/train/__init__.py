@@ -38,6 +38,7 @@ A resumable DDP loop::
                 ckpt.save(step, model=ddp, optimizer=opt, sampler=sampler, epoch=epoch)
     if ctx.is_chief:
         torch.save(model.state_dict(), ctx.model_dir / "model.pt")
+    finish()                                     # barrier, flush, exit (see finish.py)
 
 What is where:
 
@@ -51,6 +52,8 @@ What is where:
 - `PreemptionFlag`: SIGTERM flag all-reduced across ranks, emergency exit with code 85
   (trainctl.train.preemption).
 - `report_step`: throttled progress messages for the controller (trainctl.train.progress).
+- `finish`: end the process without process-group destructors, which can deadlock at exit
+  with gloo (trainctl.train.finish).
 - `per_worker_batch`, `scaled_lr`, `warmup_lr`, `linear_warmup_scheduler`: large-batch
   training (trainctl.train.scaling).
 
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 from trainctl.train.checkpoint import Checkpointer, CheckpointInfo, unwrap_model
 from trainctl.train.context import TrainContext, context, init_distributed
+from trainctl.train.finish import finish
 from trainctl.train.preemption import PreemptionFlag
 from trainctl.train.progress import report_step
 from trainctl.train.sampler import ResumableDistributedSampler
@@ -80,6 +84,7 @@ __all__ = [
     "ResumableDistributedSampler",
     "TrainContext",
     "context",
+    "finish",
     "init_distributed",
     "linear_warmup_scheduler",
     "per_worker_batch",

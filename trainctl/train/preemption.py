@@ -19,7 +19,6 @@ per call; with `check_every=N` it communicates only every N-th call (every rank 
 from __future__ import annotations
 
 import signal
-import sys
 from typing import Any, NoReturn
 
 from trainctl import protocol
@@ -108,16 +107,12 @@ class PreemptionFlag:
 
     def exit(self, step: int | None = None) -> NoReturn:
         """Stop after the emergency checkpoint: rank 0 sends `preempted`, the process group
-        is destroyed (after a barrier: call it on every rank, as after `should_stop()`), and
+        is left behind after a barrier (call it on every rank, as after `should_stop()`), and
         the process exits with protocol.EXIT_PREEMPTED (85)."""
+        from trainctl.train.finish import finish
+
         if _global_rank(self.ctx) == 0:
             protocol.send("preempted", step=step)
-        dist = _dist_ready()
-        if dist is not None:
-            # Every rank is here at the same step (should_stop agreed). The barrier also lets
-            # gloo's worker threads release the last collective's tensors while this thread
-            # waits without the GIL: exiting right after an all-reduce can abort otherwise.
-            dist.barrier()
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.exit(protocol.EXIT_PREEMPTED)
+        # Every rank is here at the same step (should_stop agreed): barrier, flush, and exit
+        # without process-group destructors (they can deadlock or abort; see finish.py).
+        finish(protocol.EXIT_PREEMPTED)
