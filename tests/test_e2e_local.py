@@ -389,3 +389,20 @@ def test_deterministic_failure_ends_after_max_restarts(home, source):
     assert len(interrupted) == 2
     assert interrupted[0].endswith("(restart 1 of 2)") and interrupted[1].endswith("of 2)")
     assert info["failure_reason"] == "algo-1: ValueError: learning rate 10.0 is too large"
+
+
+def test_max_wait_stops_a_job_that_keeps_being_interrupted(home, source):
+    """max_wait bounds the whole job, relaunches included, and ends it clearly."""
+    est = Estimator(
+        entry_point="train.py",
+        source_dir=str(source("sleeper")),
+        instance_count=2,
+        max_wait=6,
+        faults=["kill:1@1"],
+    )
+    with pytest.raises(JobFailedError):
+        est.fit(logs=False)
+    info = est.latest_training_job.describe()
+    assert info["state"] == "Stopped"
+    assert info["stop_reason"].startswith("MaxWaitTimeExceeded")
+    assert [a["outcome"] for a in info["attempts"]] == ["interrupted", "stopped"]

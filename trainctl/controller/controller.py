@@ -127,6 +127,7 @@ class Controller:
         self._nodes: dict[int, _Node] = {}
         self._signal: int | None = None
         self._training_started: float | None = None
+        self._job_started = time.monotonic()
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
         # Each fault fires once, in the first attempt that trains long enough.
@@ -184,18 +185,10 @@ class Controller:
     def _run_attempts(self) -> None:
         """Attempts until the job completes, fails for good, is stopped or runs out of time."""
         spec = self.record.spec
-        started = time.monotonic()
         user_failures = sum(1 for a in self.record.attempts if a.outcome == "failed")
         while True:
-            if reason := self.jobs.stop_requested():
+            if reason := self.jobs.stop_requested() or self._time_limit_reached():
                 self._end(JobState.STOPPED, stop_reason=reason)
-                return
-            if spec.max_wait is not None and time.monotonic() - started > spec.max_wait:
-                self._end(
-                    JobState.FAILED,
-                    reason=f"max_wait of {spec.max_wait} s exceeded after "
-                    f"{len(self.record.attempts)} attempt(s)",
-                )
                 return
             attempt = len(self.record.attempts) + 1
             end = self._run_attempt(attempt)
@@ -291,7 +284,6 @@ class Controller:
 
     def _watch(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> AttemptEnd:
         """Follow one attempt until it ends, and say how it ended."""
-        spec = self.record.spec
         next_stop_check = 0.0
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
         first_abnormal: float | None = None
@@ -339,11 +331,7 @@ class Controller:
             if self.stop_reason is None and now >= next_stop_check:
                 next_stop_check = now + STOP_CHECK_SECONDS
                 self.stop_reason = self.jobs.stop_requested()
-                trained = self._trained_before + (
-                    now - self._training_started if self._training_started else 0.0
-                )
-                if self.stop_reason is None and trained > spec.max_run:
-                    self.stop_reason = f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
+                self.stop_reason = self.stop_reason or self._time_limit_reached()
             if self.stop_reason is not None:
                 self._stop_nodes(nodes, self.settings.stop_grace_seconds)
                 return AttemptEnd("stopped", self.stop_reason)
@@ -366,6 +354,23 @@ class Controller:
                 or now - first_abnormal > SETTLE_SECONDS
             ):
                 return self._classify_failure(nodes)
+
+    def _time_limit_reached(self) -> str | None:
+        """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
+        spec = self.record.spec
+        now = time.monotonic()
+        trained = self._trained_before + (
+            now - self._training_started if self._training_started else 0.0
+        )
+        if trained > spec.max_run:
+            return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
+        if spec.max_wait is not None and now - self._job_started > spec.max_wait:
+            attempts = len(self.record.attempts)
+            return (
+                f"MaxWaitTimeExceeded: max_wait of {spec.max_wait} s reached "
+                f"({attempts} attempt(s))"
+            )
+        return None
 
     def _classify_failure(self, nodes: dict[int, _Node]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""

@@ -268,11 +268,7 @@ class JobSpec(_Strict):
                     f"faults: {fault} names node {fault.rank} (algo-{fault.rank + 1}), but the "
                     f"job has {self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
                 )
-        if (
-            self.max_wait is not None
-            and self.max_wait < self.max_run
-            and "max_run" in (self.model_fields_set)
-        ):
+        if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(
                 f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "
                 "max_wait bounds the whole job, waiting and retries included"
@@ -344,6 +340,9 @@ def build_spec(**fields: Any) -> JobSpec:
         if entry_path.is_absolute() and entry_path.resolve().is_relative_to(src.resolve()):
             # an absolute path that lies inside source_dir means the same script
             fields["entry_point"] = str(entry_path.resolve().relative_to(src.resolve()))
+    if fields.get("max_wait") is not None and fields.get("max_run") is None:
+        # max_run's default (a day) would exceed a shorter max_wait: the wait bounds it.
+        fields["max_run"] = fields["max_wait"]
     dist = fields.get("distribution")
     if isinstance(dist, str):
         fields["distribution"] = parse_distribution(dist)
