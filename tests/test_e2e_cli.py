@@ -42,6 +42,17 @@ def wait_state(name: str, states: set[str], timeout: float = 60) -> dict:
     raise AssertionError(f"{name} never reached {states}: {info}")
 
 
+def wait_log(home: Path, job: str, text: str, timeout: float = 90) -> None:
+    """Until `text` is in one of the job's node logs in the (file) store."""
+    logs = home / "store" / "jobs" / job / "logs"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in p.read_text(errors="replace") for p in logs.glob("attempt-*/node-*.log")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in the logs of {job}")
+
+
 def end(proc: subprocess.Popen) -> None:
     """Make sure a process a test started is gone (politely first: it may own a job)."""
     if proc.poll() is None:
@@ -173,8 +184,7 @@ def test_ctrl_c_on_attached_submit_stops_everything(home, source):
         text=True,
     )
     try:
-        wait_state("interrupted", {"Training"})
-        time.sleep(1.5)
+        wait_log(home, "interrupted", "rank 1 step 2")  # training, not just launched
         submit.send_signal(signal.SIGINT)
         out, _ = submit.communicate(timeout=60)
     finally:
