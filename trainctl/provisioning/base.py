@@ -42,7 +42,3 @@ class Provider(ABC):
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """Take one node away without warning (fault injection: a spot reclaim)."""
         raise NotImplementedError(f"the {self.name} provider cannot kill a node")
-
-    def leftovers(self, job: str) -> list[str]:
-        """Descriptions of anything of the job still running (for tests and `gc`)."""
-        return []

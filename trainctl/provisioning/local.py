@@ -97,9 +97,3 @@ class LocalProvider(Provider):
             parent.rmdir()  # only if no other job's nodes are there
         except OSError:
             pass
-
-    def leftovers(self, job: str) -> list[str]:
-        out = [f"process {pid}" for pid in job_processes(job)]
-        if self.nodes_dir(job).exists():
-            out.append(f"directory {self.nodes_dir(job)}")
-        return out
