@@ -1,4 +1,5 @@
-# trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite.
+# trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite;
+# `make bench` measures the performance table (bench/results.json; see README "Performance").
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -27,6 +28,11 @@ test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 	@test -f .pytest-session-finished || { echo "pytest did not finish its session"; exit 1; }
+
+# Not part of `test`: timings, not assertions. Exits non-zero naming any missed goal.
+# BENCH_ARGS="--quick" or "--only upload" for a partial run.
+bench: venv
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -293,7 +293,6 @@ def main(argv=None):
                 json.dump(metrics, f, indent=2)
 
 
-
 if __name__ == "__main__":
     main()
     # Barrier, flush, exit: skips process-group destructors that can hang at exit (finish.py).

@@ -318,6 +318,9 @@ class Checkpointer:
             self._prune(step)
         if rank == 0:
             _report_now(step)
+        if self.ctx.local_rank == 0:
+            # Every node's agent uploads its part at once on this message: a node lost
+            # moments after a checkpoint then cannot leave it incomplete in the store.
             protocol.send("checkpoint", step=step)
         return step_dir
 

@@ -1,0 +1,138 @@
+"""Recovery: a node killed (or given an interruption notice) -> training steps advancing again.
+
+The workload runs as a trainctl job with an injected fault (`kill:1@T` / `notice:1@T`, T
+seconds after the attempt's launch). Measured from the controller's `fault` event to the
+first optimizer step of the next attempt (the workload's own timestamped BENCH line), plus
+the steps lost: the controller's `steps_lost` of the interrupted attempt, and the same from
+the workload's own per-step lines (last step logged by rank 0 minus the resumed step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.common import WORKLOAD_ARGS, every, first, log, summary
+
+KILL_GOAL_S = 15.0
+
+
+def _iso(value: str) -> float:
+    from trainctl.controller.record import parse_iso
+
+    return parse_iso(value)
+
+
+def _one(ctx: Any, kind: str, hps: dict[str, Any], at: float) -> dict[str, Any]:
+    def recovered(desc: dict[str, Any]) -> bool:
+        # The next attempt is stepping past its resume point: nothing more to measure.
+        attempts = desc.get("attempts", [])
+        if len(attempts) < 2 or attempts[1].get("resumed_from_step") is None:
+            return False
+        return (attempts[1].get("last_step") or 0) > attempts[1]["resumed_from_step"] + 5
+
+    run, desc, per_attempt = ctx.runner.run(
+        hps, faults=[f"{kind}:1@{at}"], timeout=240, stop_when=recovered
+    )
+    job = run.info["job"]
+    events = run.info["job_events"]
+    fault = next((e for e in events if e.get("type") == "fault"), None)
+    attempts = desc.get("attempts", [])
+    if not run.ok or fault is None or len(attempts) < 2:
+        raise RuntimeError(
+            f"{kind} job {job} ended {desc.get('state')} with {len(attempts)} attempt(s) "
+            f"(fault event: {fault is not None}): {desc.get('failure_reason')}"
+        )
+    t_fault = _iso(fault["time"])
+    second = per_attempt.get(2, [])
+    ready, first_step = first(second, "ready"), first(second, "first_step")
+    if ready is None or first_step is None:
+        raise RuntimeError(f"{kind} job {job}: attempt 2 logged no step")
+    steps_before = [e["step"] for e in every(per_attempt.get(1, []), "step")]
+    saved_before = [e["step"] for e in every(per_attempt.get(1, []), "ckpt") if e["t"] <= t_fault]
+    lost_by_log = max(0, max(steps_before, default=0) - int(ready["step"]))
+    lost_by_controller = attempts[0].get("steps_lost")
+
+    def since_fault(kind_: str, **match: Any) -> float | None:
+        for e in events:
+            if e.get("type") == kind_ and all(e.get(k) == v for k, v in match.items()):
+                t = _iso(e["time"])
+                if t >= t_fault:
+                    return round(t - t_fault, 2)
+        return None
+
+    start2 = first(second, "start")
+    breakdown = {
+        "attempt_ended": since_fault("attempt_end", attempt=1),
+        "agents_started": since_fault("agents_started", attempt=2),
+        "training_state": since_fault("state", state="Training"),
+        "workers_started": round(start2["t"] - t_fault, 2) if start2 else None,
+        "checkpoint_restored": round(ready["t"] - t_fault, 2),
+        "first_step": round(first_step["t"] - t_fault, 2),
+    }
+    return {
+        "job": job,
+        "recovery_s": first_step["t"] - t_fault,
+        "steps_lost": max(lost_by_log, lost_by_controller or 0),
+        "steps_lost_controller": lost_by_controller,
+        "steps_lost_log": lost_by_log,
+        "resumed_from": int(ready["step"]),
+        # The newest checkpoint rank 0 had saved locally before the fault: when it is newer
+        # than the one resumed from, it had not reached the store (on every node) in time.
+        "last_local_checkpoint": max(saved_before, default=None),
+        "breakdown": breakdown,
+    }
+
+
+def measure(ctx: Any) -> list[dict[str, Any]]:
+    every_n = 40
+    hps = {
+        **WORKLOAD_ARGS,
+        "steps": 1000,  # never reached: the job is stopped once the next attempt steps
+        "warmup": 10,
+        "checkpoint-every": every_n,
+        "keep": 2,
+        "log-every": 1,
+    }
+    # Seconds after the attempt's launch: workers step from ~6 s on, so by then a few
+    # checkpoints have been saved and uploaded.
+    at = 15.0
+    reps = max(1, ctx.reps - 1) if ctx.quick else ctx.reps
+    figures = []
+    for kind in ("kill", "notice"):
+        runs = []
+        for rep in range(reps):
+            r = _one(ctx, kind, hps, at)
+            runs.append(r)
+            log(
+                f"recovery {kind} rep {rep + 1}: {r['recovery_s']:.2f} s, "
+                f"{r['steps_lost']} step(s) lost, resumed from {r['resumed_from']} ({r['job']}); "
+                f"since the fault: {r['breakdown']}"
+            )
+        seconds = [r["recovery_s"] for r in runs]
+        lost = [r["steps_lost"] for r in runs]
+        s = summary(seconds)
+        if kind == "kill":
+            ok = s["median"] <= KILL_GOAL_S and max(lost) <= every_n
+            goal = f"<= {KILL_GOAL_S:.0f} s, steps lost <= {every_n} (1 interval)"
+            title = "recovery after a node kill: kill -> steps advancing (local)"
+        else:
+            ok = max(lost) == 0
+            goal = "steps lost = 0"
+            title = "recovery after a notice: notice -> steps advancing"
+        figures.append(
+            {
+                "name": f"recovery_{kind}",
+                "title": title,
+                "unit": "s",
+                "baseline_name": None,
+                "baseline": None,
+                "trainctl": s,
+                "ratio": None,
+                "ratio_spread": None,
+                "goal": goal,
+                "pass": bool(ok),
+                "steps_lost": lost,
+                "detail": {"checkpoint_every": every_n, "fault_at_s": at, "runs": runs},
+            }
+        )
+    return figures

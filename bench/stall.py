@@ -1,0 +1,244 @@
+"""Training stall per checkpoint: Checkpointer.save vs. a plain torch.save of the same state.
+
+Both write the workload's model + Adam state (~110 MB) to local disk from the same process,
+interleaved, with the page cache flushed (os.sync) before each timed save so that one
+save's dirty pages are not charged to the next. Run in a subprocess of its own:
+
+    python -m bench.stall --reps 5 --dir /tmp/x     # prints one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import PYTHON, REPO, WORKLOAD_ARGS, hp_args, log, ratio_figure
+
+GOAL = 1.2
+
+
+def _timed(fn) -> float:
+    os.sync()
+    time.sleep(0.2)
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _breakdown(ckpt: Any, reps: int, save: Any) -> dict[str, float]:
+    """Where Checkpointer.save's time goes: median ms per save, by part (exclusive)."""
+    import torch
+
+    import trainctl.train.checkpoint as module
+
+    parts: dict[str, float] = {}
+
+    def wrap(owner: Any, name: str, label: str) -> Any:
+        real = getattr(owner, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                parts[label] = parts.get(label, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, timed)
+        return real
+
+    patched = [
+        (torch, "save", wrap(torch, "save", "torch.save")),
+        (os, "fsync", wrap(os, "fsync", "fsync")),
+        (module, "_rng_state", wrap(module, "_rng_state", "rng state")),
+        (type(ckpt), "_prune", wrap(type(ckpt), "_prune", "prune (rmtree)")),
+    ]
+    samples: dict[str, list[float]] = {}
+    try:
+        for i in range(1000, 1000 + reps):
+            parts.clear()
+            total = _timed(lambda i=i: save(i))
+            parts["other (mkdir, meta.json, rename, barriers)"] = total - sum(parts.values())
+            parts["total"] = total
+            for key, value in parts.items():
+                samples.setdefault(key, []).append(value * 1000)
+    finally:
+        for owner, name, real in patched:
+            setattr(owner, name, real)
+    return {key: round(statistics.median(v), 2) for key, v in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dir", required=True)
+    args = p.parse_args(argv)
+    for key in [k for k in os.environ if k.startswith(("TRAINCTL_JOB", "SM_"))]:
+        del os.environ[key]  # a plain process: no control messages, ./checkpoints layout
+
+    import torch
+    import torch.nn.functional as F
+
+    from bench.workload import build_model, synthetic_data
+    from bench.workload import parse_args as workload_args
+    from trainctl.train import Checkpointer, ResumableDistributedSampler, context
+
+    torch.set_num_threads(1)
+    wargs = workload_args(hp_args(WORKLOAD_ARGS))
+    torch.manual_seed(0)
+    model = build_model(wargs)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    data = synthetic_data(wargs)
+    sampler = ResumableDistributedSampler(data, num_replicas=1, rank=0, seed=0)
+    for i in range(2):  # Adam's moments exist from the first step on
+        xb, yb = data[i * 32 : (i + 1) * 32]
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+    root = Path(args.dir)
+    plain_dir = root / "plain"
+    plain_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(root / "ckpt", keep=2, ctx=context())
+    ckpt_nofsync = Checkpointer(root / "nofsync", keep=2, ctx=context())
+    deferred_dir = root / "deferred"
+
+    def plain_save(i: int) -> None:
+        state = {
+            "step": i,
+            "epoch": 0,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": None,
+            "scaler": None,
+            "extra": None,
+            "world_size": 1,
+        }
+        torch.save(state, plain_dir / f"state-{i}.pt")
+
+    def trainctl_save(i: int) -> None:
+        ckpt.save(i, model=model, optimizer=opt, sampler=sampler)
+
+    class DeferredPrune(Checkpointer):
+        """Diagnostic: the old step directories are deleted after the timed save."""
+
+        def _prune(self, current: int) -> None:
+            self.pending = current
+
+    ckpt_deferred = DeferredPrune(deferred_dir, keep=2, ctx=context())
+
+    def without_fsync(c: Checkpointer, i: int) -> None:  # diagnostic: os.fsync a no-op
+        real = os.fsync
+        os.fsync = lambda fd: None
+        try:
+            c.save(i, model=model, optimizer=opt, sampler=sampler)
+        finally:
+            os.fsync = real
+
+    def snapshot(i: int) -> None:  # diagnostic: what an async save would block for
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        osd = opt.state_dict()
+        copied = {
+            k: {n: t.clone() if torch.is_tensor(t) else t for n, t in s.items()}
+            for k, s in osd["state"].items()
+        }
+        del sd, copied
+
+    plain_save(0)  # warm-up (allocator, page cache, torch.save code paths)
+    trainctl_save(0)
+    without_fsync(ckpt_nofsync, 0)
+    without_fsync(ckpt_deferred, 0)
+    plain: list[float] = []
+    tc: list[float] = []
+    nofsync: list[float] = []
+    nofsync_deferred: list[float] = []
+    snap: list[float] = []
+    for i in range(1, args.reps + 1):
+        order = [("plain", plain_save), ("tc", trainctl_save)]
+        if i % 2 == 0:
+            order.reverse()
+        for name, fn in order:
+            dt = _timed(lambda fn=fn, i=i: fn(i))
+            (plain if name == "plain" else tc).append(dt)
+        nofsync.append(_timed(lambda i=i: without_fsync(ckpt_nofsync, i)))
+        nofsync_deferred.append(_timed(lambda i=i: without_fsync(ckpt_deferred, i)))
+        Checkpointer._prune(ckpt_deferred, i)
+        snap.append(_timed(lambda i=i: snapshot(i)))
+        for old in plain_dir.glob("*.pt"):
+            old.unlink()
+    breakdown = _breakdown(ckpt, args.reps, lambda i: trainctl_save(i))
+    latest = ckpt.latest_complete()
+    assert latest is not None
+    size = sum(f.stat().st_size for f in latest.iterdir())
+    print(
+        json.dumps(
+            {
+                "plain": plain,
+                "trainctl": tc,
+                "trainctl_without_fsync": nofsync,
+                "trainctl_without_fsync_prune_deferred": nofsync_deferred,
+                "snapshot_copy": snap,
+                "breakdown_ms": breakdown,
+                "checkpoint_bytes": size,
+            }
+        )
+    )
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def measure(ctx: Any) -> list[dict[str, Any]]:
+    reps = 2 * ctx.reps + 1  # cheap: 7 by default
+    out = subprocess.run(
+        [PYTHON, "-m", "bench.stall", "--reps", str(reps), "--dir", str(ctx.workdir / "stall")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"bench.stall failed:\n{out.stderr[-3000:]}")
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    log(
+        "stall: torch.save "
+        + ", ".join(f"{v:.3f}" for v in data["plain"])
+        + " s; Checkpointer.save "
+        + ", ".join(f"{v:.3f}" for v in data["trainctl"])
+        + " s"
+    )
+    detail = {
+        "checkpoint_mb": round(data["checkpoint_bytes"] / 1e6, 1),
+        # Diagnostics (medians, ms): the same save with os.fsync a no-op, and also with the
+        # pruning of old step directories done after the timed part; and the time to copy
+        # the state in memory (what an asynchronous save would block for).
+        "trainctl_without_fsync_ms": 1000 * statistics.median(data["trainctl_without_fsync"]),
+        "trainctl_without_fsync_prune_deferred_ms": 1000
+        * statistics.median(data["trainctl_without_fsync_prune_deferred"]),
+        "snapshot_copy_ms": 1000 * statistics.median(data["snapshot_copy"]),
+        "checkpointer_breakdown_ms": data["breakdown_ms"],
+    }
+    return [
+        ratio_figure(
+            "stall",
+            "training stall per checkpoint (loop blocked)",
+            "ms",
+            "torch.save of the same state to local disk",
+            [v * 1000 for v in data["plain"]],
+            [v * 1000 for v in data["trainctl"]],
+            goal_text=f"<= {GOAL}x",
+            goal_max=GOAL,
+            detail=detail,
+        )
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
