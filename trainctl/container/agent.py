@@ -272,6 +272,11 @@ class Agent:
         )
         env.update(extra)
         env["PYTHONUNBUFFERED"] = "1"
+        # Temp files of the job (torchrun's torchelastic_* dirs among them) live in the node
+        # and go with it, instead of piling up in the machine's /tmp.
+        tmp = self.layout.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
         env.update(self.spec.environment)  # the user's explicit values win
         return env
 

@@ -362,14 +362,15 @@ class Controller:
         trained = self._trained_before + (
             now - self._training_started if self._training_started else 0.0
         )
-        if trained > spec.max_run:
-            return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
+        # Wall time is never less than training time: when both are past, the wait binds.
         if spec.max_wait is not None and now - self._job_started > spec.max_wait:
             attempts = len(self.record.attempts)
             return (
                 f"MaxWaitTimeExceeded: max_wait of {spec.max_wait} s reached "
                 f"({attempts} attempt(s))"
             )
+        if trained > spec.max_run:
+            return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
         return None
 
     def _classify_failure(self, nodes: dict[int, _Node]) -> AttemptEnd:
