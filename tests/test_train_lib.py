@@ -834,6 +834,7 @@ def _digits(procs: Procs, run: Path, *args: str, ckpt: list[Path] | None = None)
             "SM_CHECKPOINT_DIR": str(ckpt[node_rank] if ckpt else node / "ckpt"),
             "SM_MODEL_DIR": str(node / "model"),
             "TRAINCTL_JOB": "digits-test",  # so the script's control lines show up
+            "TMPDIR": str(node),  # torchrun's torchelastic_* temp dirs stay in tmp_path
         }
         argv = [
             sys.executable,
