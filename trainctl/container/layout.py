@@ -137,6 +137,7 @@ def sagemaker_env(
     node = cluster.node(rank)
     channels = sorted(spec.inputs)
     user_args = hyperparameter_args(spec.hyperparameters)
+    resources = resource_config(cluster, rank)
     training_env: dict[str, Any] = {
         "job_name": cluster.job,
         "hosts": cluster.hosts,
@@ -153,7 +154,7 @@ def sagemaker_env(
         "input_dir": str(layout.input),
         "input_config_dir": str(layout.config),
         "input_data_config": input_data_config(spec),
-        "resource_config": resource_config(cluster, rank),
+        "resource_config": resources,
         "channel_input_dirs": {c: str(layout.channel(c)) for c in channels},
         "hyperparameters": spec.hyperparameters,
         "user_entry_point": spec.entry_point,
@@ -177,7 +178,7 @@ def sagemaker_env(
         "SM_INPUT_DIR": str(layout.input),
         "SM_INPUT_CONFIG_DIR": str(layout.config),
         "SM_INPUT_DATA_CONFIG": json.dumps(input_data_config(spec)),
-        "SM_RESOURCE_CONFIG": json.dumps(resource_config(cluster, rank)),
+        "SM_RESOURCE_CONFIG": json.dumps(resources),
         "SM_CHECKPOINT_DIR": str(layout.checkpoints(spec)),
         "SM_CHANNELS": json.dumps(channels),
         "SM_HPS": json.dumps(spec.hyperparameters),
@@ -186,7 +187,7 @@ def sagemaker_env(
         "SM_MODULE_DIR": source_uri,
         "SM_MODULE_NAME": Path(spec.entry_point).stem,
         "SM_LOG_LEVEL": "20",
-        "SM_NETWORK_INTERFACE_NAME": resource_config(cluster, rank)["network_interface_name"],
+        "SM_NETWORK_INTERFACE_NAME": resources["network_interface_name"],
     }
     for channel in channels:
         env[f"SM_CHANNEL_{env_suffix(channel)}"] = str(layout.channel(channel))

@@ -128,6 +128,7 @@ class Controller:
         self._signal: int | None = None
         self._training_started: float | None = None
         self._job_started = time.monotonic()
+        self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
         # Each fault fires once, in the first attempt that trains long enough.
@@ -315,7 +316,7 @@ class Controller:
                     first_abnormal = first_abnormal or now
             if now >= next_save:  # progress (steps, metrics) visible to `status`
                 next_save = now + RECORD_SAVE_SECONDS
-                self.jobs.save(self.record)
+                self._save_progress()
 
             runners = [n for n in nodes.values() if not n.idle]
             lost = [n for n in nodes.values() if n.lost]
@@ -354,6 +355,13 @@ class Controller:
                 or now - first_abnormal > SETTLE_SECONDS
             ):
                 return self._classify_failure(nodes)
+
+    def _save_progress(self) -> None:
+        """Save the record if steps or metrics moved since the last save (a store PUT each)."""
+        progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
+        if progress != self._saved_progress:
+            self._saved_progress = progress
+            self.jobs.save(self.record)
 
     def _time_limit_reached(self) -> str | None:
         """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
