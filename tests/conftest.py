@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXAMPLES = REPO / "examples"
@@ -83,3 +85,22 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     # `make test` checks this exists: code under test that ends the process (os._exit in a
     # training helper, say) must not pass for a green run.
     SESSION_MARKER.write_text(f"{exitstatus}\n")
+
+
+@pytest.fixture
+def sshd(home, tmp_path):
+    """Two real sshd servers, on 127.0.0.2 and 127.0.0.3 (`sshd.start("127.0.0.4")` for
+    more), each with its own host key and HOME under tmp_path (tests/sshd.py). At teardown
+    the servers stop and anything started through them that is still running is killed -
+    and fails the test."""
+    from tests.sshd import SshdFarm, require_sshd
+
+    require_sshd()
+    farm = SshdFarm(tmp_path / "sshd")
+    try:
+        farm.start("127.0.0.2")
+        farm.start("127.0.0.3")
+        yield farm
+    finally:
+        left = farm.stop_all()
+    assert not left, f"processes started over ssh left running: {left}"

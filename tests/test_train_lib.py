@@ -332,6 +332,7 @@ def test_checkpoint_keep_prunes_old_steps(clean_env: Path) -> None:
     objs = _make()
     for step in range(1, 6):
         _save(ckpt, step * 10, objs)
+    ckpt.wait()  # pruning is background work
     assert sorted(p.name for p in (clean_env / "ckpt").iterdir()) == [
         "step-000000040",
         "step-000000050",
@@ -340,11 +341,56 @@ def test_checkpoint_keep_prunes_old_steps(clean_env: Path) -> None:
     # A newer leftover (say from a run that went further) is neither pruned nor pruning.
     (clean_env / "ckpt" / step_dir_name(900)).mkdir()
     _save(ckpt, 60, objs)
+    ckpt.wait()
     assert sorted(p.name for p in (clean_env / "ckpt").iterdir()) == [
         "step-000000060",
         "step-000000900",
     ]
     assert ckpt.latest_complete() == clean_env / "ckpt" / "step-000000060"
+
+
+SAVE_THEN_EXIT = r"""
+import os, sys, threading, time
+import torch
+import trainctl.train.checkpoint as module
+from trainctl.train import Checkpointer, finish
+
+real_fsync = os.fsync
+def slow_fsync(fd):  # durability work that outlives the training loop by a while
+    time.sleep(0.3)
+    real_fsync(fd)
+module.os.fsync = slow_fsync
+ckpt = Checkpointer(sys.argv[1], keep=1)
+model = torch.nn.Linear(4, 2)
+for step in (1, 2):
+    ckpt.save(step, model=model)
+print("background:", [t.name for t in threading.enumerate() if t.name.startswith("trainctl-")])
+if sys.argv[2] == "finish":
+    finish(0)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ending", ["finish", "return"])
+def test_checkpoint_durability_runs_in_background_and_completes_before_exit(
+    clean_env: Path, tmp_path: Path, ending: str
+) -> None:
+    script = tmp_path / "save.py"
+    script.write_text(SAVE_THEN_EXIT)
+    root = tmp_path / "ckpt"
+    out = subprocess.run(
+        [sys.executable, str(script), str(root), ending],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    # save() returned while the last step's fsyncs (and the prune of step 1) were pending...
+    assert "background: ['trainctl-checkpoint-2']" in out.stdout, out.stdout
+    # ...and the exit waited for them: step 1 pruned (keep=1), step 2 complete.
+    assert sorted(p.name for p in root.iterdir()) == [step_dir_name(2)]
+    assert is_complete(root / step_dir_name(2)) is not None
 
 
 @pytest.mark.timeout(30)

@@ -150,6 +150,32 @@ def submit(
         "--inject-fault",
         help="kill:NODE@SECONDS or notice:NODE@SECONDS (NODE: rank or algo-N); repeatable.",
     ),
+    pool: str | None = typer.Option(None, "--pool", help="A resource pool from config.yaml."),
+    spot: bool | None = typer.Option(
+        None, "--spot/--on-demand", help="EC2 market (default: on-demand)."
+    ),
+    on_demand_fallback: bool | None = typer.Option(
+        None, "--on-demand-fallback", help="Spot capacity short: fall back to on-demand."
+    ),
+    fallback_instance_type: list[str] | None = typer.Option(
+        None, "--fallback-instance-type", help="Next EC2 type to try; repeatable, in order."
+    ),
+    region: str | None = typer.Option(None, "--region", help="AWS region."),
+    subnet: list[str] | None = typer.Option(None, "--subnet", help="Repeatable, in order."),
+    security_group: list[str] | None = typer.Option(None, "--security-group", help="sg-..."),
+    image_id: str | None = typer.Option(None, "--image-id", help="ami-... or resolve:ssm:NAME"),
+    instance_profile: str | None = typer.Option(None, "--instance-profile"),
+    volume_size: int | None = typer.Option(None, "--volume-size", help="Root volume GB."),
+    host: list[str] | None = typer.Option(
+        None, "--host", help="[USER@]ADDRESS[:PORT] of an SSH host; repeatable (ssh type)."
+    ),
+    ssh_key: str | None = typer.Option(None, "--ssh-key", help="Private key file for --host."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the requests and node commands; change nothing."
+    ),
+    estimate: bool = typer.Option(
+        False, "--estimate", help="Print the expected hourly cost; launch nothing."
+    ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
     file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
@@ -179,7 +205,20 @@ def submit(
         "max_restarts": max_restarts,
         "max_wait": max_wait,
         "faults": inject_fault or None,
+        "pool": pool,
+        "use_spot_instances": spot,
+        "on_demand_fallback": on_demand_fallback,
+        "fallback_instance_types": fallback_instance_type or None,
+        "region": region,
+        "subnets": subnet or None,
+        "security_group_ids": security_group or None,
+        "image_id": image_id,
+        "instance_profile": instance_profile,
+        "volume_size": volume_size,
+        "hosts": [parse_host(h, ssh_key) for h in host] if host else None,
     }
+    if host and instance_type is None and "instance_type" not in fields:
+        flags["instance_type"] = "ssh"
     fields.update({k: v for k, v in flags.items() if v is not None})
     if distribution is not None:
         fields["distribution"] = parse_distribution(distribution)
@@ -197,6 +236,9 @@ def submit(
             fields[key] = {**(fields.get(key) or {}), **parse_pairs(values, flag, typed=typed)}
     spec = build_spec(**fields)
     store = default_store()
+    if dry_run or estimate:
+        _plan(spec, store, output, dry_run=dry_run, estimate=estimate)
+        return
     record = create_job(spec, store)
     if detach:
         spawn_controller(store, record.name)
@@ -218,6 +260,152 @@ def submit(
     if controller.interrupted_by_user:
         raise typer.Exit(EXIT_INTERRUPTED)
     if final.state is not JobState.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def parse_host(text: str, key_file: str | None) -> dict[str, Any]:
+    """`[USER@]ADDRESS[:PORT]` (IPv6 in brackets) into SshHost fields."""
+    from trainctl.errors import SpecError
+
+    user, _, rest = text.rpartition("@")
+    address, port = rest, None
+    if rest.startswith("["):
+        address, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        address, port = rest.split(":")
+    if not address or (port is not None and not port.isdigit()):
+        raise SpecError("hosts", f"{text!r} is not [USER@]ADDRESS[:PORT]")
+    out: dict[str, Any] = {"address": address}
+    if user:
+        out["user"] = user
+    if port:
+        out["port"] = int(port)
+    if key_file:
+        out["key_file"] = str(Path(key_file).expanduser())
+    return out
+
+
+def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) -> None:
+    """`submit --dry-run` / `--estimate`: what the job would do and cost, nothing done."""
+    from trainctl.controller.plan import plan_job
+    from trainctl.provisioning import get_provider
+
+    result: dict[str, Any] = plan_job(spec, store) if dry_run else {}
+    if estimate:
+        hourly = get_provider(spec.instance_type).hourly_cost(spec)
+        result["estimate"] = {
+            "instance_type": spec.instance_type,
+            "instance_count": spec.instance_count,
+            "market": "spot" if spec.use_spot_instances else "on-demand",
+            "usd_per_hour": None if hourly is None else round(hourly, 4),
+        }
+    if output == "json":
+        _print_json(result)
+        return
+    if dry_run:
+        sys.stdout.write(f"job {result['job']} on {result['provider']} (dry run)\n")
+        for req in result["requests"]:
+            params = json.dumps(req["params"], sort_keys=True)
+            sys.stdout.write(f"  {req['service']}.{req['operation']} {params}\n")
+        for node in result["nodes"]:
+            sys.stdout.write(f"  [{node['host']}] {' '.join(node['command'])}\n")
+    if estimate:
+        est = result["estimate"]
+        cost = est["usd_per_hour"]
+        price = "no price known" if cost is None else f"${cost:.2f}/hour"
+        sys.stdout.write(
+            f"estimate: {est['instance_count']} x {est['instance_type']} "
+            f"({est['market']}): {price}\n"
+        )
+
+
+@app.command()
+@handle_errors
+def pools(output: str = OutputOpt) -> None:
+    """List the resource pools configured in config.yaml."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainctl.settings import get_settings, trainctl_home
+
+    _check_output(output)
+    configured = get_settings().pools
+    if output == "json":
+        _print_json({name: pool.model_dump(mode="json") for name, pool in configured.items()})
+        return
+    if not configured:
+        sys.stdout.write(f"no pools; add a 'pools:' section to {trainctl_home() / 'config.yaml'}\n")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("POOL", "PROVIDER", "REGION", "INSTANCE TYPES", "MARKET", "MAX"):
+        table.add_column(col, no_wrap=True)
+    for name, pool in sorted(configured.items()):
+        types = ", ".join(pool.instance_types) or (
+            f"{len(pool.hosts)} host(s)" if pool.hosts else "-"
+        )
+        market = "-"
+        if pool.provider == "aws":
+            market = "spot" if pool.use_spot_instances else "on-demand"
+            if pool.use_spot_instances and pool.on_demand_fallback:
+                market += " (on-demand fallback)"
+        table.add_row(
+            name,
+            pool.provider,
+            pool.region or "-",
+            types,
+            market,
+            str(pool.max_instances or "-"),
+        )
+    Console().print(table)
+
+
+@app.command()
+@handle_errors
+def gc(
+    region: list[str] | None = typer.Option(
+        None, "--region", help="Repeatable. Default: the pools' regions and AWS_DEFAULT_REGION."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete; without it, only list."),
+    output: str = OutputOpt,
+) -> None:
+    """Find (and with --yes delete) cloud resources that ended jobs left behind."""
+    from trainctl.controller.submit import default_store, job_is_live
+    from trainctl.provisioning import get_provider
+    from trainctl.provisioning.aws.clients import env_region
+    from trainctl.settings import get_settings
+
+    _check_output(output)
+    regions = list(region or [])
+    if not regions:
+        pool_regions = {p.region for p in get_settings().pools.values() if p.region}
+        regions = sorted(pool_regions | ({env_region()} - {None}))  # type: ignore[operator]
+    if not regions:
+        from trainctl.errors import SpecError
+
+        raise SpecError("--region", "no region given, configured in a pool, or in AWS_REGION")
+    store = default_store()
+    provider: Any = get_provider("p3.2xlarge")  # the EC2 provider
+    found: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for name in regions:
+        leftovers = provider.find_leftovers(name, lambda job: job_is_live(store, job))
+        found += leftovers
+        if yes and leftovers:
+            failed += provider.delete_leftovers(name, leftovers)
+    if output == "json":
+        _print_json({"found": found, "deleted": yes, "failed": failed})
+    else:
+        for item in found:
+            sys.stdout.write(
+                f"{item.get('region', '')} {item.get('kind', '')} {item.get('id', '')} "
+                f"job={item.get('job', '')}\n"
+            )
+        verb = "deleted" if yes else "found (delete with --yes)"
+        sys.stdout.write(f"{len(found) - len(failed)} leftover resource(s) {verb}\n")
+        for item in failed:
+            sys.stderr.write(f"could not delete {item.get('id')}: {item.get('error')}\n")
+    if failed:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -304,6 +492,8 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         rows.append(("stopped", record.stop_reason))
     if record.failure_reason:
         rows.append(("failure", record.failure_reason))
+    if (cost := info["cost"]) is not None:
+        rows.append(("cost", _cost_text(cost)))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
@@ -330,6 +520,18 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
                 a.cause or "-",
             )
         console.print(attempts)
+
+
+def _cost_text(cost: dict[str, Any]) -> str:
+    hours = cost["instance_seconds"] / 3600
+    if cost["usd"] is None:
+        return f"{hours:.2f} instance-hours (no price known)"
+    text = f"${cost['usd']:.2f} for {hours:.2f} instance-hours"
+    if cost["spot_savings_usd"]:
+        text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
+    if cost["unpriced_instances"]:
+        text += f" ({cost['unpriced_instances']} instance(s) without a price not counted)"
+    return text
 
 
 @app.command()

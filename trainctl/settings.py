@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from pydantic_settings import (
@@ -14,6 +13,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from trainctl.capacity import PoolConfig
 
 
 def trainctl_home() -> Path:
@@ -48,6 +49,16 @@ class Settings(BaseSettings):
     checkpoint_sync_seconds: float = Field(
         default=0.5, gt=0, description="How often a node looks for new checkpoint files."
     )
+    imds: bool = Field(
+        default=False,
+        description="The node agent runs on EC2 and polls IMDSv2 for spot interruption "
+        "notices (providers set TRAINCTL_IMDS=1 for their agents).",
+    )
+    imds_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a node agent on EC2 polls spot/instance-action (AWS: every 5 s).",
+    )
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     heartbeat_timeout_seconds: float = Field(
         default=60.0, gt=0, description="A node silent this long is considered lost."
@@ -55,8 +66,61 @@ class Settings(BaseSettings):
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )
-    # Config-file-only sections that later providers read; kept typed here so typos fail.
-    pools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    poweroff_when_orphaned: bool = Field(
+        default=False,
+        description="A node agent whose controller is gone past orphan_timeout_seconds also "
+        "halts its machine (cloud providers set TRAINCTL_POWEROFF_WHEN_ORPHANED=1).",
+    )
+    node_environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment for every remote node agent (e.g. AWS_ENDPOINT_URL of "
+        "an S3-compatible store). Shown in dry runs: never put credentials here; nodes get "
+        "theirs from the instance profile.",
+    )
+    # EC2 provider (trainctl.provisioning.aws).
+    aws_ssh_cidr: str | None = Field(
+        default=None,
+        description="CIDR allowed to SSH (port 22) into a job's EC2 nodes, e.g. 203.0.113.7/32. "
+        "Unset: this machine's public address, looked up at provision time from "
+        "https://checkip.amazonaws.com.",
+    )
+    aws_default_image: str = Field(
+        default="resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+        "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id",
+        description="Image of EC2 nodes when a job gives no image_id: an AMI id or "
+        "resolve:ssm:<public parameter> (default: the AWS Deep Learning AMI with PyTorch).",
+    )
+    aws_node_python: str = Field(
+        default="/opt/pytorch/bin/python",
+        description="Interpreter that runs the node agent on EC2 nodes (the PyTorch DLAMI's).",
+    )
+    aws_capacity_wait_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="How long EC2 capacity is retried (subnets, types, markets) when a job "
+        "sets no max_wait.",
+    )
+    aws_boot_timeout_seconds: float = Field(
+        default=900.0, gt=0, description="How long launched EC2 nodes get to reach 'running'."
+    )
+    aws_cleanup_timeout_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="How long terminate waits for a job's instances to end before deleting its "
+        "security group and placement group.",
+    )
+    ssh_user: str = Field(
+        default="ubuntu",
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="Login user on EC2 nodes (the Ubuntu DLAMI's).",
+    )
+    ssh_address_override: list[str] = Field(
+        default_factory=list,
+        description="TEST SEAM: 'host[:port]' by node rank, replacing the EC2 nodes' addresses "
+        "(SSH and node-to-node), so loopback sshd servers can stand in for instances.",
+    )
+    # Config-file-only: named resource pools (trainctl.capacity), typed so typos fail.
+    pools: dict[str, PoolConfig] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -80,11 +144,31 @@ class Settings(BaseSettings):
 
 
 @lru_cache(maxsize=8)
-def _cached(home: str, env_key: tuple[tuple[str, str], ...]) -> Settings:
-    return Settings()
+def _cached(home: str, env_key: tuple[tuple[str, str], ...], config_mtime: int) -> Settings:
+    from pydantic import ValidationError
+
+    from trainctl.errors import SpecError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        # One line naming the setting, as for any bad input (config.yaml or TRAINCTL_*).
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        source = Path(home) / "config.yaml"
+        raise SpecError(where, f"{msg} (in {source} or TRAINCTL_* environment)") from None
 
 
 def get_settings() -> Settings:
-    """Settings for the current environment (re-read when TRAINCTL_* variables change)."""
+    """Settings for the current environment (re-read when TRAINCTL_* variables or
+    config.yaml change)."""
     env_key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TRAINCTL_")))
-    return _cached(str(trainctl_home()), env_key)
+    home = trainctl_home()
+    try:
+        mtime = (home / "config.yaml").stat().st_mtime_ns
+    except OSError:
+        mtime = 0
+    return _cached(str(home), env_key, mtime)

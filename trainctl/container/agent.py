@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,8 @@ class Agent:
         self.proc: subprocess.Popen[str] | None = None
         self.stopping = False
         self.notice: str | None = None  # why this node is being interrupted, if it is
+        self.orphaned = False  # the controller's lease went stale past the orphan timeout
+        self._notice_lock = threading.Lock()
         self.preempted_at: int | None = None  # step of the script's emergency checkpoint
         self.sync = None
         log_path = self.layout.output / "node.log"
@@ -308,6 +311,7 @@ class Agent:
             renewed = float(lease.get("renewed_at", 0)) if lease else 0.0
             if time.time() - renewed > timeout:  # a missing lease: the controller let go
                 self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
+                self.orphaned = True
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
@@ -327,9 +331,38 @@ class Agent:
                 pass
             time.sleep(0.5)
 
+    def watch_spot_notices(self) -> None:
+        """EC2's own notice, IMDSv2 spot/instance-action, polled when the node is on EC2."""
+        from trainctl.container.imds import ImdsClient
+
+        interval = self.settings.imds_poll_seconds
+        try:
+            imds = ImdsClient()
+        except ValueError as exc:
+            self.log(f"spot interruption notices not watched: {exc}")
+            return
+        self.log(f"watching spot interruption notices at {imds.endpoint} every {interval:g} s")
+        reported_error: str | None = None
+        rebalance_logged = False
+        while not self.stopping and self.notice is None:
+            action = imds.spot_instance_action()
+            if action is not None:
+                self.on_notice(f"spot interruption notice: {action['action']} at {action['time']}")
+                return
+            if imds.last_error != reported_error:  # once when IMDS fails, once when it is back
+                reported_error = imds.last_error
+                self.log(f"IMDS: {reported_error or 'answering again'}")
+            if not rebalance_logged and (advice := imds.rebalance_recommendation()):
+                rebalance_logged = True  # advice only: the notice is what ends the attempt
+                self.log(f"EC2 rebalance recommendation at {advice['noticeTime']}")
+            time.sleep(interval)
+
     def on_notice(self, detail: str) -> None:
         """SIGTERM the workers so they save an emergency checkpoint, then end them."""
-        self.notice = detail or "interruption notice"
+        with self._notice_lock:  # two sources (store relay, IMDS) may report one interruption
+            if self.notice is not None:
+                return
+            self.notice = detail or "interruption notice"
         emit("notice", rank=self.rank)
         self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
         grace = self.settings.notice_grace_seconds
@@ -368,6 +401,8 @@ class Agent:
         signal.signal(signal.SIGINT, self.on_sigterm)
         threading.Thread(target=self.watch_lease, name="lease-watch", daemon=True).start()
         threading.Thread(target=self.watch_notices, name="notices", daemon=True).start()
+        if self.settings.imds:
+            threading.Thread(target=self.watch_spot_notices, name="imds", daemon=True).start()
         threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
@@ -509,7 +544,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         emit("result", rank=args.rank, exit_code=EXIT_INFRA, reason=f"agent start failed: {exc}")
         return EXIT_INFRA
-    return agent.run()
+    code = agent.run()
+    if agent.orphaned and agent.settings.poweroff_when_orphaned:
+        power_off(agent.log)
+    return code
+
+
+def power_off(log: Callable[[str], None]) -> None:
+    """Halt the machine: an orphaned cloud node stops billing (EC2 instances are launched
+    with InstanceInitiatedShutdownBehavior=terminate, so a halt terminates them)."""
+    command = ["shutdown", "-h", "now"]
+    if os.geteuid() != 0:
+        command = ["sudo", "-n", *command]
+    log(f"powering off this node: {' '.join(command)}")
+    try:
+        subprocess.run(command, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(f"could not power off: {exc}")
 
 
 if __name__ == "__main__":

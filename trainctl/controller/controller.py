@@ -22,6 +22,7 @@ from typing import Any
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.outputs import output_store
+from trainctl.controller.plan import agent_argv
 from trainctl.controller.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso
 from trainctl.errors import TrainctlError
 from trainctl.protocol import parse as parse_control
@@ -38,6 +39,8 @@ RECORD_SAVE_SECONDS = 2.0
 # After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
 # a preemption) before blaming the user's code.
 SETTLE_SECONDS = 3.0
+# How often the provider is asked whether machines are gone (EC2: DescribeInstances).
+MACHINE_CHECK_SECONDS = 5.0
 
 
 @dataclass
@@ -131,6 +134,7 @@ class Controller:
         self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
+        self._machines_lost: dict[int, str] = {}
         # Each fault fires once, in the first attempt that trains long enough.
         self._pending_faults = list(self.record.spec.parsed_faults)
         self._metric_patterns = [
@@ -216,6 +220,7 @@ class Controller:
             self._info(f"attempt {attempt} interrupted: {cause}; relaunching")
             # Release this attempt's capacity before asking for the next.
             self.provider.terminate(self.name, grace=0)
+            self._record_usage()
 
     def _run_attempt(self, attempt: int) -> AttemptEnd:
         spec = self.record.spec
@@ -252,20 +257,9 @@ class Controller:
         nodes: dict[int, _Node] = {}
         self._lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         for node in cluster.nodes:
-            argv = [
-                self.provider.agent_python(cluster, node.rank),
-                "-m",
-                "trainctl.container.agent",
-                "--store",
-                self.store.uri,
-                "--job",
-                self.name,
-                "--attempt",
-                str(cluster.attempt),
-                "--rank",
-                str(node.rank),
-            ]
-            proc = self.provider.start_agent(cluster, node.rank, argv, {})
+            python = self.provider.agent_python(cluster, node.rank)
+            argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
+            proc = self.provider.start_agent(cluster, node.rank, argv, self._agent_env())
             nodes[node.rank] = _Node(node.rank, proc, last_seen=time.monotonic())
             threading.Thread(
                 target=self._pump, args=(node.rank, proc), name=f"node-{node.rank}", daemon=True
@@ -274,7 +268,45 @@ class Controller:
         self._nodes = nodes
         self._training_started = None
         self._notices = {}
+        self._machines_lost = {}
+        if type(self.provider).lost_nodes is not Provider.lost_nodes:
+            threading.Thread(
+                target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
+            ).start()
         return nodes
+
+    def _agent_env(self) -> dict[str, str]:
+        """What a node agent needs from here: the TRAINCTL_* settings in effect (its timings)
+        and `node_environment`. Not TRAINCTL_HOME (the node has its own), and nothing else:
+        a remote node never gets this machine's credentials."""
+        from trainctl.transport.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
+
+        not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
+        env = {
+            k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed
+        }
+        env.update(self.settings.node_environment)
+        return env
+
+    def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> None:
+        """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
+        its API calls may be slow or retried, and the log stream must not wait for them."""
+        machines_lost: dict[int, str] = {}
+        while self._nodes is nodes and not self.stop_reason:
+            try:
+                gone = self.provider.lost_nodes(cluster)
+            except Exception as exc:  # the API being unreachable is not a lost node
+                self._info(f"could not check the instances: {exc}")
+                gone = {}
+            for rank, why in gone.items():
+                if rank not in machines_lost:
+                    machines_lost[rank] = why
+                    self.jobs.event("machine_lost", attempt=cluster.attempt, rank=rank, why=why)
+                    self._info(f"algo-{rank + 1}: {why}")
+            self._machines_lost = dict(machines_lost)
+            if all(n.exit_code is not None for n in nodes.values()):
+                return
+            time.sleep(MACHINE_CHECK_SECONDS)
 
     def _pump(self, rank: int, proc: RunningProcess) -> None:
         try:
@@ -309,6 +341,12 @@ class Controller:
                 else:
                     self._on_line(rank, line)
             self._fire_due_faults(cluster, nodes, now)
+            for rank, why in self._machines_lost.items():
+                node = nodes[rank]
+                if node.lost is None and (node.exit_code is None or not node.result):
+                    node.lost = why
+                    node.exited_at = node.exited_at or now
+                    first_abnormal = first_abnormal or now
             for node in nodes.values():
                 silent = now - node.last_seen
                 if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
@@ -433,7 +471,10 @@ class Controller:
             node.idle = event == "idle"
             if all(n.launched for n in nodes.values()) and self._training_started is None:
                 self._training_started = time.monotonic()
-                self.jobs.transition(self.record, JobState.TRAINING)
+                # Without a launcher that waits for its peers (plain python), a quick node
+                # can be uploading its results before a slow one has launched.
+                if self.record.state is JobState.STARTING:
+                    self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
         elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
             step = int(msg["step"])
@@ -548,3 +589,37 @@ class Controller:
         except Exception as exc:  # never leave silently: say what may still be running
             sys.stderr.write(f"[trainctl] teardown of {self.name} failed: {exc}\n")
         self.jobs.event("teardown", provider=self.provider.name)
+        self._record_usage()
+
+    def _record_usage(self) -> None:
+        """Billable instance time of every attempt so far, from the provider (EC2)."""
+        from trainctl.controller.record import InstanceCost
+        from trainctl.provisioning.catalog import CATALOG
+
+        try:
+            usage = self.provider.usage(self.name)
+        except Exception as exc:  # cost is information; a failed lookup must not fail a job
+            self._info(f"could not read instance usage for the cost: {exc}")
+            return
+        if not usage:
+            return
+        now = time.time()
+        self.record.instances = [
+            InstanceCost(
+                attempt=u.attempt,
+                rank=u.rank,
+                instance_id=u.instance_id,
+                instance_type=u.instance_type,
+                market=u.market,
+                zone=u.zone,
+                seconds=round(max(0.0, (u.ended or now) - u.started), 1),
+                usd_per_hour=u.usd_per_hour,
+                on_demand_usd_per_hour=(
+                    CATALOG[u.instance_type].on_demand_usd_per_hour
+                    if u.instance_type in CATALOG
+                    else None
+                ),
+            )
+            for u in usage
+        ]
+        self.jobs.save(self.record)

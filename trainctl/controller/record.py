@@ -107,6 +107,47 @@ class Attempt(BaseModel):
     training_seconds: float | None = None
 
 
+class InstanceCost(BaseModel):
+    """Billable time of one instance of one attempt (providers that bill: EC2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int
+    rank: int
+    instance_id: str
+    instance_type: str
+    market: str  # spot | on-demand | owned
+    zone: str | None = None
+    seconds: float
+    usd_per_hour: float | None = None  # None: no price known, no cost claimed
+    on_demand_usd_per_hour: float | None = None
+
+    @property
+    def usd(self) -> float | None:
+        return None if self.usd_per_hour is None else self.seconds / 3600 * self.usd_per_hour
+
+    @property
+    def on_demand_usd(self) -> float | None:
+        rate = self.on_demand_usd_per_hour
+        return None if rate is None else self.seconds / 3600 * rate
+
+
+def cost_summary(instances: list[InstanceCost]) -> dict[str, Any] | None:
+    """The job's cost and its spot savings against on-demand; None if nothing billed."""
+    if not instances:
+        return None
+    priced = [i for i in instances if i.usd is not None]
+    usd = sum(i.usd or 0.0 for i in priced)
+    on_demand = sum(i.on_demand_usd or 0.0 for i in priced if i.on_demand_usd is not None)
+    return {
+        "usd": round(usd, 4) if priced else None,
+        "on_demand_usd": round(on_demand, 4) if priced else None,
+        "spot_savings_usd": round(on_demand - usd, 4) if priced else None,
+        "instance_seconds": round(sum(i.seconds for i in instances), 1),
+        "unpriced_instances": len(instances) - len(priced),
+    }
+
+
 class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -131,6 +172,7 @@ class JobRecord(BaseModel):
     model_data: str | None = None
     output_data: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    instances: list[InstanceCost] = Field(default_factory=list)
 
     @property
     def duration_s(self) -> float | None:
@@ -164,6 +206,8 @@ class JobRecord(BaseModel):
             "model_data": self.model_data,
             "output_data": self.output_data,
             "metrics": self.metrics,
+            "instances": [i.model_dump() for i in self.instances],
+            "cost": cost_summary(self.instances),
             "store": f"{self.store_uri}/jobs/{self.name}",
         }
 

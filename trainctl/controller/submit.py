@@ -33,8 +33,8 @@ def generate_job_name(entry_point: str) -> str:
     return f"{stem[:36].strip('-')}-{stamp}-{secrets.token_hex(2)}"
 
 
-def preflight(spec: JobSpec) -> None:
-    """Checks that need the outside world, done before anything is uploaded or started."""
+def validate_offline(spec: JobSpec) -> None:
+    """The checks that need no cloud call (a dry run makes these and no others)."""
     from trainctl.provisioning import get_provider
 
     get_provider(spec.instance_type)
@@ -48,6 +48,14 @@ def preflight(spec: JobSpec) -> None:
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file" and not Path(rest).exists():
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
+
+
+def preflight(spec: JobSpec) -> None:
+    """Checks that need the outside world, done before anything is uploaded or started."""
+    from trainctl.provisioning import get_provider
+
+    validate_offline(spec)
+    get_provider(spec.instance_type).preflight(spec)
     if spec.checkpoint_s3_uri:
         check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
     if spec.output_path:
@@ -149,6 +157,21 @@ def lease_is_live(jobs: JobStore) -> bool:
         except PermissionError:
             pass
     return True
+
+
+def job_is_live(store: Store, name: str) -> bool:
+    """Whether `name` may still be using its resources, for `trainctl gc`: unknown jobs
+    (another store's, say) count as live, so gc never deletes what it cannot judge."""
+    from trainctl.errors import NotFoundError
+
+    jobs = JobStore(store, name)
+    try:
+        record = jobs.load()
+    except NotFoundError:
+        return True
+    if record.state.is_terminal():
+        return False
+    return lease_is_live(jobs) or record.state is JobState.PENDING
 
 
 def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120.0) -> JobRecord:

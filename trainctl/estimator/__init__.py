@@ -100,7 +100,8 @@ class Estimator:
     """SageMaker-style estimator: describe the job once, `fit()` it on inputs.
 
     `instance_type="local"` (the default) runs each node as local processes with the store
-    in a directory; the same code runs elsewhere by changing the instance type.
+    in a directory; the same code runs elsewhere by changing the instance type (an EC2 GPU
+    type, or "ssh" with `hosts`) or by naming a resource `pool` from config.yaml.
     """
 
     def __init__(
@@ -108,7 +109,7 @@ class Estimator:
         entry_point: str,
         source_dir: str | None = None,
         *,
-        instance_type: str = "local",
+        instance_type: str | None = None,
         instance_count: int = 1,
         processes_per_host: int | None = None,
         hyperparameters: dict[str, Any] | None = None,
@@ -126,6 +127,17 @@ class Estimator:
         max_wait: int | None = None,
         faults: list[str] | None = None,
         store_uri: str | None = None,
+        pool: str | None = None,
+        region: str | None = None,
+        use_spot_instances: bool | None = None,
+        on_demand_fallback: bool | None = None,
+        fallback_instance_types: list[str] | None = None,
+        subnets: list[str] | None = None,
+        security_group_ids: list[str] | None = None,
+        image_id: str | None = None,
+        instance_profile: str | None = None,
+        volume_size: int | None = None,
+        hosts: list[dict[str, Any]] | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
             "entry_point": entry_point,
@@ -146,6 +158,17 @@ class Estimator:
             "max_restarts": max_restarts,
             "max_wait": max_wait,
             "faults": faults,
+            "pool": pool,
+            "region": region,
+            "use_spot_instances": use_spot_instances,
+            "on_demand_fallback": on_demand_fallback,
+            "fallback_instance_types": fallback_instance_types,
+            "subnets": subnets,
+            "security_group_ids": security_group_ids,
+            "image_id": image_id,
+            "instance_profile": instance_profile,
+            "volume_size": volume_size,
+            "hosts": hosts,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri
@@ -166,11 +189,15 @@ class Estimator:
         wait: bool = True,
         logs: bool = True,
         job_name: str | None = None,
-    ) -> TrainingJob:
+        dry_run: bool = False,
+    ) -> Any:
         """Run the job. `inputs`: a URI (channel 'training') or {channel: URI}.
 
-        With `wait`, returns when the job ends and raises JobFailedError unless it
-        Completed; without, returns at once while a detached controller runs the job.
+        With `wait`, returns the TrainingJob when the job ends and raises JobFailedError
+        unless it Completed; without, returns it at once while a detached controller runs
+        the job. With `dry_run`, runs nothing and returns the plan (a dict: the requests
+        provisioning would send and each node's commands and environment; see
+        trainctl.controller.plan).
         """
         from trainctl.controller.controller import Controller
         from trainctl.controller.logs import LogPrinter
@@ -190,6 +217,10 @@ class Estimator:
             fields["job_name"] = generate_job_name(self.base_job_name)
         spec = build_spec(**fields)
         store = open_store(self.store_uri) if self.store_uri else default_store()
+        if dry_run:
+            from trainctl.controller.plan import plan_job
+
+            return plan_job(spec, store)
         record = create_job(spec, store)
         job = TrainingJob(record.name, store)
         self.latest_training_job = job

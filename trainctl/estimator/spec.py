@@ -22,6 +22,15 @@ from pydantic import (
     model_validator,
 )
 
+from trainctl.capacity import (
+    POOL_NAME_RE,
+    SECURITY_GROUP_RE,
+    SUBNET_RE,
+    SshHost,
+    check_ids,
+    check_image_id,
+    check_region,
+)
 from trainctl.errors import SpecError
 
 # SageMaker's job-name rule, so names carry over both ways.
@@ -167,6 +176,67 @@ class JobSpec(_Strict):
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
     max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
     faults: list[str] = Field(default_factory=list)
+    # Capacity (EC2 and SSH providers; see trainctl.capacity). A pool fills those unset.
+    pool: str | None = None
+    region: str | None = None
+    use_spot_instances: bool = Field(default=False, strict=True)
+    on_demand_fallback: bool = Field(default=False, strict=True)
+    fallback_instance_types: list[str] = Field(default_factory=list)
+    subnets: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] = Field(default_factory=list)
+    image_id: str | None = None
+    instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
+    volume_size: int = Field(default=200, ge=8, le=16384, strict=True)
+    hosts: list[SshHost] = Field(default_factory=list)
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, v: str | None) -> str | None:
+        if v is not None and not POOL_NAME_RE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a pool name (letters, digits, '_', '-', '.')")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        return check_region(v)
+
+    @field_validator("image_id")
+    @classmethod
+    def _image_id(cls, v: str | None) -> str | None:
+        return check_image_id(v)
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnets(cls, v: list[str]) -> list[str]:
+        return check_ids(v, SUBNET_RE, "subnet")
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        return check_ids(v, SECURITY_GROUP_RE, "security group")
+
+    @field_validator("fallback_instance_types")
+    @classmethod
+    def _fallback_types(cls, v: list[str]) -> list[str]:
+        from trainctl.provisioning.catalog import check_instance_type
+
+        for name in v:
+            if check_instance_type(name).provider != "aws":
+                raise ValueError(f"{name!r} is not an EC2 instance type")
+        return v
+
+    @property
+    def provider(self) -> str:
+        """'local', 'ssh' or 'aws' (from the instance type)."""
+        from trainctl.provisioning.catalog import CATALOG
+
+        return CATALOG[self.instance_type].provider
+
+    @property
+    def instance_types(self) -> list[str]:
+        """The instance type, then the fallbacks, in the order capacity is tried."""
+        return [self.instance_type, *self.fallback_instance_types]
 
     @field_validator("faults")
     @classmethod
@@ -268,12 +338,44 @@ class JobSpec(_Strict):
                     f"faults: {fault} names node {fault.rank} (algo-{fault.rank + 1}), but the "
                     f"job has {self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
                 )
+        self._check_capacity()
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(
                 f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "
                 "max_wait bounds the whole job, waiting and retries included"
             )
         return self
+
+    def _check_capacity(self) -> None:
+        provider = self.provider
+        if provider == "ssh":
+            if not self.hosts:
+                raise ValueError("hosts: instance_type 'ssh' needs a list of hosts (or a pool)")
+            if self.instance_count > len(self.hosts):
+                raise ValueError(
+                    f"instance_count: {self.instance_count} nodes but only "
+                    f"{len(self.hosts)} host(s) listed"
+                )
+        elif self.hosts:
+            raise ValueError("hosts: only for instance_type 'ssh'")
+        if provider != "aws":
+            aws_only = {
+                "region": self.region is not None,
+                "use_spot_instances": self.use_spot_instances,
+                "on_demand_fallback": self.on_demand_fallback,
+                "fallback_instance_types": bool(self.fallback_instance_types),
+                "subnets": bool(self.subnets),
+                "security_group_ids": bool(self.security_group_ids),
+                "image_id": self.image_id is not None,
+                "instance_profile": self.instance_profile is not None,
+            }
+            given = [name for name, is_set in aws_only.items() if is_set]
+            if given:
+                raise ValueError(
+                    f"{given[0]}: applies to EC2 instance types only, not {self.instance_type!r}"
+                )
+        elif self.on_demand_fallback and not self.use_spot_instances:
+            raise ValueError("on_demand_fallback: only with use_spot_instances=True")
 
     @property
     def launcher(self) -> str:
@@ -340,6 +442,8 @@ def build_spec(**fields: Any) -> JobSpec:
         if entry_path.is_absolute() and entry_path.resolve().is_relative_to(src.resolve()):
             # an absolute path that lies inside source_dir means the same script
             fields["entry_point"] = str(entry_path.resolve().relative_to(src.resolve()))
+    if fields.get("pool") is not None:
+        fields = _merge_pool(fields)
     if fields.get("max_wait") is not None and fields.get("max_run") is None:
         # max_run's default (a day) would exceed a shorter max_wait: the wait bounds it.
         fields["max_run"] = fields["max_wait"]
@@ -354,6 +458,27 @@ def build_spec(**fields: Any) -> JobSpec:
         if not field and errors:  # model-level checks name their field in the text
             field = str(errors[0]["msg"]).removeprefix("Value error, ").split(":", 1)[0]
         raise SpecError(field, _format_error(exc), prefixed=True) from None
+
+
+def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:
+    """The pool's fields under the job's own: the job wins where it sets a field."""
+    from trainctl.capacity import pool_fields
+    from trainctl.settings import get_settings
+
+    name = fields["pool"]
+    pools = get_settings().pools
+    if name not in pools:
+        configured = ", ".join(sorted(pools)) or "none; add a 'pools:' section to config.yaml"
+        raise SpecError("pool", f"{name!r} not found; configured pools: {configured}")
+    pool = pools[name]
+    merged = {**pool_fields(pool), **fields}
+    count = merged.get("instance_count", 1)
+    if pool.max_instances is not None and isinstance(count, int) and count > pool.max_instances:
+        raise SpecError(
+            "instance_count",
+            f"{count} exceeds pool {name!r}'s max_instances ({pool.max_instances})",
+        )
+    return merged
 
 
 def parse_distribution(name: str) -> dict[str, Any] | None:

@@ -1,5 +1,8 @@
 """`torchrun` on every node with a static rendezvous at rank 0's address.
 
+Run through `trainctl.launcher.torchrun_main`, which is torchrun itself after non-master
+nodes have waited for the master's store to listen (no connection-refused backoff).
+
 `--max-restarts 0`: when a node is lost the controller restarts the whole cluster from the
 latest checkpoint; torchrun restarting workers in place would hide that decision.
 """
@@ -16,7 +19,7 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
     argv = [
         python,
         "-m",
-        "torch.distributed.run",
+        "trainctl.launcher.torchrun_main",
         "--nnodes",
         str(len(cluster.nodes)),
         "--node-rank",

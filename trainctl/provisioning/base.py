@@ -7,15 +7,80 @@ and what the agent runs is the launcher's (launcher/).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
-from trainctl.cluster import ClusterInfo
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.estimator.spec import JobSpec
 from trainctl.transport import RunningProcess
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's
+
+
+def processes_per_host(spec: JobSpec) -> int:
+    """Workers per node: the spec's, else one per GPU of the instance type, else one."""
+    from trainctl.provisioning.catalog import CATALOG
+
+    return spec.processes_per_host or CATALOG[spec.instance_type].gpus or 1
+
+
+@dataclass(frozen=True)
+class InstanceUsage:
+    """One instance's billable time, for a job's cost (`trainctl status`)."""
+
+    attempt: int
+    rank: int
+    instance_id: str
+    instance_type: str
+    market: str  # 'spot' | 'on-demand' | 'owned' (ssh hosts, local)
+    zone: str | None
+    started: float  # epoch seconds (launch time)
+    ended: float | None  # epoch seconds; None while running
+    usd_per_hour: float | None  # None when unknown (then no cost is claimed)
 
 
 class Provider(ABC):
     name: str
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Check that `spec` can be provisioned, with read-only calls; SpecError if not.
+
+        Runs before anything is uploaded or created (credentials, region offers the type,
+        instance profile, subnets, image...). Nothing to check by default.
+        """
+        return None
+
+    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        """The cluster `provision` would return, for a dry run: what is known before launch.
+
+        Addresses that exist only after launch are placeholders ("<algo-1 address>"); the
+        master port is torchrun's default where the real one is chosen at launch.
+        """
+        nodes = [
+            NodeInfo(rank=r, host=host_name(r), address=f"<{host_name(r)} address>", root="/")
+            for r in range(spec.instance_count)
+        ]
+        return ClusterInfo(
+            job=job,
+            attempt=attempt,
+            provider=self.name,
+            instance_type=spec.instance_type,
+            nodes=nodes,
+            master_port=DEFAULT_MASTER_PORT,
+            processes_per_host=processes_per_host(spec),
+        )
+
+    def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
+        """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
+        return {}
+
+    def usage(self, job: str) -> list[InstanceUsage]:
+        """Billable instance time of every attempt of `job` so far."""
+        return []
+
+    def hourly_cost(self, spec: JobSpec) -> float | None:
+        """Expected USD per hour for `spec`'s capacity; None when there is no price."""
+        return None
 
     @abstractmethod
     def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.estimator.spec import JobSpec
-from trainctl.provisioning.base import Provider
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.settings import get_settings
 from trainctl.transport import RunningProcess
 from trainctl.transport.local import LocalProcess
@@ -53,11 +53,18 @@ class LocalProvider(Provider):
             for r in range(spec.instance_count)
         ]
 
+    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        return self._cluster(spec, job, attempt, port=DEFAULT_MASTER_PORT)
+
     def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        for rank in range(spec.instance_count):
+            self.node_root(job, attempt, rank).mkdir(parents=True, exist_ok=True)
+        return self._cluster(spec, job, attempt, port=free_port())
+
+    def _cluster(self, spec: JobSpec, job: str, attempt: int, *, port: int) -> ClusterInfo:
         nodes = []
         for rank in range(spec.instance_count):
             root = self.node_root(job, attempt, rank)
-            root.mkdir(parents=True, exist_ok=True)
             nodes.append(
                 NodeInfo(rank=rank, host=host_name(rank), address=LOOPBACK, root=str(root))
             )
@@ -68,7 +75,7 @@ class LocalProvider(Provider):
             provider=self.name,
             instance_type=spec.instance_type,
             nodes=nodes,
-            master_port=free_port(),
+            master_port=port,
             processes_per_host=spec.processes_per_host or 1,
             network_env=network_env,
         )

@@ -14,14 +14,18 @@ import os
 import sys
 from typing import NoReturn
 
+from trainctl.train import _background
+
 
 def finish(code: int = 0) -> NoReturn:
     """End the process with `code`; call it on every rank as a script's last statement.
 
-    With a process group: barrier, flush stdout/stderr, and exit without running destructors
-    (or atexit handlers). Without one there is no hazard, so it is a plain `sys.exit(code)`
+    First it waits for background work (checkpoint fsyncs and pruning). With a process
+    group: barrier, flush stdout/stderr, and exit without running destructors (or atexit
+    handlers). Without one there is no hazard, so it is a plain `sys.exit(code)`
     (a SystemExit that in-process callers, tests say, can catch).
     """
+    _background.join_all()  # checkpoint fsyncs and pruning still running
     if "torch.distributed" not in sys.modules:
         sys.exit(code)
     import torch.distributed as dist

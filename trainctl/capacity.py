@@ -1,0 +1,158 @@
+"""Where a job's nodes come from: resource pools, SSH host lists, EC2 capacity options.
+
+Pools are named capacity configs in `$TRAINCTL_HOME/config.yaml` (as in Determined)::
+
+    pools:
+      gpu-spot:
+        provider: aws
+        region: us-east-1
+        instance_types: [p3.16xlarge, p3.8xlarge]   # fallback order
+        use_spot_instances: true
+        on_demand_fallback: true
+        subnets: [subnet-0abc, subnet-0def]          # fallback order (one AZ each)
+        instance_profile: trainctl-node
+        max_instances: 8
+      lab:
+        provider: ssh
+        hosts:
+          - {address: 10.0.0.5, user: ubuntu, key_file: ~/.ssh/lab, gpus: 8}
+
+A job names a pool (`Estimator(pool=...)`, `--pool`); its own fields override the pool's.
+`build_spec` resolves the pool into the job spec, so a job's record says exactly what
+capacity it asked for even if the pool is edited later. Only pydantic here: settings, spec
+and providers all import it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
+SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+SECURITY_GROUP_RE = re.compile(r"^sg-[0-9a-f]{8,17}$")
+AMI_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
+SSM_PARAMETER_PREFIX = "resolve:ssm:"
+POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshHost(_Strict):
+    """A machine the user already has, reached over SSH (`instance_type="ssh"`)."""
+
+    address: str = Field(min_length=1, max_length=253)
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str | None = Field(default=None, min_length=1, max_length=64)
+    key_file: str | None = None
+    gpus: int = Field(default=0, ge=0, le=64)
+    python: str = Field(default="python3", min_length=1)
+    # Pinned host key ("ssh-ed25519 AAAA..."): without it the first key seen is pinned
+    # in $TRAINCTL_HOME/known_hosts and a changed key is refused.
+    host_key: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if any(c.isspace() for c in v) or v.startswith("-"):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+
+def check_region(v: str | None) -> str | None:
+    if v is not None and not REGION_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not an AWS region name like us-east-1")
+    return v
+
+
+def check_image_id(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if AMI_RE.fullmatch(v) or (v.startswith(SSM_PARAMETER_PREFIX) and len(v) > 13):
+        return v
+    raise ValueError(f"{v!r} is neither an AMI id (ami-...) nor resolve:ssm:<parameter name>")
+
+
+def check_ids(values: list[str], pattern: re.Pattern[str], what: str) -> list[str]:
+    for v in values:
+        if not pattern.fullmatch(v):
+            raise ValueError(f"{v!r} is not a {what} id")
+    if len(set(values)) != len(values):
+        raise ValueError("lists an id twice")
+    return values
+
+
+class PoolConfig(_Strict):
+    """One named pool in config.yaml; every field a job may also set itself."""
+
+    provider: Literal["local", "aws", "ssh"]
+    region: str | None = None
+    instance_types: list[str] = Field(default_factory=list)
+    use_spot_instances: bool = False
+    on_demand_fallback: bool = False
+    subnets: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] = Field(default_factory=list)
+    image_id: str | None = None
+    instance_profile: str | None = None
+    volume_size: int | None = Field(default=None, ge=8, le=16384)
+    max_instances: int | None = Field(default=None, ge=1, le=512)
+    hosts: list[SshHost] = Field(default_factory=list)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        return check_region(v)
+
+    @field_validator("image_id")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return check_image_id(v)
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnets(cls, v: list[str]) -> list[str]:
+        return check_ids(v, SUBNET_RE, "subnet")
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        return check_ids(v, SECURITY_GROUP_RE, "security group")
+
+    @field_validator("instance_types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        from trainctl.provisioning.catalog import check_instance_type
+
+        for name in v:
+            check_instance_type(name)
+        return v
+
+
+def pool_fields(pool: PoolConfig) -> dict[str, object]:
+    """The job-spec fields a pool supplies (those it sets), for `build_spec` to merge."""
+    out: dict[str, object] = {}
+    if pool.instance_types:
+        out["instance_type"] = pool.instance_types[0]
+        out["fallback_instance_types"] = list(pool.instance_types[1:])
+    elif pool.provider in ("local", "ssh"):
+        out["instance_type"] = pool.provider
+    for name in (
+        "region",
+        "use_spot_instances",
+        "on_demand_fallback",
+        "subnets",
+        "security_group_ids",
+        "image_id",
+        "instance_profile",
+        "volume_size",
+    ):
+        value = getattr(pool, name)
+        if value not in (None, [], False):
+            out[name] = value
+    if pool.hosts:
+        out["hosts"] = [h.model_dump(exclude_defaults=True) for h in pool.hosts]
+    return out

@@ -1,0 +1,122 @@
+"""What a job would do, without doing it: the dry run behind `submit --dry-run` and
+`Estimator.fit(dry_run=True)`, and the node agent command the controller really runs.
+
+A plan is `{"job", "provider", "requests": [{"service", "operation", "params"}...],
+"nodes": [{"rank", "host", "address", "agent", "command", "env"}...]}`: every mutating call
+provisioning would make (the provider's own builders produce them, so they are the calls a
+real submit sends), and per node the agent command, the launcher command the agent runs and
+the environment it gets. No mutating call is made; secret-looking values are redacted.
+Addresses and ids that exist only after launch are shown as placeholders.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainctl.cluster import ClusterInfo
+from trainctl.estimator.spec import JobSpec
+from trainctl.redact import redact_env
+from trainctl.store import Store
+
+
+def agent_argv(python: str, store_uri: str, job: str, attempt: int, rank: int) -> list[str]:
+    """The command that starts the node agent of `rank`."""
+    return [
+        python,
+        "-m",
+        "trainctl.container.agent",
+        "--store",
+        store_uri,
+        "--job",
+        job,
+        "--attempt",
+        str(attempt),
+        "--rank",
+        str(rank),
+    ]
+
+
+def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, Any]:
+    from trainctl.container.packaging import package_source
+    from trainctl.controller.record import source_key
+
+    with tempfile.TemporaryDirectory(prefix="trainctl-plan-") as tmp:
+        packaged = package_source(
+            Path(spec.source_dir), Path(tmp) / "sourcedir.tar.gz", max_bytes=max_bytes
+        )
+    key = source_key(packaged.sha256)
+    uploaded = store.exists(key)
+    if store.uri.startswith("s3://"):
+        bucket, _, prefix = store.uri[len("s3://") :].partition("/")
+        full_key = f"{prefix.strip('/')}/{key}" if prefix.strip("/") else key
+        operation = {"service": "s3", "operation": "PutObject"}
+        params: dict[str, Any] = {"Bucket": bucket, "Key": full_key}
+    else:
+        operation = {"service": "store", "operation": "PutFile"}
+        params = {"uri": store.url(key)}
+    params.update(bytes=packaged.size, files=packaged.file_count, sha256=packaged.sha256)
+    if uploaded:
+        params["skipped"] = "already in the store (content-addressed)"
+    return {**operation, "params": params}
+
+
+def _node_env(spec: JobSpec, cluster: ClusterInfo, rank: int, extra: dict[str, str]) -> dict:
+    from trainctl.container.layout import Layout, sagemaker_env
+    from trainctl.provisioning.catalog import CATALOG
+
+    itype = CATALOG[spec.instance_type]
+    env = dict(cluster.network_env)
+    env.update(
+        sagemaker_env(
+            spec,
+            cluster,
+            rank,
+            Layout(Path(cluster.node(rank).root)),
+            num_gpus=itype.gpus,
+            num_cpus=itype.vcpus or os.cpu_count() or 1,
+        )
+    )
+    env.update(extra)
+    env.update(spec.environment)
+    return redact_env(env)
+
+
+def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
+    """The dry run of submitting `spec` (see the module docstring)."""
+    from trainctl.controller.submit import default_store, generate_job_name, validate_offline
+    from trainctl.launcher import build_node_command
+    from trainctl.provisioning import get_provider
+    from trainctl.settings import get_settings
+
+    store = store or default_store()
+    validate_offline(spec)
+    provider = get_provider(spec.instance_type)
+    name = spec.job_name or generate_job_name(spec.entry_point)
+    max_bytes = int(get_settings().max_source_mb * 1024 * 1024)
+    requests = [_source_request(spec, store, max_bytes), *provider.dry_run(spec, name, 1)]
+    cluster = provider.planned_cluster(spec, name, 1)
+    nodes = []
+    for node in cluster.nodes:
+        python = provider.agent_python(cluster, node.rank)
+        command = build_node_command(spec, cluster, node.rank, python=python)
+        nodes.append(
+            {
+                "rank": node.rank,
+                "host": node.host,
+                "address": node.address,
+                "agent": agent_argv(python, store.uri, name, 1, node.rank),
+                "command": command.argv,
+                "env": _node_env(spec, cluster, node.rank, command.env),
+            }
+        )
+    return {
+        "job": name,
+        "provider": provider.name,
+        "instance_type": spec.instance_type,
+        "instance_count": spec.instance_count,
+        "requests": requests,
+        "nodes": nodes,
+    }
