@@ -293,7 +293,7 @@ def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) 
 
     result: dict[str, Any] = plan_job(spec, store) if dry_run else {}
     if estimate:
-        hourly = get_provider(spec.instance_type).hourly_cost(spec)
+        hourly = get_provider(spec.instance_type, spec.region).hourly_cost(spec)
         result["estimate"] = {
             "instance_type": spec.instance_type,
             "instance_count": spec.instance_count,

@@ -109,6 +109,12 @@ class Settings(BaseSettings):
         description="How long terminate waits for a job's instances to end before deleting its "
         "security group and placement group.",
     )
+    aws_cluster_placement_group: bool = Field(
+        default=True,
+        description="Put a multi-node EC2 job in a cluster placement group (lowest latency "
+        "between nodes). Off: capacity is easier to find, and no placement group is made, "
+        "looked up or deleted (for endpoints without placement groups, such as moto).",
+    )
     ssh_user: str = Field(
         default="ubuntu",
         pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
@@ -117,7 +123,9 @@ class Settings(BaseSettings):
     ssh_address_override: list[str] = Field(
         default_factory=list,
         description="TEST SEAM: 'host[:port]' by node rank, replacing the EC2 nodes' addresses "
-        "(SSH and node-to-node), so loopback sshd servers can stand in for instances.",
+        "(SSH and node-to-node), so loopback sshd servers can stand in for instances; with "
+        "loopback addresses each node's layout root is HOME/nodes/<job>/attempt-<n>/node-<r> "
+        "and NCCL/gloo use lo.",
     )
     # Config-file-only: named resource pools (trainctl.capacity), typed so typos fail.
     pools: dict[str, PoolConfig] = Field(default_factory=dict)

@@ -123,7 +123,9 @@ class Controller:
         self.name = name
         self.printer = printer
         self.record: JobRecord = self.jobs.load()
-        self.provider = provider or get_provider(self.record.spec.instance_type)
+        self.provider = provider or get_provider(
+            self.record.spec.instance_type, self.record.spec.region
+        )
         self.settings = get_settings()
         self.stop_reason: str | None = None
         self.interrupted_by_user = False

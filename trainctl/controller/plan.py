@@ -93,7 +93,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
 
     store = store or default_store()
     validate_offline(spec)
-    provider = get_provider(spec.instance_type)
+    provider = get_provider(spec.instance_type, spec.region)
     name = spec.job_name or generate_job_name(spec.entry_point)
     max_bytes = int(get_settings().max_source_mb * 1024 * 1024)
     requests = [_source_request(spec, store, max_bytes), *provider.dry_run(spec, name, 1)]

@@ -55,7 +55,7 @@ def preflight(spec: JobSpec) -> None:
     from trainctl.provisioning import get_provider
 
     validate_offline(spec)
-    get_provider(spec.instance_type).preflight(spec)
+    get_provider(spec.instance_type, spec.region).preflight(spec)
     if spec.checkpoint_s3_uri:
         check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
     if spec.output_path:
@@ -206,7 +206,7 @@ def _stop_orphaned(store: Store, jobs: JobStore) -> JobRecord:
     from trainctl.provisioning import get_provider
 
     record = jobs.load()
-    provider = get_provider(record.spec.instance_type)
+    provider = get_provider(record.spec.instance_type, record.spec.region)
     provider.terminate(record.name, grace=get_settings().stop_grace_seconds)
     if not record.state.is_terminal():
         record.stop_reason = "stopped by the user (no controller was running)"

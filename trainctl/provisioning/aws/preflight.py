@@ -1,0 +1,167 @@
+"""Checks before anything is created or uploaded: read-only calls, one-line SpecErrors.
+
+Order: region, credentials, instance types, instance profile, network, image, SSH CIDR,
+so the first thing a user must fix is named first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from trainctl.errors import SpecError
+from trainctl.estimator.spec import JobSpec
+from trainctl.provisioning.aws import requests as rq
+from trainctl.provisioning.aws.clients import Clients, error_code, error_message
+from trainctl.provisioning.aws.lookups import resolve_image, resolve_network, scrub
+
+CREDENTIAL_ERRORS = frozenset(
+    {
+        "InvalidClientTokenId",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "SignatureDoesNotMatch",
+        "UnrecognizedClientException",
+        "InvalidAccessKeyId",
+        "AuthFailure",
+        "RequestExpired",
+        "AccessDenied",
+        "InvalidToken",
+    }
+)
+PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
+
+
+def known_regions() -> set[str]:
+    import boto3
+
+    session = boto3.session.Session()
+    regions: set[str] = set()
+    for partition in PARTITIONS:
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return regions
+
+
+def check_region(region: str) -> None:
+    known = known_regions()
+    if known and region not in known:
+        examples = ", ".join(r for r in ("us-east-1", "us-west-2", "eu-west-1") if r in known)
+        raise SpecError("region", f"{region!r} is not an AWS region (e.g. {examples})")
+
+
+def check_credentials(sts: Any, region: str) -> None:
+    from botocore.exceptions import BotoCoreError, NoCredentialsError, PartialCredentialsError
+
+    try:
+        sts.get_caller_identity()
+    except (NoCredentialsError, PartialCredentialsError):
+        raise SpecError(
+            "credentials",
+            "no AWS credentials found: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or log in with `aws sso login`",
+        ) from None
+    except BotoCoreError as exc:
+        raise SpecError("region", f"cannot reach AWS STS in {region}: {scrub(str(exc))}") from None
+    except Exception as exc:
+        code = error_code(exc)
+        if code in CREDENTIAL_ERRORS:
+            raise SpecError(
+                "credentials",
+                f"AWS rejected the credentials ({code}): {scrub(error_message(exc))}",
+            ) from None
+        raise
+
+
+def check_instance_types(ec2: Any, spec: JobSpec, region: str) -> None:
+    offered: set[str] = set()
+    paginator = ec2.get_paginator("describe_instance_type_offerings")
+    for page in paginator.paginate(
+        LocationType="region",
+        Filters=[{"Name": "instance-type", "Values": spec.instance_types}],
+    ):
+        offered.update(o["InstanceType"] for o in page.get("InstanceTypeOfferings", []))
+    for index, name in enumerate(spec.instance_types):
+        if name not in offered:
+            field = "instance_type" if index == 0 else "fallback_instance_types"
+            others = [t for t in spec.instance_types if t in offered]
+            hint = f"; offered of those asked: {', '.join(others)}" if others else ""
+            raise SpecError(field, f"{name} is not offered in {region}{hint}")
+
+
+def require_instance_profile(spec: JobSpec) -> str:
+    if not spec.instance_profile:
+        raise SpecError(
+            "instance_profile",
+            "required for EC2: nodes reach the store with the instance profile's role (your "
+            "credentials never go to a node); give the name or ARN of an instance profile",
+        )
+    return spec.instance_profile
+
+
+def check_instance_profile(iam: Any, spec: JobSpec) -> None:
+    name = rq.instance_profile_name(require_instance_profile(spec))
+    try:
+        profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+    except Exception as exc:
+        code = error_code(exc)
+        if code == "NoSuchEntity":
+            raise SpecError(
+                "instance_profile", f"instance profile {name!r} not found in this account"
+            ) from None
+        if code in ("AccessDenied", "AccessDeniedException"):
+            return  # the caller may launch with a profile it cannot read: RunInstances decides
+        raise
+    if not profile.get("Roles"):
+        raise SpecError(
+            "instance_profile",
+            f"instance profile {name!r} has no role: nodes would get no credentials",
+        )
+
+
+def check_security_groups(ec2: Any, spec: JobSpec, vpc_id: str, region: str) -> None:
+    if not spec.security_group_ids:
+        return
+    try:
+        groups = ec2.describe_security_groups(GroupIds=spec.security_group_ids)["SecurityGroups"]
+    except Exception as exc:
+        if error_code(exc) in ("InvalidGroup.NotFound", "InvalidGroupId.Malformed"):
+            raise SpecError("security_group_ids", f"{error_message(exc)} in {region}") from None
+        raise
+    elsewhere = [g["GroupId"] for g in groups if g.get("VpcId") != vpc_id]
+    if elsewhere:
+        raise SpecError(
+            "security_group_ids",
+            f"{', '.join(elsewhere)} not in the job's VPC {vpc_id} (the subnets' VPC)",
+        )
+
+
+def check_ssh_cidr(cidr: str | None) -> None:
+    if cidr is None:
+        return
+    try:
+        ipaddress.ip_network(cidr, strict=True)
+    except ValueError as exc:
+        raise SpecError(
+            "aws_ssh_cidr", f"{cidr!r} is not a network like 203.0.113.7/32 ({exc})"
+        ) from None
+
+
+def preflight(
+    clients: Clients, spec: JobSpec, region: str, default_image: str, ssh_cidr: str | None
+) -> None:
+    # What needs no call first: a missing field is named before any network round trip.
+    check_region(region)
+    require_instance_profile(spec)
+    check_ssh_cidr(ssh_cidr)
+    check_credentials(clients("sts", region), region)
+    ec2 = clients("ec2", region)
+    check_instance_types(ec2, spec, region)
+    check_instance_profile(clients("iam", region), spec)
+    network = resolve_network(ec2, spec.subnets, region)
+    check_security_groups(ec2, spec, network.vpc_id, region)
+    image = resolve_image(ec2, clients("ssm", region), spec.image_id or default_image, region)
+    if image.architecture != "x86_64":
+        raise SpecError(
+            "image_id",
+            f"image {image.image_id} is {image.architecture}; {spec.instance_type} needs x86_64",
+        )

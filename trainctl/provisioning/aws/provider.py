@@ -1,0 +1,534 @@
+"""The EC2 provider: a job's nodes are EC2 instances, launched all at once and found by tag.
+
+provision: key pair, security group, placement group, then RunInstances with capacity
+fallback (capacity.py), rank tags, wait for running. Nodes talk over their private addresses;
+the controller reaches each over SSH (`ssh_target`) with trainctl's own key, and the agent
+is started by the SSH transport. Everything is tagged `trainctl:job`, so terminate, gc and a
+second provision find it again from any process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainctl.capacity import SSM_PARAMETER_PREFIX, SshHost
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.errors import TrainctlError
+from trainctl.estimator.spec import JobSpec
+from trainctl.provisioning.aws import requests as rq
+from trainctl.provisioning.aws import resources
+from trainctl.provisioning.aws.capacity import Backoff, BootFailed, launch, wait_running
+from trainctl.provisioning.aws.clients import (
+    AwsError,
+    Clients,
+    SessionFactory,
+    Timing,
+    resolve_region,
+    tags_of,
+)
+from trainctl.provisioning.aws.keys import default_key_path, ensure_key
+from trainctl.provisioning.aws.lookups import caller_name, resolve_image, resolve_network
+from trainctl.provisioning.aws.preflight import check_ssh_cidr, require_instance_profile
+from trainctl.provisioning.aws.pricing import on_demand_price, spot_price
+from trainctl.provisioning.aws.resources import (
+    GONE_STATES,
+    job_instances,
+    state_of,
+    terminate_instances,
+    terminate_job,
+    wait_terminated,
+)
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider
+from trainctl.provisioning.catalog import CATALOG
+from trainctl.provisioning.local import LOOPBACK_ENV
+from trainctl.settings import get_settings
+from trainctl.transport import RunningProcess
+
+CHECKIP_URL = "https://checkip.amazonaws.com"
+SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
+# Environment of the node agent on EC2: poll IMDSv2 for spot interruption notices.
+# EC2 nodes watch IMDSv2 for spot notices, and halt (so terminate) when orphaned.
+AGENT_ENV = {"TRAINCTL_IMDS": "1", "TRAINCTL_POWEROFF_WHEN_ORPHANED": "1"}
+
+
+def public_address() -> str:
+    """This machine's public IPv4 address as a /32, from AWS's checkip service."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(CHECKIP_URL, timeout=10) as response:
+            text = response.read(64).decode().strip()
+        return f"{ipaddress.IPv4Address(text)}/32"
+    except (OSError, ValueError) as exc:
+        raise TrainctlError(
+            f"cannot find this machine's public address from {CHECKIP_URL} ({exc}); set "
+            "aws_ssh_cidr (TRAINCTL_AWS_SSH_CIDR) to the network allowed to SSH into nodes"
+        ) from None
+
+
+def parse_override(value: str) -> tuple[str, int]:
+    """'host[:port]' (ssh_address_override) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if sep and port.isdigit() and host and not host.endswith(":"):
+        return host.strip("[]"), int(port)
+    return value, 22
+
+
+class AwsProvider(Provider):
+    name = "aws"
+
+    def __init__(
+        self,
+        region: str | None = None,
+        *,
+        session_factory: SessionFactory | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        poll_seconds: float = 5.0,
+        backoff: Backoff | None = None,
+        public_address: Callable[[], str] = public_address,
+    ) -> None:
+        """`region`: where jobs go when their spec names none (else the AWS environment's).
+
+        `session_factory(region)` makes the boto3 Session of a region (tests register event
+        hooks on it); `sleep`/`clock`/`poll_seconds`/`backoff` set the pace of polling and
+        capacity retries; `public_address()` gives the SSH CIDR when aws_ssh_cidr is unset.
+        """
+        self.region = region
+        self.clients = Clients(session_factory)
+        self.timing = Timing(sleep=sleep, clock=clock, poll_seconds=poll_seconds)
+        self.backoff = backoff or Backoff()
+        self._public_address = public_address
+        self._lock = threading.Lock()
+        self._job_regions: dict[str, str] = {}
+        # (job, attempt) -> instances by rank, as last described; saves a call per SSH target
+        self._nodes: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    # -- where ----------------------------------------------------------------------------
+    def spec_region(self, spec: JobSpec) -> str:
+        return resolve_region(spec.region, self.region)
+
+    def job_region(self, job: str) -> str:
+        """The region of a job's resources: where this process provisioned it, else the
+        provider's or the environment's (a fresh process should pass the spec's region)."""
+        with self._lock:
+            known = self._job_regions.get(job)
+        return known or resolve_region(None, self.region)
+
+    def _remember(self, job: str, region: str) -> None:
+        with self._lock:
+            self._job_regions[job] = region
+
+    def client(self, service: str, region: str) -> Any:
+        return self.clients(service, region)
+
+    # -- checks and plans -----------------------------------------------------------------
+    def preflight(self, spec: JobSpec) -> None:
+        from trainctl.provisioning.aws.preflight import preflight
+
+        settings = get_settings()
+        region = self.spec_region(spec)
+        preflight(self.clients, spec, region, settings.aws_default_image, settings.aws_ssh_cidr)
+
+    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+        """Every mutating request provision makes, in order, with placeholders for what only
+        exists by then (ids, the resolved image, the caller's name). No call is made."""
+        settings = get_settings()
+        region = self.spec_region(spec)
+        require_instance_profile(spec)
+        check_ssh_cidr(settings.aws_ssh_cidr)
+        image = spec.image_id or settings.aws_default_image
+        image_id = (
+            f"<AMI id in SSM parameter {image[len(SSM_PARAMETER_PREFIX) :]}>"
+            if image.startswith(SSM_PARAMETER_PREFIX)
+            else image
+        )
+        subnets = list(spec.subnets) or [rq.DEFAULT_SUBNET_PLACEHOLDER]
+        vpc = f"<VpcId of {spec.subnets[0]}>" if spec.subnets else "<VpcId of the default VPC>"
+        ctx = rq.LaunchContext(
+            job=job,
+            attempt=attempt,
+            region=region,
+            owner="<name in the caller identity ARN>",
+            image_id=image_id,
+            root_device_name=f"<RootDeviceName of {image_id}>",
+            vpc_id=vpc,
+            ssh_cidr=settings.aws_ssh_cidr or "<this machine's public IPv4 address>/32",
+            public_key=f"<public key of {default_key_path()}>",
+            ssh_user=settings.ssh_user,
+        )
+        out: list[dict[str, Any]] = []
+        if spec.security_group_ids:
+            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
+        else:
+            group = rq.SECURITY_GROUP_PLACEHOLDER
+            out.append(rq.request("CreateSecurityGroup", rq.create_security_group(ctx), region))
+            out.append(
+                rq.request(
+                    "AuthorizeSecurityGroupIngress", rq.authorize_ingress(ctx, group), region
+                )
+            )
+            ctx = dataclasses.replace(ctx, security_group_ids=(group,))
+        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
+            out.append(rq.request("CreatePlacementGroup", rq.create_placement_group(ctx), region))
+            ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(job))
+        out.append(rq.request("ImportKeyPair", rq.import_key_pair(ctx), region))
+        for index, choice in enumerate(rq.launch_choices(spec, subnets)):
+            when = "first" if index == 0 else "after a capacity error of the request before"
+            out.append(
+                rq.request("RunInstances", rq.run_instances(ctx, spec, choice), region, when=when)
+            )
+        for rank in range(spec.instance_count):
+            params = rq.rank_tags(ctx, rq.instance_id_placeholder(rank), rank)
+            out.append(rq.request("CreateTags", params, region))
+        return out
+
+    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        cluster = super().planned_cluster(spec, job, attempt)
+        return cluster.model_copy(update={"network_env": rq.network_env(spec.instance_type)})
+
+    # -- provisioning ---------------------------------------------------------------------
+    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        settings = get_settings()
+        region = self.spec_region(spec)
+        require_instance_profile(spec)
+        self._remember(job, region)
+        ec2 = self.client("ec2", region)
+        image = resolve_image(
+            ec2, self.client("ssm", region), spec.image_id or settings.aws_default_image, region
+        )
+        network = resolve_network(ec2, list(spec.subnets), region)
+        ctx = rq.LaunchContext(
+            job=job,
+            attempt=attempt,
+            region=region,
+            owner=caller_name(self.client("sts", region)),
+            image_id=image.image_id,
+            root_device_name=image.root_device_name,
+            vpc_id=network.vpc_id,
+            ssh_cidr="",
+            public_key=ensure_key(default_key_path()),
+            ssh_user=settings.ssh_user,
+        )
+        if spec.security_group_ids:
+            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
+        else:
+            check_ssh_cidr(settings.aws_ssh_cidr)
+            cidr = settings.aws_ssh_cidr or self._public_address()
+            ctx = dataclasses.replace(ctx, ssh_cidr=cidr)
+            group_id = resources.ensure_security_group(ec2, ctx)
+            ctx = dataclasses.replace(ctx, security_group_ids=(group_id,))
+        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
+            resources.ensure_placement_group(ec2, ctx)
+            ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(job))
+        resources.ensure_key_pair(ec2, ctx)
+
+        instances = self._reuse(ec2, spec, job, attempt, settings.aws_boot_timeout_seconds)
+        if instances is None:
+            earlier = len(job_instances(ec2, job, attempt))
+            ctx = dataclasses.replace(ctx, launched_before=earlier)
+            launched = launch(
+                ec2,
+                ctx,
+                spec,
+                rq.launch_choices(spec, network.subnets),
+                timing=self.timing,
+                max_wait=float(spec.max_wait or settings.aws_capacity_wait_seconds),
+                boot_timeout=settings.aws_boot_timeout_seconds,
+                backoff=self.backoff,
+            )
+            instances = launched.instances
+        with self._lock:
+            self._nodes[(job, attempt)] = instances
+        return self._cluster(spec, job, attempt, instances)
+
+    def _reuse(
+        self, ec2: Any, spec: JobSpec, job: str, attempt: int, boot_timeout: float
+    ) -> list[dict[str, Any]] | None:
+        """The attempt's instances if an earlier provision call launched them all (by rank);
+        None when there are none. A partial set (a node lost meanwhile, or a crash between
+        launch and rank tags) cannot be all-or-nothing: it is ended, and launched anew."""
+        found = job_instances(ec2, job, attempt, states=["pending", "running"])
+        if not found:
+            return None
+        ranked = {tags_of(i).get(rq.TAG_RANK): i for i in found}
+        if len(found) == spec.instance_count and set(ranked) == {
+            str(r) for r in range(spec.instance_count)
+        }:
+            ids = [str(ranked[str(r)]["InstanceId"]) for r in range(spec.instance_count)]
+            try:
+                return wait_running(ec2, ids, self.timing, boot_timeout)
+            except BootFailed:  # one died meanwhile; wait_running ended the others
+                wait_terminated(ec2, ids, self.timing, get_settings().aws_cleanup_timeout_seconds)
+                return None
+        ids = [str(i["InstanceId"]) for i in found]
+        terminate_instances(ec2, ids)
+        wait_terminated(ec2, ids, self.timing, get_settings().aws_cleanup_timeout_seconds)
+        return None
+
+    def _cluster(
+        self, spec: JobSpec, job: str, attempt: int, instances: list[dict[str, Any]]
+    ) -> ClusterInfo:
+        instance_type = str(instances[0]["InstanceType"])
+        overrides = get_settings().ssh_address_override
+        addresses = [str(i.get("PrivateIpAddress") or "") for i in instances]
+        for rank, value in enumerate(overrides[: len(addresses)]):
+            addresses[rank] = parse_override(value)[0]
+        network_env = rq.network_env(instance_type)
+        roots = ["/"] * len(addresses)  # an instance is the job's: the layout is /opt/ml
+        if overrides and all(_is_loopback(a) for a in addresses):
+            # Test seam: loopback sshd servers on this machine stand in for the instances;
+            # each gets its own layout root here, as the local provider's nodes do.
+            network_env = dict(LOOPBACK_ENV)
+            roots = [str(self._seam_root(job, attempt, rank)) for rank in range(len(addresses))]
+            for root in roots:
+                Path(root).mkdir(parents=True, exist_ok=True)
+        nodes = [
+            NodeInfo(rank=rank, host=host_name(rank), address=address, root=root)
+            for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
+        ]
+        return ClusterInfo(
+            job=job,
+            attempt=attempt,
+            provider=self.name,
+            instance_type=instance_type,
+            nodes=nodes,
+            master_port=DEFAULT_MASTER_PORT,
+            processes_per_host=spec.processes_per_host or CATALOG[instance_type].gpus or 1,
+            network_env=network_env,
+        )
+
+    @staticmethod
+    def _seam_root(job: str, attempt: int, rank: int) -> Path:
+        return get_settings().home / "nodes" / job / f"attempt-{attempt}" / f"node-{rank}"
+
+    # -- nodes ----------------------------------------------------------------------------
+    def _instances(self, job: str, attempt: int) -> dict[int, dict[str, Any]]:
+        """The attempt's live instances by rank: remembered from provision, else by tag."""
+        with self._lock:
+            known = self._nodes.get((job, attempt))
+        if known is not None:
+            return dict(enumerate(known))
+        ec2 = self.client("ec2", self.job_region(job))
+        by_rank = {}
+        for instance in job_instances(ec2, job, attempt):
+            rank = tags_of(instance).get(rq.TAG_RANK)
+            if rank is not None and rank.isdigit() and state_of(instance) not in GONE_STATES:
+                by_rank[int(rank)] = instance
+        return by_rank
+
+    def ssh_target(self, cluster: ClusterInfo, rank: int) -> SshHost:
+        """How the controller reaches the node of `rank` over SSH: its public address if it
+        has one, else its private one (from inside the VPC); trainctl's key; the DLAMI's
+        interpreter. `ssh_address_override` (a test seam) replaces the address."""
+        settings = get_settings()
+        overrides = settings.ssh_address_override
+        port = 22
+        if rank < len(overrides):
+            address, port = parse_override(overrides[rank])
+        else:
+            instance = self._instances(cluster.job, cluster.attempt).get(rank)
+            if instance is None:
+                raise AwsError(
+                    f"job {cluster.job} attempt {cluster.attempt}: no running instance of rank "
+                    f"{rank}"
+                )
+            address = str(instance.get("PublicIpAddress") or instance.get("PrivateIpAddress"))
+        return SshHost(
+            address=address,
+            port=port,
+            user=settings.ssh_user,
+            key_file=str(default_key_path()),
+            gpus=CATALOG[cluster.instance_type].gpus if cluster.instance_type in CATALOG else 0,
+            python=settings.aws_node_python,
+        )
+
+    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
+        return get_settings().aws_node_python
+
+    def start_agent(
+        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
+    ) -> RunningProcess:
+        from trainctl.provisioning.ssh import start_agent_on
+
+        settings = get_settings()
+        host = self.ssh_target(cluster, rank)
+        return start_agent_on(
+            host,
+            cluster,
+            rank,
+            argv,
+            {**AGENT_ENV, **env},
+            known_hosts=self.known_hosts(cluster.job),
+            connect_timeout=settings.aws_boot_timeout_seconds,
+            # Stand-in hosts (the test seam) run no user data.
+            wait_for_marker=not settings.ssh_address_override,
+        )
+
+    def known_hosts(self, job: str) -> Path:
+        """Host keys pinned per job: EC2 reuses addresses, so a new instance at an old
+        address has a new key legitimately; within a job, a changed key is refused."""
+        return get_settings().home / "ssh" / "known_hosts.d" / job
+
+    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+        """Terminate the node's instance at once, as a spot reclaim would."""
+        instance = self._instances(cluster.job, cluster.attempt).get(rank)
+        if instance is None:
+            return  # already gone
+        ec2 = self.client("ec2", self.job_region(cluster.job))
+        terminate_instances(ec2, [str(instance["InstanceId"])])
+
+    def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
+        ec2 = self.client("ec2", self.job_region(cluster.job))
+        by_rank: dict[int, dict[str, Any]] = {}
+        for instance in job_instances(ec2, cluster.job, cluster.attempt):
+            rank = tags_of(instance).get(rq.TAG_RANK)
+            if rank is not None and rank.isdigit():
+                by_rank[int(rank)] = instance
+        lost = {}
+        for node in cluster.nodes:
+            instance = by_rank.get(node.rank)
+            if instance is None:
+                lost[node.rank] = "instance no longer listed by EC2"
+                continue
+            state = state_of(instance)
+            if state not in GONE_STATES:
+                continue
+            reason = instance.get("StateReason") or {}
+            if reason.get("Code") == SPOT_RECLAIM_CODE:
+                lost[node.rank] = "spot reclaim"
+            else:
+                why = reason.get("Message") or reason.get("Code") or "no reason given"
+                lost[node.rank] = f"instance {instance['InstanceId']} {state} ({why})"
+        return lost
+
+    # -- cleanup --------------------------------------------------------------------------
+    def terminate(self, job: str, *, grace: float) -> None:
+        """Every instance of the job (all attempts), then its security group, placement
+        group and key pair. `grace` is not used: the controller has already stopped the
+        agents, and an EC2 termination is final anyway."""
+        region = self.job_region(job)
+        settings = get_settings()
+        terminate_job(
+            self.client("ec2", region),
+            job,
+            self.timing,
+            settings.aws_cleanup_timeout_seconds,
+            placement_groups=settings.aws_cluster_placement_group,
+        )
+        with self._lock:
+            for key in [k for k in self._nodes if k[0] == job]:
+                del self._nodes[key]
+        self.known_hosts(job).unlink(missing_ok=True)
+        seam_dir = get_settings().home / "nodes" / job  # only the loopback test seam makes it
+        if seam_dir.is_dir():
+            shutil.rmtree(seam_dir, ignore_errors=True)
+            try:
+                seam_dir.parent.rmdir()  # only if no other job's nodes are there
+            except OSError:
+                pass
+
+    def find_leftovers(self, region: str, is_live: Callable[[str], bool]) -> list[dict[str, Any]]:
+        """For `trainctl gc`: everything tagged trainctl:job in `region` whose job is over."""
+        from trainctl.provisioning.aws.resources import find_leftovers
+
+        enabled = get_settings().aws_cluster_placement_group
+        return find_leftovers(self.client("ec2", region), region, is_live, placement_groups=enabled)
+
+    def delete_leftovers(
+        self, region: str, leftovers: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Delete what find_leftovers returned; returns those that could not go (with "error")."""
+        from trainctl.provisioning.aws.resources import delete_leftovers
+
+        timeout = get_settings().aws_cleanup_timeout_seconds
+        return delete_leftovers(self.client("ec2", region), leftovers, self.timing, timeout)
+
+    # -- cost -----------------------------------------------------------------------------
+    def usage(self, job: str) -> list[InstanceUsage]:
+        region = self.job_region(job)
+        ec2 = self.client("ec2", region)
+        spot_prices: dict[tuple[str, str | None], float | None] = {}
+        out = []
+        for instance in job_instances(ec2, job):
+            tags = tags_of(instance)
+            instance_type = str(instance["InstanceType"])
+            zone = instance.get("Placement", {}).get("AvailabilityZone")
+            market = "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand"
+            if market == "spot":
+                key = (instance_type, zone)
+                if key not in spot_prices:
+                    spot_prices[key] = spot_price(ec2, instance_type, zone)
+                price = spot_prices[key]
+            else:
+                price = on_demand_price(instance_type, region)
+            out.append(
+                InstanceUsage(
+                    attempt=int(tags.get(rq.TAG_ATTEMPT, "0") or 0),
+                    rank=int(tags.get(rq.TAG_RANK, "-1") or -1),
+                    instance_id=str(instance["InstanceId"]),
+                    instance_type=instance_type,
+                    market=market,
+                    zone=zone,
+                    started=_epoch(instance.get("LaunchTime")),
+                    ended=_ended(instance),
+                    usd_per_hour=price,
+                )
+            )
+        return sorted(out, key=lambda u: (u.attempt, u.rank, u.instance_id))
+
+    def hourly_cost(self, spec: JobSpec) -> float | None:
+        """USD/hour of the first launch choice: the spot price (lowest latest price of the
+        subnets' AZs, or of the region) or the us-east-1 list price; None when unknown."""
+        region = self.spec_region(spec)
+        if not spec.use_spot_instances:
+            price = on_demand_price(spec.instance_type, region)
+            return None if price is None else price * spec.instance_count
+        ec2 = self.client("ec2", region)
+        if spec.subnets:
+            zones = resolve_network(ec2, list(spec.subnets), region).zones
+            prices = [spot_price(ec2, spec.instance_type, zones[s]) for s in spec.subnets]
+            known = [p for p in prices if p is not None]
+            price = min(known) if known else None
+        else:
+            price = spot_price(ec2, spec.instance_type)
+        return None if price is None else price * spec.instance_count
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return time.time()
+
+
+def _ended(instance: dict[str, Any]) -> float | None:
+    """When a terminated or stopped instance ended: EC2 writes it into the state transition
+    reason ("User initiated (2026-01-02 03:04:05 GMT)"); the time of asking if it does not."""
+    if state_of(instance) not in GONE_STATES:
+        return None
+    reason = str(instance.get("StateTransitionReason") or "")
+    if "(" in reason and ")" in reason:
+        stamp = reason[reason.rfind("(") + 1 : reason.rfind(")")]
+        for suffix in (" GMT", " UTC"):
+            stamp = stamp.removesuffix(suffix)
+        try:
+            parsed = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+            return parsed.replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            pass
+    return time.time()

@@ -1,0 +1,460 @@
+"""The static SSH provider: the user's own machines (`instance_type="ssh"`, `hosts=[...]`).
+
+Rank r runs on hosts[r] (the first `instance_count` hosts, in order). Each node is a
+per-job, per-attempt, per-rank directory under the remote user's home,
+`~/.trainctl/nodes/<job>/attempt-<n>/node-<rank>` (per rank: several "hosts" may be one
+machine), and its agent is a detached remote process (trainctl.transport.ssh.SshProcess)
+carrying the job's tags in its environment, so every process of the job on a host is found
+by scanning /proc there, as the local provider does here.
+
+What `terminate` needs (the job's hosts) is kept in `$TRAINCTL_HOME/ssh/<job>.json`, so a
+restarted controller or `trainctl stop` can clean up without the spec in memory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainctl.capacity import SshHost
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.errors import SpecError, TrainctlError
+from trainctl.estimator.spec import JOB_NAME_RE, JobSpec
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
+from trainctl.settings import get_settings
+from trainctl.transport import RunningProcess
+from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
+
+T = TypeVar("T")
+
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
+NODES_DIR = ".trainctl/nodes"  # under the remote home
+AGENT_RUN_DIR = ".agent"  # in a node's root: the agent's log, pid and exit files
+# Settings the agent acts on: it runs under the controller's values, not the host's.
+AGENT_SETTINGS = (
+    "log_sync_seconds",
+    "lease_seconds",
+    "orphan_timeout_seconds",
+    "notice_grace_seconds",
+    "checkpoint_sync_seconds",
+    "heartbeat_seconds",
+)
+
+# Per rank, at provision: make the node dir and (rank 0) find a free port for the master.
+PREPARE = r"""
+import json, os, socket, sys
+job, attempt, rank, want_port = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "port"
+root = os.path.join(os.path.expanduser("~"), ".trainctl", "nodes", job, "attempt-" + attempt,
+                    "node-" + rank)
+os.makedirs(root, exist_ok=True)
+port = None
+if want_port:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+print("trainctl-prepare " + json.dumps({"root": root, "port": port}))
+"""
+
+# End a job's processes on this host, found by their tags in /proc/*/environ (argv: JOB
+# NODE-or-empty GRACE keep|remove): SIGTERM, up to GRACE seconds, then SIGKILL until none
+# is left; with `remove`, delete the job's node dirs.
+END_PROCESSES = r"""
+import os, shutil, signal, sys, time
+job, node, grace, remove = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "remove"
+want = [b"TRAINCTL_JOB=" + job.encode()]
+if node:
+    want.append(b"TRAINCTL_NODE=" + node.encode())
+me = os.getpid()
+def find():
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = f.read().split(b"\0")
+            with open("/proc/%s/stat" % entry) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and all(w in env for w in want):
+            found.append(int(entry))
+    return found
+def send(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+pids = find()
+ended = len(pids)
+if pids and grace > 0:
+    send(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and find():
+        time.sleep(0.1)
+for _ in range(50):
+    pids = find()
+    if not pids:
+        break
+    send(pids, signal.SIGKILL)
+    time.sleep(0.1)
+left = find()
+if remove:
+    nodes = os.path.join(os.path.expanduser("~"), ".trainctl", "nodes")
+    shutil.rmtree(os.path.join(nodes, job), ignore_errors=True)
+    try:
+        os.rmdir(nodes)
+    except OSError:
+        pass
+print("trainctl-end %d %d" % (ended, len(left)))
+"""
+
+
+class SshProvisionError(TrainctlError):
+    """One or more SSH hosts could not be used; nothing was started."""
+
+
+class SshTeardownError(TrainctlError):
+    """Processes or node dirs of a job could not be removed from some hosts."""
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_job_name(job: str) -> None:
+    # The name becomes remote paths and a file name here: only the job-name alphabet.
+    if not JOB_NAME_RE.fullmatch(job):
+        raise SpecError("job_name", f"{job!r} is not a job name")
+
+
+def _each(items: list[T], fn: Callable[[T], Any]) -> list[tuple[T, Any, BaseException | None]]:
+    """fn(item) for every item in parallel; (item, result, error) in order, never raising."""
+
+    def guarded(item: T) -> tuple[T, Any, BaseException | None]:
+        try:
+            return item, fn(item), None
+        except Exception as exc:
+            return item, None, exc
+
+    if len(items) <= 1:
+        return [guarded(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        return list(pool.map(guarded, items))
+
+
+class SshProvider(Provider):
+    name = "ssh"
+    # How long a host may refuse connections at provision before the job fails (a host
+    # that is rebooting gets this long; a wrong address fails after it).
+    connect_timeout: float = 20.0
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or get_settings().home
+        self._lock = threading.Lock()
+        self._hosts: dict[str, list[SshHost]] = {}  # by job: provisioned or planned
+        # (job, rank) -> (the agent's PYTHONPATH env, whether boto3 was made sure of)
+        self._runtimes: dict[tuple[str, int], tuple[dict[str, str], bool]] = {}
+
+    # -- the job's record ------------------------------------------------------------------
+    def job_file(self, job: str) -> Path:
+        return self.home / "ssh" / f"{job}.json"
+
+    def _save_hosts(self, job: str, hosts: list[SshHost]) -> None:
+        path = self.job_file(job)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
+        data = {"job": job, "hosts": [h.model_dump(exclude_defaults=True) for h in hosts]}
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+
+    def job_hosts(self, job: str) -> list[SshHost]:
+        """The hosts the job ran on (from its record), in rank order; [] if none is known."""
+        try:
+            data = json.loads(self.job_file(job).read_text())
+        except FileNotFoundError:
+            return []
+        return [SshHost.model_validate(h) for h in data["hosts"]]
+
+    def _host(self, job: str, rank: int) -> SshHost:
+        with self._lock:
+            hosts = self._hosts.get(job) or self.job_hosts(job)
+        if rank >= len(hosts):
+            raise TrainctlError(f"job {job!r} has no ssh host for rank {rank} on record")
+        return hosts[rank]
+
+    def _connector(self, host: SshHost) -> Any:
+        from trainctl.transport.ssh import SshConnector
+
+        return SshConnector(host, known_hosts=self.home / "known_hosts")
+
+    # -- Provider ------------------------------------------------------------------------
+    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+        from trainctl.transport.ssh import default_user
+
+        requests: list[dict[str, Any]] = []
+        for rank, host in enumerate(spec.hosts[: spec.instance_count]):
+            target = {"host": host.address, "port": host.port, "user": host.user or default_user()}
+            connect = {**target, "rank": rank, "python": host.python}
+            if host.key_file:
+                connect["key_file"] = host.key_file  # the path only, never the key
+            connect["host_key"] = "pinned" if host.host_key else "known_hosts"
+            requests.append({"service": "ssh", "operation": "Connect", "params": connect})
+            root = f"~/{NODES_DIR}/{job}/attempt-{attempt}/node-{rank}"
+            requests.append(
+                {"service": "ssh", "operation": "CreateNodeDir", "params": {**target, "path": root}}
+            )
+            if rank == 0:
+                requests.append(
+                    {"service": "ssh", "operation": "ReservePort", "params": {**target}}
+                )
+        return requests
+
+    def preflight(self, spec: JobSpec) -> None:
+        """Every host accepts an SSH connection with its key and pinned host key."""
+        from trainctl.transport.ssh import SshError
+
+        hosts = list(enumerate(spec.hosts[: spec.instance_count]))
+
+        def reach(item: tuple[int, SshHost]) -> None:
+            self._connector(item[1]).connect(timeout=self.connect_timeout).close()
+
+        for (index, _host), _, error in _each(hosts, reach):
+            if isinstance(error, SshError):
+                raise SpecError(f"hosts[{index}]", str(error))
+            if error is not None:
+                raise error
+
+    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        from trainctl.transport.bootstrap import ensure_agent
+
+        _check_job_name(job)
+        hosts = list(spec.hosts[: spec.instance_count])
+        if len(hosts) < spec.instance_count:
+            raise SpecError(
+                "hosts", f"{spec.instance_count} nodes but only {len(spec.hosts)} host(s)"
+            )
+        # Recorded before any host is touched: a half-made attempt is cleaned up too.
+        self._save_hosts(job, hosts)
+        with self._lock:
+            self._hosts[job] = hosts
+        s3 = uses_s3(spec)
+
+        def prepare(rank: int) -> dict[str, Any]:
+            conn = self._connector(hosts[rank]).connect(timeout=self.connect_timeout)
+            try:
+                text = conn.check_python(
+                    PREPARE,
+                    job,
+                    str(attempt),
+                    str(rank),
+                    "port" if rank == 0 else "-",
+                    what="create the node directory",
+                    marker="trainctl-prepare",
+                    timeout=60,
+                )
+                node = json.loads(text)
+                node["env"] = ensure_agent(conn, s3=s3).env
+                return node
+            finally:
+                conn.close()
+
+        results = _each(list(range(len(hosts))), prepare)
+        failed = [(rank, error) for rank, _, error in results if error is not None]
+        if failed:
+            detail = "; ".join(f"hosts[{rank}]: {error}" for rank, error in failed)
+            raise SshProvisionError(f"cannot provision {len(failed)} ssh host(s): {detail}")
+        nodes_info = [result for _, result, _ in results]
+        with self._lock:
+            for rank, node in enumerate(nodes_info):
+                self._runtimes[(job, rank)] = (node["env"], s3)
+        roots = [str(node["root"]) for node in nodes_info]
+        return self._cluster(spec, job, attempt, roots, int(nodes_info[0]["port"]))
+
+    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        """Addresses are the hosts'; node dirs under the remote home, shown as `~`."""
+        with self._lock:
+            self._hosts[job] = list(spec.hosts[: spec.instance_count])
+        roots = [
+            f"~/{NODES_DIR}/{job}/attempt-{attempt}/node-{rank}"
+            for rank in range(spec.instance_count)
+        ]
+        return self._cluster(spec, job, attempt, roots, DEFAULT_MASTER_PORT)
+
+    def _cluster(
+        self, spec: JobSpec, job: str, attempt: int, roots: list[str], port: int
+    ) -> ClusterInfo:
+        hosts = spec.hosts[: spec.instance_count]
+        network_env: dict[str, str] = {}
+        if is_loopback(hosts[0].address):
+            network_env = {k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()}
+        return ClusterInfo(
+            job=job,
+            attempt=attempt,
+            provider=self.name,
+            instance_type=spec.instance_type,
+            nodes=[
+                NodeInfo(rank=rank, host=host_name(rank), address=host.address, root=root)
+                for rank, (host, root) in enumerate(zip(hosts, roots, strict=True))
+            ],
+            master_port=port,
+            # one worker per GPU; the fewest any host has, as every node runs the same count
+            processes_per_host=spec.processes_per_host or min(h.gpus for h in hosts) or 1,
+            network_env=network_env,
+        )
+
+    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
+        return self._host(cluster.job, rank).python
+
+    def start_agent(
+        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
+    ) -> RunningProcess:
+        from trainctl.transport.ssh import SshProcess
+
+        host = self._host(cluster.job, rank)
+        connector = self._connector(host)
+        s3 = any(a.startswith("s3://") for a in argv)  # the agent's --store
+        with self._lock:
+            runtime_env, has_s3 = self._runtimes.get((cluster.job, rank), (None, False))
+        if runtime_env is None or (s3 and not has_s3):
+            # a provider that did not provision this attempt, or a store it did not expect
+            from trainctl.transport.bootstrap import ensure_agent
+
+            conn = connector.connect(timeout=self.connect_timeout)
+            try:
+                runtime_env = ensure_agent(conn, s3=s3 or has_s3).env
+            finally:
+                conn.close()
+        tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
+        root = cluster.node(rank).root
+        return SshProcess(
+            connector,
+            argv,
+            {**agent_settings_env(), **runtime_env, **env, **tags},
+            cwd=root,
+            run_dir=f"{root}/{AGENT_RUN_DIR}",
+            connect_timeout=self.connect_timeout,
+        )
+
+    def _end_on_host(self, host: SshHost, job: str, node: str, grace: float, remove: bool) -> str:
+        conn = self._connector(host).connect(timeout=self.connect_timeout)
+        try:
+            return conn.check_python(
+                END_PROCESSES,
+                job,
+                node,
+                str(grace),
+                "remove" if remove else "keep",
+                what=f"end the processes of job {job}",
+                marker="trainctl-end",
+                timeout=grace + 60,
+            )
+        finally:
+            conn.close()
+
+    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+        """SIGKILL every process of the node on its host at once, as losing it would."""
+        self._end_on_host(self._host(cluster.job, rank), cluster.job, str(rank), 0, False)
+
+    def terminate(self, job: str, *, grace: float) -> None:
+        """End every process of the job on each of its hosts; remove its node dirs."""
+        _check_job_name(job)
+        hosts = self.job_hosts(job)
+        if not hosts:
+            return
+        distinct = list({(h.address, h.port, h.user): h for h in hosts}.values())
+        results = _each(distinct, lambda h: self._end_on_host(h, job, "", grace, True))
+        failed = [(host, error) for host, _, error in results if error is not None]
+        with self._lock:
+            for key in [k for k in self._runtimes if k[0] == job]:
+                del self._runtimes[key]
+            self._hosts.pop(job, None)
+        if failed:
+            detail = "; ".join(str(error) for _, error in failed)
+            raise SshTeardownError(
+                f"job {job}: could not clean up {len(failed)} ssh host(s) (run `trainctl stop "
+                f"{job}` again once they are reachable): {detail}"
+            )
+        self.job_file(job).unlink(missing_ok=True)
+
+
+def uses_s3(spec: JobSpec) -> bool:
+    """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
+    uris = [get_settings().store_uri, spec.output_path, spec.checkpoint_s3_uri]
+    uris += list(spec.inputs.values())
+    return any(u and u.startswith("s3://") for u in uris)
+
+
+def agent_settings_env() -> dict[str, str]:
+    """The controller's values of the settings the agent acts on, as TRAINCTL_* variables."""
+    settings = get_settings()
+    return {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
+
+
+# Written by the EC2 nodes' user data when the node is ready (see provisioning.aws.requests).
+NODE_PREPARED_MARKER = "/opt/trainctl/node-prepared"
+
+
+def start_agent_on(
+    host: SshHost,
+    cluster: ClusterInfo,
+    rank: int,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    known_hosts: Path,
+    connect_timeout: float,
+    wait_for_marker: bool,
+) -> RunningProcess:
+    """Start the node agent of `rank` on a machine trainctl launched (EC2): connect as soon
+    as the instance accepts its key, wait for its user data to finish (`wait_for_marker`),
+    make the node's root, make sure the agent of this trainctl version is there, and start
+    it detached (an SshProcess), as the static SSH provider does for its hosts."""
+    import time
+
+    from trainctl.transport.bootstrap import ensure_agent
+    from trainctl.transport.ssh import SshConnector, SshProcess
+
+    connector = SshConnector(host, known_hosts=known_hosts)
+    deadline = time.monotonic() + connect_timeout
+    conn = connector.connect(timeout=connect_timeout, retry_auth=True)
+    root = cluster.node(rank).root
+    try:
+        while wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code != 0:
+            if time.monotonic() > deadline:
+                raise SshProvisionError(
+                    f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did not "
+                    f"finish within {connect_timeout:.0f} s"
+                )
+            time.sleep(2.0)
+        run_dir = (
+            f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
+            if root == "/"
+            else f"{root}/{AGENT_RUN_DIR}"
+        )
+        conn.makedirs(root)
+        conn.makedirs(run_dir)
+        runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
+    finally:
+        conn.close()
+    tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
+    return SshProcess(
+        connector,
+        argv,
+        {**agent_settings_env(), **runtime_env, **env, **tags},
+        cwd=root,
+        run_dir=run_dir,
+        connect_timeout=connect_timeout,
+    )
