@@ -271,3 +271,19 @@ def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
         "(1 instance(s) without a price not counted)"
     )
     assert cost_summary([]) is None
+
+
+@pytest.mark.timeout(30)
+def test_ec2_job_names_a_missing_instance_profile_before_any_call(cap_home, script, monkeypatch):
+    # No credentials and no endpoint: a call would fail differently (or hang on the network).
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TRAINCTL_STORE", "s3://bucket/prefix")
+    args = ["submit", script, "--instance-type", "g5.xlarge", "--region", "us-east-1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "error: instance_profile: " in result.output
+    monkeypatch.delenv("TRAINCTL_STORE")
+    result = CliRunner().invoke(app, [*args, "--instance-profile", "p", "--dry-run"])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "error: TRAINCTL_STORE: " in result.output and "s3://" in result.output

@@ -116,9 +116,9 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("instance_type", "p9.mega", "local"),
     ),
     (
-        "ec2-without-instance-profile",
+        "ec2-with-a-local-store",
         lambda t, s: ["src/train.py", "--instance-type", "p3.2xlarge", "--region", "us-east-1"],
-        ("instance_profile", "required"),
+        ("TRAINCTL_STORE", "not reachable from EC2 nodes"),
     ),
     ("hp-no-equals", lambda t, s: ["src/train.py", "-p", "epochs"], ("-p", "epochs")),
     ("hp-empty-key", lambda t, s: ["src/train.py", "-p", "=3"], ("-p",)),

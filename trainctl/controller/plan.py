@@ -92,7 +92,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     from trainctl.settings import get_settings
 
     store = store or default_store()
-    validate_offline(spec)
+    validate_offline(spec, store.uri)
     provider = get_provider(spec.instance_type, spec.region)
     name = spec.job_name or generate_job_name(spec.entry_point)
     max_bytes = int(get_settings().max_source_mb * 1024 * 1024)

@@ -33,11 +33,23 @@ def generate_job_name(entry_point: str) -> str:
     return f"{stem[:36].strip('-')}-{stamp}-{secrets.token_hex(2)}"
 
 
-def validate_offline(spec: JobSpec) -> None:
+def validate_offline(spec: JobSpec, store_uri: str) -> None:
     """The checks that need no cloud call (a dry run makes these and no others)."""
     from trainctl.provisioning import get_provider
 
-    get_provider(spec.instance_type)
+    get_provider(spec.instance_type, spec.region)
+    if spec.provider == "aws":
+        # EC2 nodes reach the store with their instance profile: only S3 is reachable.
+        uris = {"TRAINCTL_STORE": store_uri, "output_path": spec.output_path}
+        uris["checkpoint_s3_uri"] = spec.checkpoint_s3_uri
+        uris.update({f"inputs.{name}": uri for name, uri in spec.inputs.items()})
+        for field, uri in uris.items():
+            if uri and not uri.startswith("s3://"):
+                raise SpecError(
+                    field,
+                    f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
+                    + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
+                )
     if spec.image_uri:
         raise SpecError(
             "image_uri",
@@ -50,11 +62,11 @@ def validate_offline(spec: JobSpec) -> None:
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
 
 
-def preflight(spec: JobSpec) -> None:
+def preflight(spec: JobSpec, store_uri: str) -> None:
     """Checks that need the outside world, done before anything is uploaded or started."""
     from trainctl.provisioning import get_provider
 
-    validate_offline(spec)
+    validate_offline(spec, store_uri)
     get_provider(spec.instance_type, spec.region).preflight(spec)
     if spec.checkpoint_s3_uri:
         check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
@@ -80,7 +92,7 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
     from trainctl.container.packaging import package_source
 
     store = store or default_store()
-    preflight(spec)
+    preflight(spec, store.uri)
     name = spec.job_name or generate_job_name(spec.entry_point)
     jobs = JobStore(store, name)
     if jobs.exists():
