@@ -62,6 +62,30 @@ def home(tmp_path, monkeypatch) -> Path:
     assert not nodes.exists() or not any(nodes.iterdir()), "node directories left behind"
 
 
+def free_port(address: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: str = "testing"):
+    """The environment that points boto3 (ours and the tests') at a moto server, with
+    fake credentials and nothing from the user's own AWS configuration."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def source(tmp_path) -> callable:
     """Copy a fixture script directory into tmp_path and return its path."""

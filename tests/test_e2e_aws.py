@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, free_port, point_aws_at
 from tests.imds_server import ImdsStandIn
 from tests.sshd import job_processes, kill_all
 from trainctl import Estimator
@@ -46,14 +46,6 @@ TRUST_EC2 = {
 INSTANCE_TYPE = "g5.2xlarge"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def cloud(home, sshd, monkeypatch, tmp_path):
     """moto (EC2, IAM, SSM, STS, S3) + two sshd "instances" + an IMDS stand-in."""
@@ -62,21 +54,11 @@ def cloud(home, sshd, monkeypatch, tmp_path):
 
     from trainctl.provisioning.aws.keys import default_key_path, ensure_key
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "AKIASUBMITTER0000000",
-        "AWS_SECRET_ACCESS_KEY": USER_SECRET,
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }.items():
-        monkeypatch.setenv(key, value)
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
-        monkeypatch.delenv(key, raising=False)
+    point_aws_at(monkeypatch, endpoint, key="AKIASUBMITTER0000000", secret=USER_SECRET)
 
     s3 = boto3.client("s3")
     bucket = f"trainctl-{uuid.uuid4().hex[:10]}"

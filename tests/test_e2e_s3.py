@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import tarfile
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, free_port, point_aws_at
 from trainctl import Estimator
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -26,21 +19,10 @@ def s3(monkeypatch, tmp_path):
     """A moto S3 server on 127.0.0.1 and the environment that points boto3 (and nodes) at it."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }.items():
-        monkeypatch.setenv(key, value)
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
-        monkeypatch.delenv(key, raising=False)
+    point_aws_at(monkeypatch, f"http://127.0.0.1:{port}")
     import uuid
 
     import boto3

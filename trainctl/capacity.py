@@ -26,9 +26,9 @@ and providers all import it.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
 SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8,17}$")
@@ -86,50 +86,39 @@ def check_ids(values: list[str], pattern: re.Pattern[str], what: str) -> list[st
     return values
 
 
+def _instance_types(values: list[str]) -> list[str]:
+    from trainctl.provisioning.catalog import check_instance_type
+
+    for name in values:
+        check_instance_type(name)
+    return values
+
+
+# Typed fields shared by pools and job specs: one rule, one wording of each error.
+Region = Annotated[str | None, AfterValidator(check_region)]
+ImageId = Annotated[str | None, AfterValidator(check_image_id)]
+SubnetIds = Annotated[list[str], AfterValidator(lambda v: check_ids(v, SUBNET_RE, "subnet"))]
+SecurityGroupIds = Annotated[
+    list[str], AfterValidator(lambda v: check_ids(v, SECURITY_GROUP_RE, "security group"))
+]
+InstanceTypes = Annotated[list[str], AfterValidator(_instance_types)]
+
+
 class PoolConfig(_Strict):
     """One named pool in config.yaml; every field a job may also set itself."""
 
     provider: Literal["local", "aws", "ssh"]
-    region: str | None = None
-    instance_types: list[str] = Field(default_factory=list)
+    region: Region = None
+    instance_types: InstanceTypes = Field(default_factory=list)
     use_spot_instances: bool = False
     on_demand_fallback: bool = False
-    subnets: list[str] = Field(default_factory=list)
-    security_group_ids: list[str] = Field(default_factory=list)
-    image_id: str | None = None
+    subnets: SubnetIds = Field(default_factory=list)
+    security_group_ids: SecurityGroupIds = Field(default_factory=list)
+    image_id: ImageId = None
     instance_profile: str | None = None
     volume_size: int | None = Field(default=None, ge=8, le=16384)
     max_instances: int | None = Field(default=None, ge=1, le=512)
     hosts: list[SshHost] = Field(default_factory=list)
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str | None) -> str | None:
-        return check_region(v)
-
-    @field_validator("image_id")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        return check_image_id(v)
-
-    @field_validator("subnets")
-    @classmethod
-    def _subnets(cls, v: list[str]) -> list[str]:
-        return check_ids(v, SUBNET_RE, "subnet")
-
-    @field_validator("security_group_ids")
-    @classmethod
-    def _groups(cls, v: list[str]) -> list[str]:
-        return check_ids(v, SECURITY_GROUP_RE, "security group")
-
-    @field_validator("instance_types")
-    @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        from trainctl.provisioning.catalog import check_instance_type
-
-        for name in v:
-            check_instance_type(name)
-        return v
 
 
 def pool_fields(pool: PoolConfig) -> dict[str, object]:

@@ -24,12 +24,11 @@ from pydantic import (
 
 from trainctl.capacity import (
     POOL_NAME_RE,
-    SECURITY_GROUP_RE,
-    SUBNET_RE,
+    ImageId,
+    Region,
+    SecurityGroupIds,
     SshHost,
-    check_ids,
-    check_image_id,
-    check_region,
+    SubnetIds,
 )
 from trainctl.errors import SpecError
 
@@ -178,13 +177,13 @@ class JobSpec(_Strict):
     faults: list[str] = Field(default_factory=list)
     # Capacity (EC2 and SSH providers; see trainctl.capacity). A pool fills those unset.
     pool: str | None = None
-    region: str | None = None
+    region: Region = None
     use_spot_instances: bool = Field(default=False, strict=True)
     on_demand_fallback: bool = Field(default=False, strict=True)
     fallback_instance_types: list[str] = Field(default_factory=list)
-    subnets: list[str] = Field(default_factory=list)
-    security_group_ids: list[str] = Field(default_factory=list)
-    image_id: str | None = None
+    subnets: SubnetIds = Field(default_factory=list)
+    security_group_ids: SecurityGroupIds = Field(default_factory=list)
+    image_id: ImageId = None
     instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
     volume_size: int = Field(default=200, ge=8, le=16384, strict=True)
     hosts: list[SshHost] = Field(default_factory=list)
@@ -195,26 +194,6 @@ class JobSpec(_Strict):
         if v is not None and not POOL_NAME_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a pool name (letters, digits, '_', '-', '.')")
         return v
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str | None) -> str | None:
-        return check_region(v)
-
-    @field_validator("image_id")
-    @classmethod
-    def _image_id(cls, v: str | None) -> str | None:
-        return check_image_id(v)
-
-    @field_validator("subnets")
-    @classmethod
-    def _subnets(cls, v: list[str]) -> list[str]:
-        return check_ids(v, SUBNET_RE, "subnet")
-
-    @field_validator("security_group_ids")
-    @classmethod
-    def _groups(cls, v: list[str]) -> list[str]:
-        return check_ids(v, SECURITY_GROUP_RE, "security group")
 
     @field_validator("fallback_instance_types")
     @classmethod
