@@ -108,6 +108,8 @@ def cloud(home, sshd, monkeypatch, tmp_path):
         # moto has no placement-group API (2-node jobs ask for a cluster placement group;
         # tests/test_aws_provider.py covers it with an in-test stand-in).
         "TRAINCTL_AWS_CLUSTER_PLACEMENT_GROUP": "false",
+        # An orphaned EC2 node halts itself; the stand-in hosts are this machine.
+        "TRAINCTL_POWEROFF_WHEN_ORPHANED": "false",
     }.items():
         monkeypatch.setenv(key, value)
 

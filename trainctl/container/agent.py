@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainctl.container.priority import yield_cpu_to_training
 from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
 from trainctl.protocol import parse as parse_control
 from trainctl.transport.procs import children, descendants, signal_all
@@ -39,6 +40,16 @@ def _console(text: str) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError, OSError):
         pass
+
+
+def _yielding(work: Callable[[], None]) -> Callable[[], None]:
+    """`work`, run at the agent's lower priority (see trainctl.container.priority)."""
+
+    def run() -> None:
+        yield_cpu_to_training()
+        work()
+
+    return run
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -163,6 +174,7 @@ class LogShipper:
                 sys.stderr.write(f"[trainctl] log upload failed: {exc}\n")
 
     def _run(self) -> None:
+        yield_cpu_to_training()
         while not self._stop.wait(self.interval):
             self.ship()
 
@@ -399,11 +411,12 @@ class Agent:
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
-        threading.Thread(target=self.watch_lease, name="lease-watch", daemon=True).start()
-        threading.Thread(target=self.watch_notices, name="notices", daemon=True).start()
+        background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]
         if self.settings.imds:
-            threading.Thread(target=self.watch_spot_notices, name="imds", daemon=True).start()
-        threading.Thread(target=self.heartbeat, name="heartbeat", daemon=True).start()
+            background.append((self.watch_spot_notices, "imds"))
+        background.append((self.heartbeat, "heartbeat"))
+        for work, name in background:
+            threading.Thread(target=_yielding(work), name=name, daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
             self.stage()
@@ -435,6 +448,9 @@ class Agent:
         except OSError as exc:
             return self.finish(EXIT_INFRA, f"cannot start {command.argv[0]}: {exc}", None)
         emit("launched", rank=self.rank, pid=self.proc.pid)
+        # From here on this thread forwards the workers' output: it yields to them (the
+        # launcher, already started, keeps its priority).
+        yield_cpu_to_training()
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             line = line.rstrip("\n")

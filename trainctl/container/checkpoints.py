@@ -11,13 +11,13 @@ picks the newest checkpoint that is complete across ranks (see trainctl.train).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from trainctl.container.priority import yield_cpu_to_training
 from trainctl.errors import NotFoundError
 from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
@@ -88,25 +88,6 @@ def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, 
             f"from {store.uri} in {time.monotonic() - started:.1f} s"
         )
     return restored
-
-
-UPLOAD_NICENESS = 10
-
-
-def yield_cpu_to_training() -> None:
-    """Lower this thread's CPU priority (Linux: nice is per thread) by UPLOAD_NICENESS.
-
-    Uploads of periodic checkpoints share the node's CPUs with the training processes; at a
-    lower priority they use what training leaves idle instead of slowing steps (the
-    throughput benchmark on 2 cores measured the difference). Idle CPUs still run them at
-    full speed, and the final flush after training has nothing to yield to.
-    """
-    try:
-        tid = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(current + UPLOAD_NICENESS, 19))
-    except (AttributeError, OSError):  # not Linux, or not permitted: same priority then
-        pass
 
 
 class CheckpointSync:

@@ -361,12 +361,17 @@ class AwsProvider(Provider):
 
         settings = get_settings()
         host = self.ssh_target(cluster, rank)
+        agent_env = dict(AGENT_ENV)
+        if settings.ssh_address_override:
+            # Stand-in hosts are not instances of their own: halting one would halt the
+            # machine the tests run on.
+            agent_env.pop("TRAINCTL_POWEROFF_WHEN_ORPHANED")
         return start_agent_on(
             host,
             cluster,
             rank,
             argv,
-            {**AGENT_ENV, **env},
+            {**agent_env, **env},
             known_hosts=self.known_hosts(cluster.job),
             connect_timeout=settings.aws_boot_timeout_seconds,
             # Stand-in hosts (the test seam) run no user data.
