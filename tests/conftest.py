@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
+from tests.registry import (  # noqa: F401  (image registry and isolated podman storage)
+    podman_storage,
+    readonly_registry,
+    registry,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

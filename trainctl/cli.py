@@ -139,6 +139,15 @@ def submit(
     checkpoint_local_path: str | None = typer.Option(None, "--checkpoint-local-path"),
     max_run: int | None = typer.Option(None, "--max-run", help="Seconds before stopping."),
     image_uri: str | None = typer.Option(None, "--image"),
+    build_image: bool | None = typer.Option(
+        None, "--build-image", help="Build the job's image (see `trainctl build`)."
+    ),
+    framework_version: str | None = typer.Option(None, "--framework-version", help="e.g. 2.5.1"),
+    py_version: str | None = typer.Option(None, "--py-version", help="e.g. py311"),
+    dependency: list[str] | None = typer.Option(
+        None, "--dependency", help="pip requirement for the built image; repeatable."
+    ),
+    base_image: str | None = typer.Option(None, "--base-image", help="FROM of the built image."),
     max_restarts: int | None = typer.Option(
         None, "--max-restarts", help="Relaunches after the user's code fails (default 0)."
     ),
@@ -202,6 +211,11 @@ def submit(
         "checkpoint_local_path": checkpoint_local_path,
         "max_run": max_run,
         "image_uri": image_uri,
+        "build_image": build_image,
+        "framework_version": framework_version,
+        "py_version": py_version,
+        "dependencies": dependency or None,
+        "base_image": base_image,
         "max_restarts": max_restarts,
         "max_wait": max_wait,
         "faults": inject_fault or None,
@@ -261,6 +275,72 @@ def submit(
         raise typer.Exit(EXIT_INTERRUPTED)
     if final.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@handle_errors
+def build(
+    source_dir: str = typer.Option(..., "--source-dir", help="Code directory."),
+    entry_point: str = typer.Option(..., "--entry-point", help="The training script."),
+    base_image: str | None = typer.Option(
+        None, "--base-image", help="FROM image (default: the framework image)."
+    ),
+    framework_version: str | None = typer.Option(None, "--framework-version", help="e.g. 2.5.1"),
+    py_version: str | None = typer.Option(None, "--py-version", help="e.g. py311"),
+    gpu: bool = typer.Option(False, "--gpu", help="The framework image's GPU flavour."),
+    dependency: list[str] | None = typer.Option(
+        None, "--dependency", help="pip requirement; repeatable."
+    ),
+    push: str | None = typer.Option(
+        None, "--push", help="Repository to push to: HOST[:PORT]/NAME or an ECR URI."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the Dockerfile and the build context; build nothing."
+    ),
+    output: str = OutputOpt,
+) -> None:
+    """Build the job's container image (and push it); prints the image reference."""
+    from trainctl.container.image import build_image, plan_build
+
+    _check_output(output)
+    plan = plan_build(
+        source_dir,
+        entry_point,
+        base_image=base_image,
+        dependencies=dependency or [],
+        framework_version=framework_version,
+        py_version=py_version,
+        gpu=gpu,
+        repository=push,
+    )
+    if dry_run:
+        if output == "json":
+            _print_json(
+                {
+                    "image": plan.image,
+                    "base_image": plan.base_image,
+                    "dockerfile": plan.dockerfile,
+                    "context": plan.context_files(),
+                }
+            )
+        else:
+            sys.stdout.write(plan.dockerfile + "\n" + "\n".join(plan.context_files()) + "\n")
+        return
+    ref = build_image(plan, push=push is not None)
+    if output == "json":
+        _print_json(
+            {
+                "image": ref.image,
+                "repository": ref.repository,
+                "tag": ref.tag,
+                "built": ref.built,
+                "pushed": ref.pushed,
+            }
+        )
+    else:
+        if not ref.built and not ref.pushed:
+            sys.stderr.write(f"{ref.image} {ref.skipped_reason}; nothing to build\n")
+        sys.stdout.write(f"{ref.image}\n")
 
 
 def parse_host(text: str, key_file: str | None) -> dict[str, Any]:

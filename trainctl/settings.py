@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="A node agent whose controller is gone past orphan_timeout_seconds also "
         "halts its machine (cloud providers set TRAINCTL_POWEROFF_WHEN_ORPHANED=1).",
     )
+    container_engine: str = Field(
+        default="",
+        pattern=r"^(|docker|podman)$",
+        description="Container engine for builds and container jobs: docker or podman "
+        "(default: whichever is installed, docker first).",
+    )
     node_environment: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment for every remote node agent (e.g. AWS_ENDPOINT_URL of "

@@ -278,17 +278,7 @@ class Controller:
         return nodes
 
     def _agent_env(self) -> dict[str, str]:
-        """What a node agent needs from here: the TRAINCTL_* settings in effect (its timings)
-        and `node_environment`. Not TRAINCTL_HOME (the node has its own), and nothing else:
-        a remote node never gets this machine's credentials."""
-        from trainctl.transport.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
-
-        not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
-        env = {
-            k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed
-        }
-        env.update(self.settings.node_environment)
-        return env
+        return agent_env(self.settings.node_environment)
 
     def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> None:
         """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
@@ -625,3 +615,15 @@ class Controller:
             for u in usage
         ]
         self.jobs.save(self.record)
+
+
+def agent_env(node_environment: dict[str, str]) -> dict[str, str]:
+    """What a node agent needs from here: the TRAINCTL_* settings in effect (its timings)
+    and `node_environment`. Not TRAINCTL_HOME (the node has its own), and nothing else:
+    a remote node never gets this machine's credentials."""
+    from trainctl.transport.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
+
+    not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
+    env.update(node_environment)
+    return env

@@ -84,6 +84,23 @@ def _node_env(spec: JobSpec, cluster: ClusterInfo, rank: int, extra: dict[str, s
     return redact_env(env)
 
 
+def _agent_command(
+    provider: Any, cluster: ClusterInfo, rank: int, store_uri: str, python: str
+) -> list[str]:
+    """What starts the node's agent: the agent itself, or the engine command that runs it in
+    the job's image."""
+    from trainctl.provisioning.local import LocalProvider
+
+    argv = agent_argv(python, store_uri, cluster.job, cluster.attempt, rank)
+    if isinstance(provider, LocalProvider) and provider.runs_in_container(cluster.job):
+        from trainctl.controller.controller import agent_env
+        from trainctl.settings import get_settings
+
+        names = set(agent_env(get_settings().node_environment))
+        return provider.container_argv(cluster, rank, argv, names)
+    return argv
+
+
 def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     """The dry run of submitting `spec` (see the module docstring)."""
     from trainctl.controller.submit import default_store, generate_job_name, validate_offline
@@ -107,7 +124,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
                 "rank": node.rank,
                 "host": node.host,
                 "address": node.address,
-                "agent": agent_argv(python, store.uri, name, 1, node.rank),
+                "agent": _agent_command(provider, cluster, node.rank, store.uri, python),
                 "command": command.argv,
                 "env": _node_env(spec, cluster, node.rank, command.env),
             }

@@ -236,7 +236,9 @@ class JobStore:
             raw = self.store.get_text(self.keys.record)
         except NotFoundError:
             raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
-        return JobRecord.model_validate_json(raw)
+        from trainctl.estimator.spec import RECORDED
+
+        return JobRecord.model_validate_json(raw, context={RECORDED: True})
 
     def save(self, record: JobRecord) -> None:
         record.updated_at = now_iso()

@@ -50,16 +50,32 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
                     f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
                     + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
                 )
-    if spec.image_uri:
-        raise SpecError(
-            "image_uri",
-            "running in a container image is not supported by this version of trainctl yet; "
-            "leave image_uri unset to run the entry point as processes",
-        )
+    if spec.image_uri or spec.build_image or spec.framework_version:
+        check_container_runtime(spec)
     for name, uri in spec.inputs.items():
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file" and not Path(rest).exists():
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
+
+
+def check_container_runtime(spec: JobSpec) -> None:
+    """A job with an image needs an engine where its nodes run: here for the local
+    provider (checked now); ssh and EC2 nodes do not run images yet."""
+    if spec.provider != "local":
+        raise SpecError(
+            "image_uri" if spec.image_uri else "build_image",
+            f"running in a container image is supported on the local provider only; "
+            f"{spec.provider} nodes run the entry point as processes (leave image_uri unset)",
+        )
+    from trainctl.container.engine import find_engine
+
+    if find_engine() is None:
+        raise SpecError(
+            "image_uri",
+            "running in a container image needs docker or podman on this machine and none "
+            "is installed and answering; install one, or leave image_uri unset to run the "
+            "entry point as processes",
+        )
 
 
 def preflight(spec: JobSpec, store_uri: str) -> None:
@@ -87,11 +103,23 @@ def check_writable(uri: str, field: str) -> None:
         raise SpecError(field, f"{uri} is not writable: {exc}") from None
 
 
+def resolve_image(spec: JobSpec) -> JobSpec:
+    """`spec` with the image its nodes run in `image_uri`: built here (build_image, cached by
+    content hash) or the framework image (framework_version); unchanged otherwise."""
+    if spec.image_uri is not None or not (spec.build_image or spec.framework_version):
+        return spec
+    from trainctl.container.image import job_image
+
+    return spec.model_copy(update={"image_uri": job_image(spec)})
+
+
 def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
     """Validate, package and upload the source, and record the job (state Pending)."""
     from trainctl.container.packaging import package_source
 
     store = store or default_store()
+    validate_offline(spec, store.uri)
+    spec = resolve_image(spec)
     preflight(spec, store.uri)
     name = spec.job_name or generate_job_name(spec.entry_point)
     jobs = JobStore(store, name)

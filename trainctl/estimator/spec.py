@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -42,6 +43,8 @@ IMAGE_URI_RE = re.compile(
     r"(?:@sha256:[0-9a-f]{64})?$"
 )
 SUPPORTED_URI_SCHEMES = ("file", "s3")
+# Validation context key: the spec is read back from a job record (see `_files_exist`).
+RECORDED = "recorded"
 FAULT_RE = re.compile(r"(kill|notice):(algo-[1-9][0-9]*|[0-9]+)@([0-9]+(?:\.[0-9]+)?)")
 FAULT_FORMAT = "KIND:NODE@SECONDS with KIND kill or notice, NODE a rank (0, 1, ...) or algo-N"
 
@@ -172,6 +175,13 @@ class JobSpec(_Strict):
     job_name: str | None = None
     metric_definitions: list[MetricDefinition] = Field(default_factory=list)
     image_uri: str | None = None
+    # Building the job's image (trainctl.container.image): on base_image, or on the framework
+    # image for framework_version/py_version; plus requirements.txt and `dependencies`.
+    build_image: bool = Field(default=False, strict=True)
+    framework_version: str | None = None
+    py_version: str | None = None
+    dependencies: list[str] = Field(default_factory=list)
+    base_image: str | None = None
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
     max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
     faults: list[str] = Field(default_factory=list)
@@ -289,15 +299,41 @@ class JobSpec(_Strict):
             )
         return v
 
-    @field_validator("image_uri")
+    @field_validator("image_uri", "base_image")
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         if v is not None and not IMAGE_URI_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not an image reference like registry/repo:tag")
         return v
 
+    @field_validator("framework_version")
+    @classmethod
+    def _framework_version(cls, v: str | None) -> str | None:
+        from trainctl.container.image import resolve_framework_version
+
+        if v is not None:
+            try:
+                resolve_framework_version(v)
+            except SpecError as exc:
+                raise ValueError(exc.message) from None
+        return v
+
+    @field_validator("dependencies")
+    @classmethod
+    def _dependencies(cls, v: list[str]) -> list[str]:
+        from trainctl.container.image import check_dependencies
+
+        try:
+            return check_dependencies(v)
+        except SpecError as exc:
+            raise ValueError(exc.message) from None
+
     @model_validator(mode="after")
-    def _files_exist(self) -> JobSpec:
+    def _files_exist(self, info: ValidationInfo) -> JobSpec:
+        # A spec read back from a job record (by a node agent, on a machine or in an image
+        # without the user's source_dir) was checked at submit; the source is in the store.
+        if info.context and info.context.get(RECORDED):
+            return self
         # Raised as ValueError with the field named in the text: pydantic wraps validator
         # errors, and a model-level error has no location of its own.
         source = Path(self.source_dir)
@@ -318,6 +354,7 @@ class JobSpec(_Strict):
                     f"job has {self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
                 )
         self._check_capacity()
+        self._check_image()
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(
                 f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "
@@ -355,6 +392,26 @@ class JobSpec(_Strict):
                 )
         elif self.on_demand_fallback and not self.use_spot_instances:
             raise ValueError("on_demand_fallback: only with use_spot_instances=True")
+
+    def _check_image(self) -> None:
+        # (A recorded spec, not checked again, carries the image built for it in image_uri.)
+        if self.build_image and self.image_uri is not None:
+            raise ValueError("image_uri: give either image_uri or build_image=True, not both")
+        if not self.build_image:
+            for name in ("base_image", "dependencies"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}: only with build_image=True")
+        if self.py_version is not None:
+            from trainctl.container.image import FRAMEWORK_VERSIONS, resolve_framework_version
+
+            if self.framework_version is None:
+                raise ValueError("py_version: only with framework_version")
+            version = resolve_framework_version(self.framework_version)
+            if self.py_version not in FRAMEWORK_VERSIONS[version]:
+                raise ValueError(
+                    f"py_version: {self.py_version!r} is not available for PyTorch {version}; "
+                    f"allowed: {', '.join(FRAMEWORK_VERSIONS[version])}"
+                )
 
     @property
     def launcher(self) -> str:

@@ -2,6 +2,11 @@
 
 Nodes talk over loopback (all of 127.0.0.0/8 is local), so the gloo/NCCL interface is
 pinned to `lo` and no traffic leaves the machine.
+
+With `image_uri`, each node's agent runs inside that image (docker or podman, see
+container/run.py): the node directory's opt/ml is the container's /opt/ml (so the node's
+layout root, as the agent sees it, is "/"), file:// stores and channels are mounted at the
+same paths, and the engine process is the tagged process the controller follows.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.estimator.spec import JobSpec
@@ -21,7 +26,25 @@ from trainctl.transport import RunningProcess
 from trainctl.transport.local import LocalProcess
 from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 
+if TYPE_CHECKING:
+    from trainctl.container.engine import Engine
+    from trainctl.container.run import Mount
+
 LOOPBACK = "127.0.0.1"
+# The interpreter a job image provides on PATH (python3 is in every image that has Python).
+IMAGE_PYTHON = "python3"
+# Host variables a containerised agent also gets (by name; the engine passes the values), so
+# an s3:// store is reachable from inside as it is from a process on the host.
+FORWARDED_TO_CONTAINERS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 
 
@@ -36,6 +59,8 @@ class LocalProvider(Provider):
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or get_settings().home
+        # Jobs of this controller that run in an image: job -> spec (mounts, image).
+        self._container_specs: dict[str, JobSpec] = {}
 
     def nodes_dir(self, job: str) -> Path:
         return self.home / "nodes" / job
@@ -53,21 +78,46 @@ class LocalProvider(Provider):
             for r in range(spec.instance_count)
         ]
 
+    def preflight(self, spec: JobSpec) -> None:
+        """With an image: an engine on this machine, and the image on it (pulled once)."""
+        if spec.image_uri:
+            from trainctl.container.run import ensure_image
+
+            ensure_image(self._engine(), spec.image_uri)
+
+    def _engine(self) -> Engine:
+        from trainctl.container.engine import find_engine
+        from trainctl.errors import SpecError
+
+        engine = find_engine()
+        if engine is None:
+            raise SpecError(
+                "image_uri",
+                "running in a container image needs docker or podman on this machine and "
+                "none is installed and answering; install one, or leave image_uri unset to "
+                "run the entry point as processes",
+            )
+        return engine
+
     def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        if spec.image_uri:
+            self._container_specs[job] = spec
         return self._cluster(spec, job, attempt, port=DEFAULT_MASTER_PORT)
 
     def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
         for rank in range(spec.instance_count):
             self.node_root(job, attempt, rank).mkdir(parents=True, exist_ok=True)
+        if spec.image_uri:
+            self._container_specs[job] = spec
+            (self.nodes_dir(job) / ENGINE_MARKER).write_text(self._engine().path)
         return self._cluster(spec, job, attempt, port=free_port())
 
     def _cluster(self, spec: JobSpec, job: str, attempt: int, *, port: int) -> ClusterInfo:
         nodes = []
         for rank in range(spec.instance_count):
-            root = self.node_root(job, attempt, rank)
-            nodes.append(
-                NodeInfo(rank=rank, host=host_name(rank), address=LOOPBACK, root=str(root))
-            )
+            # In a container the node's opt/ml is /opt/ml: the layout root is "/" there.
+            root = "/" if spec.image_uri else str(self.node_root(job, attempt, rank))
+            nodes.append(NodeInfo(rank=rank, host=host_name(rank), address=LOOPBACK, root=root))
         network_env = {k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()}
         return ClusterInfo(
             job=job,
@@ -80,8 +130,34 @@ class LocalProvider(Provider):
             network_env=network_env,
         )
 
+    def runs_in_container(self, job: str) -> bool:
+        """Whether `job`'s agents run in its image (known once planned or provisioned)."""
+        return job in self._container_specs
+
     def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        return sys.executable
+        return IMAGE_PYTHON if self.runs_in_container(cluster.job) else sys.executable
+
+    def container_argv(
+        self, cluster: ClusterInfo, rank: int, argv: list[str], env_names: set[str]
+    ) -> list[str]:
+        """The engine command that runs the agent `argv` of `rank` in the job's image."""
+        from trainctl.container.run import container_command, container_labels, container_name
+
+        spec = self._container_specs[cluster.job]
+        assert spec.image_uri is not None
+        names = env_names | {name for name in FORWARDED_TO_CONTAINERS if name in os.environ}
+        return container_command(
+            self._engine(),
+            spec.image_uri,
+            name=container_name(cluster.job, cluster.attempt, rank),
+            labels=container_labels(cluster.job, cluster.attempt, rank),
+            env=names,
+            node_root=str(self.node_root(cluster.job, cluster.attempt, rank)),
+            agent_argv=argv,
+            gpus=0,  # the local instance type has no GPUs of its own
+            efa_devices=0,
+            mounts=container_mounts(spec, argv),
+        )
 
     def start_agent(
         self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
@@ -89,18 +165,67 @@ class LocalProvider(Provider):
         tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
         full_env = {**os.environ, **env, **tags}
         full_env.pop("TRAINCTL_CONTROLLER", None)
-        root = Path(cluster.node(rank).root)
+        root = self.node_root(cluster.job, cluster.attempt, rank)
+        if self.runs_in_container(cluster.job):
+            (root / "opt" / "ml").mkdir(parents=True, exist_ok=True)
+            argv = self.container_argv(cluster, rank, argv, set(env))
         return LocalProcess(argv, full_env, cwd=root)
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node at once, as losing the machine would."""
+        engine = self._marked_engine(cluster.job)
+        if engine is not None:
+            from trainctl.container.run import container_name, remove_containers
+
+            remove_containers(engine, [container_name(cluster.job, cluster.attempt, rank)])
         end_processes(lambda: job_processes(cluster.job, node=rank), grace=0)
 
     def terminate(self, job: str, *, grace: float) -> None:
+        # The attached engine processes are tagged: their SIGTERM reaches the agents inside
+        # (sig-proxy), and what still runs after the grace period goes with the containers.
         end_processes(lambda: job_processes(job), grace)
+        engine = self._marked_engine(job)
+        if engine is not None:
+            from trainctl.container.run import remove_job_containers
+
+            remove_job_containers(engine, job)
         shutil.rmtree(self.nodes_dir(job), ignore_errors=True)
         parent = self.nodes_dir(job).parent
         try:
             parent.rmdir()  # only if no other job's nodes are there
         except OSError:
             pass
+
+    def _marked_engine(self, job: str) -> Engine | None:
+        """The engine that ran `job`'s containers (recorded at provision), if it did."""
+        from trainctl.container.engine import Engine
+
+        try:
+            path = (self.nodes_dir(job) / ENGINE_MARKER).read_text().strip()
+        except OSError:
+            return None
+        return Engine(Path(path).name, path) if path else None
+
+
+def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
+    """The host directories a containerised agent reaches at their own paths: a file://
+    store (from the agent's --store), checkpoint and output locations, and input channels."""
+    from trainctl.container.run import Mount
+    from trainctl.store import parse_uri
+
+    writable: list[str] = []
+    if "--store" in agent_argv:
+        writable.append(agent_argv[agent_argv.index("--store") + 1])
+    writable += [uri for uri in (spec.checkpoint_s3_uri, spec.output_path) if uri]
+    mounts: list[Mount] = []
+    for uri in writable:
+        scheme, rest = parse_uri(uri)
+        if scheme == "file":
+            path = Path(rest).expanduser()
+            path.mkdir(parents=True, exist_ok=True)  # a bind mount needs its source
+            mounts.append(Mount(str(path)))
+    for name, uri in sorted(spec.inputs.items()):
+        scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+        if scheme == "file":
+            mounts.append(Mount(str(Path(rest).expanduser()), read_only=True))
+    return mounts

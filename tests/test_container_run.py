@@ -1,0 +1,472 @@
+"""Node agents inside the job's container image: the per-node engine command (golden) and
+real jobs of examples/digits in podman containers on the local provider.
+
+The image is made here, once per session, from this machine's Debian python3.11 and the
+packages of the venv (cp311 wheels): a slim root filesystem streamed into `podman import`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, FIXTURES
+from trainctl import Estimator
+from trainctl.container.engine import Engine, find_engine
+from trainctl.container.run import (
+    Mount,
+    container_command,
+    container_labels,
+    container_name,
+    ensure_image,
+    job_containers,
+)
+from trainctl.errors import SpecError
+from trainctl.estimator import JobFailedError
+from trainctl.provisioning.catalog import CATALOG
+from trainctl.state import JobState
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+AGENT = ["python3", "-m", "trainctl.container.agent", "--store", "file:///s", "--job", "j"]
+AGENT += ["--attempt", "1", "--rank", "0"]
+
+# -- golden: the per-node engine command ---------------------------------------------------
+
+
+def golden(engine: Engine, instance_type: str, rank: int = 0) -> list[str]:
+    itype = CATALOG[instance_type]
+    return container_command(
+        engine,
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:v1",
+        name=container_name("j", 1, rank),
+        labels=container_labels("j", 1, rank),
+        env={"TRAINCTL_LOG_SYNC_SECONDS": "2", "FI_PROVIDER": "efa"},
+        node_root="/",
+        agent_argv=AGENT,
+        gpus=itype.gpus,
+        efa_devices=itype.efa_interfaces,
+    )
+
+
+COMMON_HEAD = [
+    "run", "--rm", "--name", "trainctl-j-1-0",
+    "--label", "trainctl.attempt=1", "--label", "trainctl.job=j", "--label", "trainctl.rank=0",
+    "--pull", "never", "--init", "--sig-proxy=true", "--network", "host", "--ipc", "host",
+]  # fmt: skip
+COMMON_TAIL = [
+    "-e", "FI_PROVIDER", "-e", "TRAINCTL_LOG_SYNC_SECONDS",
+    "--workdir", "/", "--entrypoint", "python3",
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:v1",
+    "-m", "trainctl.container.agent", "--store", "file:///s", "--job", "j",
+    "--attempt", "1", "--rank", "0",
+]  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_golden_gpu_type_with_efa_podman():
+    """p4d.24xlarge: every GPU (CDI), its 4 EFA devices, unlimited memlock, /opt/ml."""
+    argv = golden(Engine("podman", "/usr/bin/podman"), "p4d.24xlarge")
+    assert argv == [
+        "/usr/bin/podman", *COMMON_HEAD,
+        "--ulimit", "memlock=-1:-1",
+        "--device", "nvidia.com/gpu=all",
+        "--device", "/dev/infiniband/uverbs0", "--device", "/dev/infiniband/uverbs1",
+        "--device", "/dev/infiniband/uverbs2", "--device", "/dev/infiniband/uverbs3",
+        "--volume", "/opt/ml:/opt/ml",
+        *COMMON_TAIL,
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_golden_gpu_type_without_efa_docker():
+    """p3.2xlarge with docker: `--gpus all`, no EFA device."""
+    argv = golden(Engine("docker", "/usr/bin/docker"), "p3.2xlarge")
+    assert argv == [
+        "/usr/bin/docker", *COMMON_HEAD,
+        "--ulimit", "memlock=-1:-1",
+        "--gpus", "all",
+        "--volume", "/opt/ml:/opt/ml",
+        *COMMON_TAIL,
+    ]  # fmt: skip
+    assert not any("uverbs" in a for a in argv)
+
+
+@pytest.mark.timeout(10)
+def test_golden_cpu_local_node_with_mounts():
+    """A local CPU node: no GPU/EFA flags, no memlock (nothing pins memory), the node
+    directory's opt/ml at /opt/ml, the store and an input channel at their own paths."""
+    argv = container_command(
+        Engine("podman", "/usr/bin/podman"),
+        "localhost/img:1",
+        name="trainctl-j-2-1",
+        labels=container_labels("j", 2, 1),
+        env=["TRAINCTL_HEARTBEAT_SECONDS", "AWS_SECRET_ACCESS_KEY"],
+        node_root="/home/u/.trainctl/nodes/j/attempt-2/node-1/",
+        agent_argv=["python3", "-m", "trainctl.container.agent", "--store", "file:///st"],
+        gpus=0,
+        efa_devices=0,
+        mounts=[Mount("/st"), Mount("/data/train", read_only=True)],
+    )
+    assert argv == [
+        "/usr/bin/podman", "run", "--rm", "--name", "trainctl-j-2-1",
+        "--label", "trainctl.attempt=2", "--label", "trainctl.job=j", "--label", "trainctl.rank=1",
+        "--pull", "never", "--init", "--sig-proxy=true", "--network", "host", "--ipc", "host",
+        "--volume", "/home/u/.trainctl/nodes/j/attempt-2/node-1/opt/ml:/opt/ml",
+        "--volume", "/st:/st", "--volume", "/data/train:/data/train:ro",
+        "-e", "AWS_SECRET_ACCESS_KEY", "-e", "TRAINCTL_HEARTBEAT_SECONDS",
+        "--workdir", "/", "--entrypoint", "python3", "localhost/img:1",
+        "-m", "trainctl.container.agent", "--store", "file:///st",
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_private_ipc_gets_a_large_shm_and_values_never_reach_the_command_line():
+    argv = container_command(
+        Engine("docker", "/usr/bin/docker"),
+        "img",
+        name="n",
+        labels={},
+        env={"AWS_SECRET_ACCESS_KEY": "very-secret-value"},
+        node_root="/",
+        agent_argv=["python3"],
+        gpus=0,
+        efa_devices=0,
+        ipc_host=False,
+    )
+    assert argv[argv.index("--shm-size") + 1] == "16g"
+    assert "--ipc" not in argv
+    assert "very-secret-value" not in " ".join(argv)
+
+
+# -- the image, once per session -----------------------------------------------------------
+
+# What the node image carries: torch and examples/digits' packages, trainctl's node-side
+# dependencies (paramiko, typer and rich are not used by the agent), with what they require.
+IMAGE_DISTRIBUTIONS = [
+    "torch", "numpy", "scikit-learn", "pydantic", "pydantic-settings", "pyyaml", "pathspec",
+]  # fmt: skip
+NOT_IN_IMAGE = {"setuptools"}  # torch lists it for building C++ extensions only
+SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 looks here
+# Parts of packages nothing imports at run time (headers, test suites).
+SKIPPED_PARTS = ("torch/include", "torch/test", "torch/share")
+STDLIB = Path("/usr/lib/python3.11")
+STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip"}
+STDLIB_SKIPPED |= {"pydoc_data", "config-3.11-x86_64-linux-gnu", "sitecustomize.py"}
+
+
+def _distributions() -> list[importlib.metadata.Distribution]:
+    from packaging.requirements import Requirement
+
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(IMAGE_DISTRIBUTIONS)
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen or name in NOT_IN_IMAGE:
+            continue
+        dist = importlib.metadata.distribution(name)
+        seen[name] = dist
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+def _top_levels(site: Path) -> list[Path]:
+    tops: set[str] = set()
+    for dist in _distributions():
+        for file in dist.files or []:
+            first = file.parts[0]
+            if first.endswith(".dist-info") or first in ("..", "__pycache__"):
+                continue
+            tops.add(first)
+    return [site / top for top in sorted(tops)]
+
+
+def _system_libraries(binaries: list[Path], site: Path) -> set[str]:
+    """The shared libraries outside the packages that python and the packages link to."""
+    libraries: set[str] = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+                libraries.add(parts[2])
+            elif parts and parts[0].startswith("/"):
+                libraries.add(parts[0])  # the dynamic loader
+    return {lib for lib in libraries if not lib.startswith(str(site))}
+
+
+def write_node_rootfs(out: io.BufferedIOBase) -> None:
+    """Stream a root filesystem with python3.11, torch, the digits packages and trainctl."""
+    site = Path(importlib.metadata.distribution("torch").locate_file(""))
+    tops = _top_levels(site)
+    binaries = [Path("/usr/bin/python3.11"), *(STDLIB / "lib-dynload").glob("*.so")]
+    for top in tops:
+        if top.is_dir():
+            binaries += [p for p in top.rglob("*.so*") if p.is_file()]
+        elif top.suffix == ".so":
+            binaries.append(top)
+
+    def keep(skipped: set[str]):
+        def check(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            if info.isdir() and info.name.startswith(SITE) and info.name.endswith("/tests"):
+                return None
+            skip = any(info.name == s or info.name.startswith(f"{s}/") for s in skipped)
+            return None if skip else info
+
+        return check
+
+    with tarfile.open(fileobj=out, mode="w|") as tar:
+        for directory, mode in {
+            "tmp": 0o1777,
+            "root": 0o700,
+            "etc": 0o755,
+            "opt/ml": 0o755,
+        }.items():
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        etc = {
+            "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+            "etc/group": "root:x:0:\n",
+            "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+        }
+        for name, text in etc.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+        tar.add("/usr/bin/python3.11", arcname="usr/bin/python3.11")
+        for link in ("python3", "python"):
+            info = tarfile.TarInfo(f"usr/bin/{link}")
+            info.type, info.linkname = tarfile.SYMTYPE, "python3.11"
+            tar.addfile(info)
+        stdlib_skipped = {f"usr/lib/python3.11/{name}" for name in STDLIB_SKIPPED}
+        tar.add(STDLIB, arcname="usr/lib/python3.11", filter=keep(stdlib_skipped))
+        for library in sorted(_system_libraries(binaries, site)):
+            tar.add(os.path.realpath(library), arcname=library.lstrip("/"))
+        site_skipped = {f"{SITE}/{part}" for part in SKIPPED_PARTS}
+        for top in tops:
+            tar.add(top, arcname=f"{SITE}/{top.name}", filter=keep(site_skipped))
+        tar.add(REPO / "trainctl", arcname=f"{SITE}/trainctl", filter=keep(set()))
+
+
+def _podman() -> Engine:
+    engine = find_engine("podman")
+    if engine is None:
+        message = "podman is not installed (or does not answer)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    if not Path("/usr/bin/python3.11").exists():
+        message = "the node image is made from /usr/bin/python3.11, which is missing"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return engine
+
+
+@pytest.fixture(scope="session")
+def node_image() -> Iterator[str]:
+    """A real image with python and torch (no host bind mounts), removed at the end."""
+    engine = _podman()
+    tag = f"localhost/trainctl-test-node:{os.getpid()}"
+    started = time.monotonic()
+    importer = subprocess.Popen(
+        [engine.path, "import", "--quiet", "-", tag],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert importer.stdin is not None
+    try:
+        write_node_rootfs(importer.stdin)
+        importer.stdin.close()
+        importer.wait(timeout=180)
+        assert importer.stderr is not None
+        assert importer.returncode == 0, importer.stderr.read().decode(errors="replace")
+        seconds = time.monotonic() - started
+        size = engine.run("image", "inspect", "--format", "{{.Size}}", tag).stdout.decode()
+        sys.stderr.write(f"\nnode image {tag}: {int(size) / 1e6:.0f} MB in {seconds:.1f} s\n")
+        yield tag
+    finally:
+        if importer.poll() is None:
+            importer.kill()
+            importer.wait()
+        engine.run("rmi", "-f", tag, timeout=120)
+
+
+@pytest.fixture
+def podman(node_image) -> Engine:
+    engine = find_engine("podman")
+    assert engine is not None
+    return engine
+
+
+JOB_PREFIX = f"ctr{os.getpid()}"  # the jobs of this test session, by name
+_job_numbers = iter(range(1, 10_000))
+
+
+@pytest.fixture
+def in_podman(home, monkeypatch, podman) -> Iterator[Engine]:
+    """Jobs of this test use podman; afterwards none of their containers may be left."""
+    monkeypatch.setenv("TRAINCTL_CONTAINER_ENGINE", "podman")
+    yield podman
+    done = podman.run("ps", "-a", "--format", "{{.Names}}", timeout=60)
+    left = [n for n in done.stdout.decode().split() if n.startswith(f"trainctl-{JOB_PREFIX}-")]
+    if left:  # clean up before failing so one bad test does not poison the rest
+        podman.run("rm", "-f", "-t", "0", *left, timeout=120)
+    assert not left, f"containers left behind: {left}"
+
+
+def digits(image: str, **fields) -> Estimator:
+    base = {
+        "entry_point": "train.py",
+        "source_dir": str(EXAMPLES / "digits"),
+        "instance_count": 2,
+        "distribution": TORCHRUN,
+        "image_uri": image,
+        "job_name": f"{JOB_PREFIX}-{next(_job_numbers)}",
+        "hyperparameters": {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10},
+    }
+    return Estimator(**{**base, **fields})
+
+
+# -- real jobs in podman containers --------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+def test_digits_two_nodes_in_podman_containers(in_podman, node_image, capsys):
+    est = digits(node_image)
+    job = est.fit(wait=True, logs=True)
+    console = capsys.readouterr().out
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    assert "[algo-1] rank 0/2" in console and "[algo-2] rank 1/2" in console
+    assert "test_accuracy=" in console
+    # the agent ran in the image, at the SageMaker paths, not on the host
+    logs = {i.key.rsplit("/", 1)[-1]: i.key for i in job.store.list(f"jobs/{job.name}/logs")}
+    assert set(logs) == {"node-0.log", "node-1.log"}
+    node0 = job.store.get_text(logs["node-0.log"])
+    assert "test_accuracy=" in node0 and "rank 1/2" in job.store.get_text(logs["node-1.log"])
+    files = {i.key for i in job.store.list(f"jobs/{job.name}")}
+    assert f"jobs/{job.name}/output/model.tar.gz" in files
+    assert any(k.startswith(f"jobs/{job.name}/checkpoints/") for k in files), files
+    data = job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        assert "model.pt" in tar.getnames()
+    assert not job_containers(in_podman, job.name)
+
+
+@pytest.mark.timeout(120)
+def test_failing_script_in_containers_fails_and_leaves_nothing(in_podman, node_image, tmp_path):
+    source = tmp_path / "fail"
+    shutil.copytree(FIXTURES / "fail", source)
+    est = digits(node_image, source_dir=str(source), hyperparameters={})
+    with pytest.raises(JobFailedError) as raised:
+        est.fit(logs=False)
+    info = raised.value.job.describe()
+    assert info["state"] == "Failed"
+    assert info["failure_reason"] == "algo-2: ValueError: learning rate 10.0 is too large"
+    assert not job_containers(in_podman, raised.value.job.name)
+
+
+@pytest.mark.timeout(120)
+def test_stop_reaches_the_agent_inside_and_saves_an_emergency_checkpoint(in_podman, node_image):
+    """job.stop() SIGTERMs the engine processes; the signal reaches the agents inside
+    (sig-proxy + init), the script checkpoints and exits, and no container is left."""
+    est = digits(node_image, hyperparameters={"epochs": 8, "step-delay": 0.2})
+    job = est.fit(wait=False)
+    _wait_for_log(job, "hyperparameters:", timeout=90)
+    deadline = time.monotonic() + 60  # a periodic checkpoint: the training loop is running
+    while not job.store.list(f"jobs/{job.name}/checkpoints") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    info = job.stop()
+    assert info["state"] == "Stopped", info
+    text = "".join(job.store.get_text(i.key) for i in job.store.list(f"jobs/{job.name}/logs"))
+    assert "preempted: emergency checkpoint at step" in text, text[-3000:]
+    assert not job_containers(in_podman, job.name)
+
+
+@pytest.mark.timeout(60)
+def test_missing_image_is_a_clear_error_before_anything_is_made(in_podman, home):
+    missing = "trainctl-no-such-image:1"
+    with pytest.raises(SpecError) as raised:
+        digits(missing).fit(logs=False)
+    assert raised.value.field == "image_uri"
+    assert str(raised.value).startswith(f"image_uri: cannot pull {missing} with podman: ")
+    assert "\n" not in str(raised.value)
+    assert not (home / "nodes").exists()
+    assert not (home / "controllers").exists() or not any((home / "controllers").iterdir())
+    with pytest.raises(SpecError):
+        ensure_image(in_podman, missing)
+
+
+@pytest.mark.timeout(30)
+def test_image_without_an_engine_is_refused_before_anything_is_made(home, monkeypatch):
+    import trainctl.container.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "find_engine", lambda preferred=None: None)
+    with pytest.raises(SpecError) as raised:
+        digits("localhost/any:1").fit(logs=False)
+    assert raised.value.field == "image_uri"
+    assert "needs docker or podman" in str(raised.value)
+    assert not (home / "nodes").exists()
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_shows_the_container_command(in_podman, node_image, home):
+    plan = digits(node_image).fit(dry_run=True)
+    for node in plan["nodes"]:
+        agent = node["agent"]
+        assert agent[:3] == [in_podman.path, "run", "--rm"]
+        assert f"trainctl-{plan['job']}-1-{node['rank']}" in agent
+        assert agent[agent.index("--entrypoint") + 1 : agent.index("--entrypoint") + 3] == [
+            "python3",
+            node_image,
+        ]
+        root = home / "nodes" / plan["job"] / "attempt-1" / f"node-{node['rank']}"
+        assert f"{root}/opt/ml:/opt/ml" in agent
+        assert node["env"]["SM_MODEL_DIR"] == "/opt/ml/model"
+
+
+def _wait_for_log(job, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in job.store.list(f"jobs/{job.name}/logs"):
+            if text in job.store.get_text(info.key):
+                return
+        assert job.state not in (JobState.FAILED, JobState.COMPLETED), job.describe()
+        time.sleep(0.3)
+    raise AssertionError(f"{text!r} never appeared in the logs")
+
+
+@pytest.mark.timeout(150)
+def test_killed_node_container_is_replaced_and_the_job_resumes(in_podman, node_image):
+    """A fault kill of algo-2 removes its container (the machine is gone); the next attempt
+    runs in new containers, resumes from the checkpoint and completes."""
+    hyperparameters = {"epochs": 4, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
+    est = digits(
+        node_image,
+        hyperparameters={**hyperparameters, "step-delay": 0.1},
+        faults=["kill:algo-2@6"],
+    )
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    attempts = info["attempts"]
+    assert [a["outcome"] for a in attempts] == ["interrupted", "completed"], attempts
+    assert "lost" in attempts[0]["cause"], attempts[0]
+    assert not job_containers(in_podman, job.name)

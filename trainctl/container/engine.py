@@ -1,0 +1,79 @@
+"""The container engine on this machine (or a node): docker or podman, found on PATH.
+
+Both take the same command line for what trainctl does (build, push, pull, run, rm), so one
+`Engine` drives either. `TRAINCTL_CONTAINER_ENGINE` (setting `container_engine`) picks one
+when both are installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trainctl.errors import TrainctlError
+
+ENGINES = ("docker", "podman")
+
+
+class EngineMissingError(TrainctlError):
+    """No container engine where one is needed."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # 'docker' | 'podman'
+    path: str
+
+    def command(self, *args: str) -> list[str]:
+        return [self.path, *args]
+
+    def run(
+        self, *args: str, timeout: float | None = None, input: bytes | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run `<engine> args...`, capturing its output (never raises on a non-zero exit)."""
+        return subprocess.run(
+            self.command(*args),
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def image_exists(self, image: str) -> bool:
+        return self.run("image", "inspect", image, timeout=60).returncode == 0
+
+
+@lru_cache(maxsize=8)
+def _usable(path: str) -> bool:
+    """Whether the engine answers (a docker CLI without a reachable daemon does not)."""
+    try:
+        done = subprocess.run([path, "info"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def find_engine(preferred: str | None = None) -> Engine | None:
+    """The engine to use: `preferred` if given (None if it is not usable), else the
+    `container_engine` setting, else docker, else podman; None when none is installed and
+    answering."""
+    if preferred is None:
+        from trainctl.settings import get_settings
+
+        preferred = get_settings().container_engine or None
+    for name in [preferred] if preferred else ENGINES:
+        path = shutil.which(name)
+        if path and _usable(path):
+            return Engine(name, path)
+    return None
+
+
+def require_engine(why: str, preferred: str | None = None) -> Engine:
+    """The engine, or a clear error saying what needed one."""
+    engine = find_engine(preferred)
+    if engine is None:
+        wanted = preferred or " or ".join(ENGINES)
+        raise EngineMissingError(f"{why} needs a container engine ({wanted}); none is installed")
+    return engine

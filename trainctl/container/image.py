@@ -1,0 +1,635 @@
+"""The job's container image: a Dockerfile rendered from a base image, the user's requirements
+and the trainctl toolkit; a content-addressed tag; build, push (any registry, or ECR).
+
+The image holds everything a node needs to run the job without downloading anything: the
+trainctl package (the node agent) under /opt/trainctl and the user's source directory (the
+same files `trainctl submit` packages) under /opt/ml/code, the working directory. The tag is a
+hash of the rendered Dockerfile and of every file in the build context, so the same inputs
+give the same tag, and a build whose tag already exists (locally, or in the registry when
+pushing) is skipped.
+
+Without a base image, the base is an AWS Deep Learning Container chosen by framework version,
+Python version and CPU/GPU, as SageMaker's PyTorch estimator picks one (`framework_image`).
+
+Only the standard library and trainctl's light modules are imported at the top: boto3 loads
+inside the ECR functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import re
+import shlex
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainctl.errors import SpecError, TrainctlError, one_line
+
+if TYPE_CHECKING:
+    from trainctl.container.engine import Engine
+    from trainctl.estimator.spec import JobSpec
+
+__all__ = [
+    "FRAMEWORK_VERSIONS",
+    "BuildPlan",
+    "ImageBuildError",
+    "ImageRef",
+    "build_image",
+    "ecr_login",
+    "ensure_ecr_repository",
+    "framework_image",
+    "job_image",
+    "plan_build",
+    "plan_for_spec",
+]
+
+# AWS Deep Learning Containers for PyTorch training: framework version -> Python versions.
+# Names follow `<account>.dkr.ecr.<region>.amazonaws.com/pytorch-training:<fw>-<cpu|gpu>-<py>`.
+FRAMEWORK_VERSIONS: dict[str, tuple[str, ...]] = {
+    "1.13.1": ("py39",),
+    "2.0.1": ("py310",),
+    "2.1.0": ("py310",),
+    "2.2.0": ("py310",),
+    "2.3.0": ("py311",),
+    "2.4.0": ("py311",),
+    "2.5.1": ("py311",),
+    "2.6.0": ("py312",),
+}
+DEFAULT_FRAMEWORK_VERSION = "2.5.1"
+DLC_ACCOUNT = "763104351884"
+DEFAULT_REGION = "us-east-1"
+
+CODE_DIR = "/opt/ml/code"  # SageMaker's: the script's working directory
+TOOLKIT_DIR = "/opt/trainctl"  # on PYTHONPATH: `python -m trainctl.container.agent` works
+DEFAULT_REPOSITORY_PREFIX = "localhost/trainctl"
+BUILD_TIMEOUT = 3600.0
+PUSH_TIMEOUT = 1800.0
+OUTPUT_TAIL_LINES = 40
+
+# A pip requirement given on a command line: no option (leading '-'), no control characters.
+DEPENDENCY_RE = re.compile(r"^[A-Za-z0-9][^\x00-\x1f\x7f]{0,299}$")
+ECR_RE = re.compile(
+    r"^(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
+    r"/(?P<name>[^:@]+)$"
+)
+REPOSITORY_RE = re.compile(r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*$")
+
+
+class ImageBuildError(TrainctlError):
+    """Building, pulling or pushing an image failed. The first line says what; the engine's
+    output (its last lines) follows when there is any."""
+
+    def __init__(self, summary: str, output: str = "") -> None:
+        self.summary = one_line(summary)
+        self.output = _tail(output)
+        super().__init__(self.summary + (f"\n{self.output}" if self.output else ""))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What a build would do: the Dockerfile, the context's files and the resulting image."""
+
+    dockerfile: str
+    files: dict[str, Path]  # context path (posix) -> file it is copied from
+    base_image: str
+    repository: str
+    tag: str  # content hash of the Dockerfile and every context file
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+    def context_files(self) -> list[str]:
+        """Every file of the build context, sorted (the Dockerfile included)."""
+        return sorted(["Dockerfile", *self.files])
+
+    def write_context(self, dest: Path) -> Path:
+        """Assemble the build context in the (empty or new) directory `dest`."""
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "Dockerfile").write_text(self.dockerfile, encoding="utf-8")
+        for rel, src in self.files.items():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+            # only the executable bit is kept: the tag must not depend on umask or owners
+            target.chmod(0o755 if src.stat().st_mode & 0o111 else 0o644)
+        return dest
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """The image a build produced (or found already there)."""
+
+    image: str  # repository:tag
+    repository: str
+    tag: str
+    built: bool  # False: an image with this tag already existed, nothing was built
+    pushed: bool  # True: pushed by this call
+    skipped_reason: str = ""
+    commands: list[list[str]] = field(default_factory=list)  # engine commands run (no secrets)
+
+    def __str__(self) -> str:
+        return self.image
+
+
+# --- framework images -------------------------------------------------------------------
+
+
+def framework_image(
+    framework_version: str,
+    py_version: str | None = None,
+    *,
+    gpu: bool,
+    region: str | None = None,
+) -> str:
+    """The AWS DLC PyTorch training image for this version, Python and CPU/GPU.
+
+    `framework_version` may be short ("2.3" for 2.3.0); `py_version` defaults to the only
+    (or newest) one the table has for that version.
+    """
+    version = resolve_framework_version(framework_version)
+    pythons = FRAMEWORK_VERSIONS[version]
+    if py_version is None:
+        py_version = pythons[-1]
+    elif py_version not in pythons:
+        raise SpecError(
+            "py_version",
+            f"{py_version!r} is not available for PyTorch {version}; allowed: {', '.join(pythons)}",
+        )
+    region = region or DEFAULT_REGION
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
+        raise SpecError("region", f"{region!r} is not an AWS region name like us-east-1")
+    device = "gpu" if gpu else "cpu"
+    registry = f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com"
+    return f"{registry}/pytorch-training:{version}-{device}-{py_version}"
+
+
+def resolve_framework_version(framework_version: str) -> str:
+    """'2.3' -> '2.3.0' (the table's entry); a SpecError naming the supported ones otherwise."""
+    if framework_version in FRAMEWORK_VERSIONS:
+        return framework_version
+    matches = [v for v in FRAMEWORK_VERSIONS if v.startswith(f"{framework_version}.")]
+    if len(matches) == 1:
+        return matches[0]
+    raise SpecError(
+        "framework_version",
+        f"PyTorch {framework_version!r} has no training image; supported: "
+        f"{', '.join(FRAMEWORK_VERSIONS)}",
+    )
+
+
+# --- planning -----------------------------------------------------------------------------
+
+
+def check_dependencies(dependencies: Sequence[str]) -> list[str]:
+    """Validated pip requirements (raises SpecError('dependencies', ...))."""
+    out = []
+    for dep in dependencies:
+        if not isinstance(dep, str) or not DEPENDENCY_RE.fullmatch(dep.strip()):
+            raise SpecError(
+                "dependencies",
+                f"{dep!r} is not a pip requirement (e.g. 'numpy>=1.26'); options and control "
+                "characters are not allowed",
+            )
+        out.append(dep.strip())
+    return out
+
+
+def toolkit_requirements() -> list[str]:
+    """What the node agent imports beyond the standard library (boto3 for s3:// stores)."""
+    from trainctl.transport.bootstrap import AGENT_DEPENDENCIES, S3_DEPENDENCIES
+
+    return sorted({**AGENT_DEPENDENCIES, **S3_DEPENDENCIES}.values())
+
+
+def render_dockerfile(
+    base_image: str,
+    entry_point: str,
+    *,
+    has_requirements: bool,
+    dependencies: Sequence[str] = (),
+    toolkit_dependencies: bool = True,
+    version: str | None = None,
+) -> str:
+    """The Dockerfile. Slow-changing layers first (pip installs), code last, so an edit to
+    the training script rebuilds only the last layers."""
+    from trainctl.transport.bootstrap import agent_version
+
+    def pip(args: Sequence[str]) -> str:
+        return "RUN python3 -m pip install " + " ".join(shlex.quote(a) for a in args)
+
+    lines = [
+        f"FROM {base_image}",
+        f'LABEL trainctl.version="{version or agent_version()}" '
+        f'trainctl.entry_point="{_label_value(entry_point)}"',
+        "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
+        "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore",
+    ]
+    if toolkit_dependencies:
+        lines.append(pip(toolkit_requirements()))
+    if has_requirements:
+        lines.append(f"COPY code/requirements.txt {CODE_DIR}/requirements.txt")
+        lines.append(pip(["-r", f"{CODE_DIR}/requirements.txt"]))
+    if dependencies:
+        lines.append(pip(list(dependencies)))
+    lines += [
+        f"COPY trainctl {TOOLKIT_DIR}/trainctl",
+        f"COPY code {CODE_DIR}",
+        f"ENV PYTHONPATH={TOOLKIT_DIR} SAGEMAKER_PROGRAM={_env_value(entry_point)} "
+        f"TRAINCTL_ENTRY_POINT={_env_value(entry_point)}",
+        f"WORKDIR {CODE_DIR}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _label_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _env_value(text: str) -> str:
+    return text if re.fullmatch(r"[A-Za-z0-9_./-]+", text) else f'"{_label_value(text)}"'
+
+
+def plan_build(
+    source_dir: str | Path,
+    entry_point: str,
+    *,
+    base_image: str | None = None,
+    dependencies: Sequence[str] = (),
+    framework_version: str | None = None,
+    py_version: str | None = None,
+    gpu: bool = False,
+    region: str | None = None,
+    repository: str | None = None,
+    toolkit_dependencies: bool = True,
+) -> BuildPlan:
+    """Plan the image for `entry_point` in `source_dir` (nothing is built or written).
+
+    `base_image`: the FROM image (default: the framework image for `framework_version`,
+    `py_version` and `gpu`). `repository`: where the image goes, e.g. a registry's
+    `host:port/name` or an ECR repository URI (default `localhost/trainctl/<dir name>`).
+    `toolkit_dependencies=False` leaves out the pip install of the agent's own requirements,
+    for a base image that already has them (an earlier trainctl image, say).
+    """
+    from trainctl.container.packaging import list_included_files
+    from trainctl.estimator.spec import IMAGE_URI_RE
+    from trainctl.transport.bootstrap import package_dir, package_files
+
+    source = Path(source_dir).expanduser()
+    if not source.is_dir():
+        raise SpecError("source_dir", f"{source_dir} is not a directory")
+    source = source.resolve()
+    entry = Path(entry_point)
+    if entry.is_absolute() or not (source / entry).resolve().is_relative_to(source):
+        raise SpecError("entry_point", f"{entry_point} must be a path inside {source}")
+    if not (source / entry).is_file():
+        raise SpecError("entry_point", f"{entry_point} not found in source_dir {source}")
+    deps = check_dependencies(dependencies)
+    if base_image is None:
+        base_image = framework_image(
+            framework_version or DEFAULT_FRAMEWORK_VERSION, py_version, gpu=gpu, region=region
+        )
+    elif not IMAGE_URI_RE.fullmatch(base_image):
+        raise SpecError("base_image", f"{base_image!r} is not an image reference like repo:tag")
+    if repository is None:
+        repository = f"{DEFAULT_REPOSITORY_PREFIX}/{_slug(source.name)}"
+    elif not REPOSITORY_RE.fullmatch(repository):
+        raise SpecError(
+            "repository",
+            f"{repository!r} is not a repository like registry.example.com:5000/name "
+            "(lower case, no tag)",
+        )
+
+    code = list_included_files(source)
+    files: dict[str, Path] = {f"code/{rel}": source / rel for rel in code}
+    root = package_dir()
+    files.update({f"trainctl/{rel.as_posix()}": root / rel for rel in package_files(root)})
+    dockerfile = render_dockerfile(
+        base_image,
+        entry.as_posix(),
+        has_requirements="requirements.txt" in code,
+        dependencies=deps,
+        toolkit_dependencies=toolkit_dependencies,
+    )
+    return BuildPlan(dockerfile, files, base_image, repository, _content_tag(dockerfile, files))
+
+
+def plan_for_spec(spec: JobSpec, *, repository: str | None = None) -> BuildPlan:
+    """The build plan of a job whose spec has `build_image=True`."""
+    from trainctl.provisioning.catalog import CATALOG
+
+    return plan_build(
+        spec.source_dir,
+        spec.entry_point,
+        base_image=spec.base_image,
+        dependencies=spec.dependencies,
+        framework_version=spec.framework_version,
+        py_version=spec.py_version,
+        gpu=CATALOG[spec.instance_type].gpus > 0,
+        region=spec.region,
+        repository=repository,
+    )
+
+
+def job_image(
+    spec: JobSpec,
+    *,
+    repository: str | None = None,
+    push: bool = False,
+    engine: Engine | None = None,
+) -> str | None:
+    """The image a job's nodes run, building (and pushing) it first when the spec asks for a
+    build: `image_uri` as given; with `build_image`, the built image's reference; with only
+    `framework_version`, that framework image; None when the job runs without a container."""
+    if spec.image_uri is not None:
+        return spec.image_uri
+    if spec.build_image:
+        return build_image(
+            plan_for_spec(spec, repository=repository), push=push, engine=engine
+        ).image
+    if spec.framework_version is not None:
+        from trainctl.provisioning.catalog import CATALOG
+
+        return framework_image(
+            spec.framework_version,
+            spec.py_version,
+            gpu=CATALOG[spec.instance_type].gpus > 0,
+            region=spec.region,
+        )
+    return None
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "job"
+
+
+def _content_tag(dockerfile: str, files: dict[str, Path]) -> str:
+    digest = hashlib.sha256(b"Dockerfile\0" + dockerfile.encode() + b"\0")
+    for rel in sorted(files):
+        src = files[rel]
+        executable = b"x" if src.stat().st_mode & 0o111 else b"-"
+        digest.update(rel.encode() + b"\0" + executable)
+        digest.update(hashlib.sha256(src.read_bytes()).digest())
+    return digest.hexdigest()[:20]
+
+
+# --- build and push -----------------------------------------------------------------------
+
+
+def build_image(
+    plan: BuildPlan,
+    *,
+    push: bool = False,
+    engine: Engine | None = None,
+    tls_verify: bool | None = None,
+    timeout: float = BUILD_TIMEOUT,
+) -> ImageRef:
+    """Build `plan.image` (unless it exists) and, with `push`, push it to its repository.
+
+    With `push`, an image already in the registry is neither built nor pushed. An ECR
+    repository is created when missing and the engine logs in with a fresh token.
+    `tls_verify`: None checks TLS except for loopback registries (127.0.0.0/8, localhost),
+    which are plain http here; False/True force it (podman only; docker's daemon decides).
+    """
+    from trainctl.container.engine import require_engine
+
+    if engine is None:
+        engine = require_engine("building the job's image")
+    commands: list[list[str]] = []
+    host = registry_host(plan.repository)
+    verify = tls_verify if tls_verify is not None else not _is_loopback(host or "")
+    ecr = ECR_RE.fullmatch(plan.repository)
+    if push:
+        if host is None or (host == "localhost" and plan.repository.startswith("localhost/")):
+            raise SpecError(
+                "repository",
+                f"{plan.repository!r} names no registry to push to; give one like "
+                "registry.example.com/name or an ECR repository URI",
+            )
+        if ecr:
+            ensure_ecr_repository(ecr["name"], ecr["region"])
+            commands.append(ecr_login(engine, ecr["region"], tls_verify=tls_verify))
+        if _registry_has(plan, engine, verify):
+            return ImageRef(
+                plan.image, plan.repository, plan.tag, False, False, "in the registry", commands
+            )
+    built = False
+    reason = "exists locally"
+    if not engine.image_exists(plan.image):
+        _ensure_base(engine, plan.base_image, tls_verify, commands)
+        with tempfile.TemporaryDirectory(prefix="trainctl-build-") as tmp:
+            context = plan.write_context(Path(tmp) / "context")
+            args = ["build", "-f", str(context / "Dockerfile"), "-t", plan.image]
+            if engine.name == "podman":
+                args.append("--pull=never")  # the base is local now (_ensure_base)
+            args.append(str(context))
+            commands.append(engine.command(*args))
+            done = _run(engine, args, timeout, f"building {plan.image}")
+            if done.returncode != 0:
+                raise ImageBuildError(
+                    f"building {plan.image} from {plan.base_image} failed "
+                    f"(exit {done.returncode}); {engine.name} build output follows",
+                    _text(done.stdout, done.stderr),
+                )
+        built, reason = True, ""
+    pushed = False
+    if push:
+        args = ["push", *_tls_args(engine, verify), plan.image]
+        commands.append(engine.command(*args))
+        done = _run(engine, args, PUSH_TIMEOUT, f"pushing {plan.image}")
+        if done.returncode != 0:
+            raise ImageBuildError(
+                f"pushing {plan.image} to {host} failed (exit {done.returncode}): "
+                f"{_last_line(done.stderr or done.stdout)}",
+                _text(done.stdout, done.stderr),
+            )
+        pushed = True
+    return ImageRef(plan.image, plan.repository, plan.tag, built, pushed, reason, commands)
+
+
+def pull_image(engine: Engine, image: str, *, tls_verify: bool | None = None) -> None:
+    verify = tls_verify if tls_verify is not None else not _is_loopback(registry_host(image) or "")
+    args = ["pull", *_tls_args(engine, verify), image]
+    done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
+    if done.returncode != 0:
+        raise ImageBuildError(
+            f"pulling {image} failed (exit {done.returncode}): "
+            f"{_last_line(done.stderr or done.stdout)}",
+            _text(done.stdout, done.stderr),
+        )
+
+
+def _ensure_base(
+    engine: Engine, base: str, tls_verify: bool | None, commands: list[list[str]]
+) -> None:
+    """The base image locally, pulled if need be, with a clear error when it cannot be had."""
+    if engine.image_exists(base):
+        return
+    verify = tls_verify if tls_verify is not None else not _is_loopback(registry_host(base) or "")
+    args = ["pull", *_tls_args(engine, verify), base]
+    commands.append(engine.command(*args))
+    done = _run(engine, args, PUSH_TIMEOUT, f"pulling base image {base}")
+    if done.returncode != 0:
+        raise ImageBuildError(
+            f"base image {base} is not on this machine and cannot be pulled: "
+            f"{_last_line(done.stderr or done.stdout)}"
+        )
+
+
+def _run(engine: Engine, args: list[str], timeout: float, what: str) -> Any:
+    import subprocess
+
+    try:
+        return engine.run(*args, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ImageBuildError(
+            f"{what} took longer than {timeout:g} s", _text(exc.stdout, exc.stderr)
+        ) from None
+    except OSError as exc:
+        raise ImageBuildError(f"{what}: cannot run {engine.path}: {exc.strerror or exc}") from None
+
+
+def _tls_args(engine: Engine, verify: bool) -> list[str]:
+    return ["--tls-verify=false"] if engine.name == "podman" and not verify else []
+
+
+def registry_host(reference: str) -> str | None:
+    """The registry part of an image reference or repository, None for a bare name."""
+    first, sep, _ = reference.partition("/")
+    if not sep:
+        return None
+    if "." in first or ":" in first or first == "localhost":
+        return first
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _registry_has(plan: BuildPlan, engine: Engine, verify: bool) -> bool:
+    """Whether the registry already holds plan.image (False when it cannot tell)."""
+    ecr = ECR_RE.fullmatch(plan.repository)
+    if ecr:
+        return _ecr_has_tag(ecr["name"], ecr["region"], plan.tag)
+    host = registry_host(plan.repository) or ""
+    name = plan.repository[len(host) + 1 :]
+    scheme = "https" if verify else "http"
+    request = urllib.request.Request(
+        f"{scheme}://{host}/v2/{name}/manifests/{plan.tag}",
+        method="HEAD",
+        headers={
+            "Accept": ", ".join(
+                [
+                    "application/vnd.oci.image.manifest.v1+json",
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.oci.image.index.v1+json",
+                    "application/vnd.docker.distribution.manifest.list.v2+json",
+                ]
+            )
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        # refused, 404, or a registry that wants credentials: build and let push tell
+        return False
+
+
+# --- ECR ------------------------------------------------------------------------------------
+
+
+def _ecr_client(region: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("ecr", region_name=region, config=Config(retries={"mode": "adaptive"}))
+
+
+def ensure_ecr_repository(name: str, region: str) -> str:
+    """The repository's URI, creating the repository if it does not exist."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = _ecr_client(region)
+    try:
+        try:
+            found = client.describe_repositories(repositoryNames=[name])["repositories"][0]
+            return str(found["repositoryUri"])
+        except client.exceptions.RepositoryNotFoundException:
+            pass
+        created = client.create_repository(
+            repositoryName=name,
+            imageTagMutability="IMMUTABLE",  # a content-hash tag never names other content
+            imageScanningConfiguration={"scanOnPush": True},
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise ImageBuildError(f"ECR repository {name} in {region}: {exc}") from None
+    return str(created["repository"]["repositoryUri"])
+
+
+def _ecr_has_tag(name: str, region: str, tag: str) -> bool:
+    client = _ecr_client(region)
+    try:
+        found = client.describe_images(repositoryName=name, imageIds=[{"imageTag": tag}])
+    except client.exceptions.ImageNotFoundException:
+        return False
+    except client.exceptions.RepositoryNotFoundException:
+        return False
+    return bool(found.get("imageDetails"))
+
+
+def ecr_login(engine: Engine, region: str, *, tls_verify: bool | None = None) -> list[str]:
+    """Log the engine in to ECR with a fresh token; the password goes through stdin only.
+
+    Returns the login command that ran (it holds no secret)."""
+    data = _ecr_client(region).get_authorization_token()["authorizationData"][0]
+    user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+    endpoint = data["proxyEndpoint"].removeprefix("https://").removeprefix("http://")
+    verify = tls_verify if tls_verify is not None else not _is_loopback(endpoint)
+    args = ["login", *_tls_args(engine, verify), "--username", user, "--password-stdin", endpoint]
+    done = engine.run(*args, input=password.encode(), timeout=120)
+    if done.returncode != 0:
+        # the engine's message, never the token
+        raise ImageBuildError(
+            f"{engine.name} login to {endpoint} failed (exit {done.returncode}): "
+            f"{_last_line(done.stderr or done.stdout).replace(password, '***')}"
+        )
+    return engine.command(*args)
+
+
+# --- output helpers -------------------------------------------------------------------------
+
+
+def _text(*parts: bytes | str | None) -> str:
+    out = []
+    for part in parts:
+        if part:
+            out.append(part.decode(errors="replace") if isinstance(part, bytes) else part)
+    return "\n".join(p.rstrip("\n") for p in out)
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-OUTPUT_TAIL_LINES:])
+
+
+def _last_line(text: bytes | str | None) -> str:
+    lines = _text(text).strip().splitlines()
+    return one_line(lines[-1].strip()) if lines else "no output"

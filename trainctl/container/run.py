@@ -1,0 +1,169 @@
+"""Running a node's agent inside the job's container image, with docker or podman.
+
+One container per node and attempt, named `trainctl-<job>-<attempt>-<rank>` and labelled
+with the job, so a job's containers are found (and removed) by label alone. The command is a
+pure function of its inputs (`container_command`), so it is golden-tested and shown verbatim
+by the dry run.
+
+What the container gets, and why:
+- `--network host`: torchrun's rendezvous and NCCL/gloo traffic use the host's interfaces
+  and the addresses the controller handed out, exactly as a process on the host would.
+- `--ipc host`: the workers' shared memory (DataLoader, NCCL's intra-node transport) is the
+  host's /dev/shm, with its size; an engine refuses `--shm-size` together with it, so the
+  size flag is only given with a private IPC namespace.
+- `--ulimit memlock=-1:-1` on GPU and EFA nodes: NCCL and libfabric pin host memory. CPU nodes
+  do not pin, and a host without CAP_SYS_RESOURCE cannot grant an unlimited memlock (the
+  container would fail to start), so they keep the engine's default.
+- `--init` and the engine's `--sig-proxy`: a SIGTERM to the attached engine process reaches
+  the agent inside (through the init), which saves the emergency checkpoint as it does on
+  the host.
+- the node's `opt/ml` at `/opt/ml`: SageMaker paths are the real ones inside the container.
+- environment by name only (`-e NAME`): the engine process carries the values, so nothing
+  (credentials least of all) appears on a command line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from trainctl.container.engine import Engine
+from trainctl.errors import SpecError, one_line
+
+JOB_LABEL = "trainctl.job"
+ATTEMPT_LABEL = "trainctl.attempt"
+RANK_LABEL = "trainctl.rank"
+CONTAINER_OPT_ML = "/opt/ml"
+# Used only with a private IPC namespace (ipc_host=False); see the module docstring.
+DEFAULT_SHM_SIZE = "16g"
+PULL_TIMEOUT_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory visible inside the container (at the same path unless `target`)."""
+
+    source: str
+    target: str | None = None
+    read_only: bool = False
+
+    def flag(self) -> str:
+        spec = f"{self.source}:{self.target or self.source}"
+        return f"{spec}:ro" if self.read_only else spec
+
+
+def container_name(job: str, attempt: int, rank: int) -> str:
+    return f"trainctl-{job}-{attempt}-{rank}"
+
+
+def container_labels(job: str, attempt: int, rank: int) -> dict[str, str]:
+    return {JOB_LABEL: job, ATTEMPT_LABEL: str(attempt), RANK_LABEL: str(rank)}
+
+
+def container_command(
+    engine: Engine,
+    image: str,
+    *,
+    name: str,
+    labels: Mapping[str, str],
+    env: Iterable[str],
+    node_root: str,
+    agent_argv: Sequence[str],
+    gpus: int,
+    efa_devices: int,
+    network_host: bool = True,
+    ipc_host: bool = True,
+    shm_size: str = DEFAULT_SHM_SIZE,
+    memlock_unlimited: bool | None = None,
+    mounts: Sequence[Mount] = (),
+) -> list[str]:
+    """The attached `<engine> run` that runs `agent_argv` in `image` as one node.
+
+    `env` holds the NAMES of the variables the agent gets; their values come from the
+    engine's own environment. `node_root` is the node's layout root on the host: its
+    `opt/ml` is mounted at /opt/ml. `memlock_unlimited` defaults to "the node has GPUs or
+    EFA devices". The image must have been pulled (see `ensure_image`): the run never pulls.
+    """
+    if not agent_argv:
+        raise ValueError("agent_argv is empty")
+    argv = [engine.path, "run", "--rm", "--name", name]
+    for key, value in sorted(labels.items()):
+        argv += ["--label", f"{key}={value}"]
+    argv += ["--pull", "never", "--init", "--sig-proxy=true"]
+    if network_host:
+        argv += ["--network", "host"]
+    if ipc_host:
+        argv += ["--ipc", "host"]
+    else:
+        argv += ["--shm-size", shm_size]
+    if memlock_unlimited is None:
+        memlock_unlimited = gpus > 0 or efa_devices > 0
+    if memlock_unlimited:
+        argv += ["--ulimit", "memlock=-1:-1"]
+    if gpus > 0:
+        # docker: the NVIDIA runtime hook; podman: the CDI spec nvidia-ctk generates.
+        argv += ["--gpus", "all"] if engine.name == "docker" else ["--device", "nvidia.com/gpu=all"]
+    for index in range(efa_devices):
+        argv += ["--device", f"/dev/infiniband/uverbs{index}"]
+    opt_ml = f"{node_root.rstrip('/')}/opt/ml"
+    argv += ["--volume", Mount(opt_ml, CONTAINER_OPT_ML).flag()]
+    for mount in mounts:
+        argv += ["--volume", mount.flag()]
+    for variable in sorted(set(env)):
+        argv += ["-e", variable]
+    # The image's own ENTRYPOINT (SageMaker images have one) must not wrap the agent.
+    argv += ["--workdir", "/", "--entrypoint", agent_argv[0], image, *agent_argv[1:]]
+    return argv
+
+
+def ensure_image(engine: Engine, image: str, *, timeout: float = PULL_TIMEOUT_SECONDS) -> bool:
+    """Make `image` present on this host: pull it only when `image inspect` fails.
+
+    True when it was pulled. A failed pull is a SpecError("image_uri", one line).
+    """
+    if engine.image_exists(image):
+        return False
+    try:
+        done = engine.run("pull", "--quiet", image, timeout=timeout)
+    except OSError as exc:
+        raise SpecError("image_uri", f"cannot pull {image} with {engine.name}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise SpecError("image_uri", f"pulling {image} took over {timeout:.0f}s") from None
+    if done.returncode != 0:
+        raise SpecError(
+            "image_uri",
+            f"cannot pull {image} with {engine.name}: {_last_line(done.stderr)} "
+            "(give an image this host can pull, or build one with `trainctl build`)",
+        )
+    return True
+
+
+def job_containers(engine: Engine, job: str) -> list[str]:
+    """Ids of every container (running or not) labelled with `job`."""
+    done = engine.run("ps", "-aq", "--filter", f"label={JOB_LABEL}={job}", timeout=60)
+    if done.returncode != 0:
+        return []
+    return done.stdout.decode(errors="replace").split()
+
+
+def remove_containers(engine: Engine, ids_or_names: Sequence[str]) -> None:
+    """Kill and remove containers at once (no stop timeout: the caller already gave the
+    agents their grace period through the attached engine processes)."""
+    if not ids_or_names:
+        return
+    force = ["rm", "-f", "-t", "0"] if engine.name == "podman" else ["rm", "-f"]
+    engine.run(*force, *ids_or_names, timeout=120)
+
+
+def remove_job_containers(engine: Engine, job: str) -> int:
+    """Remove every container of `job`; how many there were."""
+    ids = job_containers(engine, job)
+    remove_containers(engine, ids)
+    return len(ids)
+
+
+def _last_line(output: bytes) -> str:
+    lines = [line.strip() for line in output.decode(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    return one_line(lines[-1]) if lines else "no error output"
