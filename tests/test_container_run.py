@@ -212,7 +212,12 @@ def write_node_rootfs(out: io.BufferedIOBase) -> None:
     """Stream a root filesystem with python3.11, torch, the digits packages and trainctl."""
     site = Path(importlib.metadata.distribution("torch").locate_file(""))
     tops = _top_levels(site)
-    binaries = [Path("/usr/bin/python3.11"), *(STDLIB / "lib-dynload").glob("*.so")]
+    # dash as /bin/sh: image builds run their RUN steps with it.
+    binaries = [
+        Path("/usr/bin/python3.11"),
+        Path("/usr/bin/dash"),
+        *(STDLIB / "lib-dynload").glob("*.so"),
+    ]
     for top in tops:
         if top.is_dir():
             binaries += [p for p in top.rglob("*.so*") if p.is_file()]
@@ -249,6 +254,11 @@ def write_node_rootfs(out: io.BufferedIOBase) -> None:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
         tar.add("/usr/bin/python3.11", arcname="usr/bin/python3.11")
+        tar.add("/usr/bin/dash", arcname="usr/bin/dash")
+        for link, target in {"bin": "usr/bin", "usr/bin/sh": "dash"}.items():
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
         for link in ("python3", "python"):
             info = tarfile.TarInfo(f"usr/bin/{link}")
             info.type, info.linkname = tarfile.SYMTYPE, "python3.11"
@@ -470,3 +480,40 @@ def test_killed_node_container_is_replaced_and_the_job_resumes(in_podman, node_i
     assert [a["outcome"] for a in attempts] == ["interrupted", "completed"], attempts
     assert "lost" in attempts[0]["cause"], attempts[0]
     assert not job_containers(in_podman, job.name)
+
+
+# -- the whole chain: build -> push -> pull -> run -------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
+    in_podman, node_image, registry
+):
+    """The job's image is built from the node image (toolkit and code baked in), pushed to
+    a registry on loopback and removed here; the job then pulls it and runs in it."""
+    from trainctl.container.image import build_image, plan_build
+
+    plan = plan_build(
+        EXAMPLES / "digits",
+        "train.py",
+        base_image=node_image,
+        repository=f"{registry.host}/trainctl/digits",
+        s3=False,  # a file:// store: the node image needs no boto3
+    )
+    assert 'RUN python3 -c "import pathspec, pydantic, pydantic_settings, yaml"' in plan.dockerfile
+    built = build_image(plan, push=True, engine=in_podman)
+    try:
+        assert built.built and built.pushed
+        assert registry.has_manifest("trainctl/digits", built.tag)
+        again = build_image(plan, push=True, engine=in_podman)  # same inputs: nothing to do
+        assert not again.built and not again.pushed, again
+        assert in_podman.run("rmi", "-f", built.image, timeout=120).returncode == 0
+        assert not in_podman.image_exists(built.image)
+
+        job = digits(built.image).fit(logs=False)  # preflight pulls it back
+        info = job.describe()
+        assert info["state"] == "Completed", info
+        assert in_podman.image_exists(built.image)
+        assert not job_containers(in_podman, job.name)
+    finally:
+        in_podman.run("rmi", "-f", built.image, timeout=120)

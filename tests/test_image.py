@@ -34,7 +34,8 @@ from trainctl.transport.bootstrap import agent_version, package_files
 
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"
 TOOLKIT_PIP = (
-    "RUN python3 -m pip install 'boto3>=1.34' 'pathspec>=0.12' 'pydantic-settings>=2.2' "
+    'RUN python3 -c "import boto3, pathspec, pydantic, pydantic_settings, yaml" 2>/dev/null '
+    "|| python3 -m pip install 'boto3>=1.34' 'pathspec>=0.12' 'pydantic-settings>=2.2' "
     "'pydantic>=2.6,<3' 'pyyaml>=6'\n"
 )
 HEADER = (

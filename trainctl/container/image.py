@@ -203,11 +203,20 @@ def check_dependencies(dependencies: Sequence[str]) -> list[str]:
     return out
 
 
-def toolkit_requirements() -> list[str]:
-    """What the node agent imports beyond the standard library (boto3 for s3:// stores)."""
+def _toolkit(s3: bool) -> dict[str, str]:
     from trainctl.transport.bootstrap import AGENT_DEPENDENCIES, S3_DEPENDENCIES
 
-    return sorted({**AGENT_DEPENDENCIES, **S3_DEPENDENCIES}.values())
+    return {**AGENT_DEPENDENCIES, **(S3_DEPENDENCIES if s3 else {})}
+
+
+def toolkit_modules(s3: bool = True) -> list[str]:
+    """The modules of `toolkit_requirements`, for checking whether a base image has them."""
+    return sorted(_toolkit(s3))
+
+
+def toolkit_requirements(s3: bool = True) -> list[str]:
+    """What the node agent imports beyond the standard library (boto3 for s3:// stores)."""
+    return sorted(_toolkit(s3).values())
 
 
 def render_dockerfile(
@@ -217,6 +226,7 @@ def render_dockerfile(
     has_requirements: bool,
     dependencies: Sequence[str] = (),
     toolkit_dependencies: bool = True,
+    s3: bool = True,
     version: str | None = None,
 ) -> str:
     """The Dockerfile. Slow-changing layers first (pip installs), code last, so an edit to
@@ -234,7 +244,12 @@ def render_dockerfile(
         "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore",
     ]
     if toolkit_dependencies:
-        lines.append(pip(toolkit_requirements()))
+        # Framework base images usually carry them already; installed only if missing.
+        modules = ", ".join(toolkit_modules(s3=s3))
+        lines.append(
+            f'RUN python3 -c "import {modules}" 2>/dev/null || '
+            + pip(toolkit_requirements(s3=s3)).removeprefix("RUN ")
+        )
     if has_requirements:
         lines.append(f"COPY code/requirements.txt {CODE_DIR}/requirements.txt")
         lines.append(pip(["-r", f"{CODE_DIR}/requirements.txt"]))
@@ -270,6 +285,7 @@ def plan_build(
     region: str | None = None,
     repository: str | None = None,
     toolkit_dependencies: bool = True,
+    s3: bool = True,
 ) -> BuildPlan:
     """Plan the image for `entry_point` in `source_dir` (nothing is built or written).
 
@@ -277,7 +293,9 @@ def plan_build(
     `py_version` and `gpu`). `repository`: where the image goes, e.g. a registry's
     `host:port/name` or an ECR repository URI (default `localhost/trainctl/<dir name>`).
     `toolkit_dependencies=False` leaves out the pip install of the agent's own requirements,
-    for a base image that already has them (an earlier trainctl image, say).
+    for a base image that already has them (an earlier trainctl image, say); with it they
+    are installed only if the base image lacks them. `s3=False`: the job uses no s3:// URI,
+    so the agent needs no boto3.
     """
     from trainctl.container.packaging import list_included_files
     from trainctl.estimator.spec import IMAGE_URI_RE
@@ -318,6 +336,7 @@ def plan_build(
         has_requirements="requirements.txt" in code,
         dependencies=deps,
         toolkit_dependencies=toolkit_dependencies,
+        s3=s3,
     )
     return BuildPlan(dockerfile, files, base_image, repository, _content_tag(dockerfile, files))
 
@@ -325,10 +344,12 @@ def plan_build(
 def plan_for_spec(spec: JobSpec, *, repository: str | None = None) -> BuildPlan:
     """The build plan of a job whose spec has `build_image=True`."""
     from trainctl.provisioning.catalog import CATALOG
+    from trainctl.provisioning.ssh import uses_s3
 
     return plan_build(
         spec.source_dir,
         spec.entry_point,
+        s3=uses_s3(spec),
         base_image=spec.base_image,
         dependencies=spec.dependencies,
         framework_version=spec.framework_version,

@@ -24,7 +24,6 @@ What the container gets, and why:
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -122,20 +121,20 @@ def ensure_image(engine: Engine, image: str, *, timeout: float = PULL_TIMEOUT_SE
 
     True when it was pulled. A failed pull is a SpecError("image_uri", one line).
     """
+    from trainctl.container.image import ImageBuildError, pull_image
+
     if engine.image_exists(image):
         return False
     try:
-        done = engine.run("pull", "--quiet", image, timeout=timeout)
-    except OSError as exc:
-        raise SpecError("image_uri", f"cannot pull {image} with {engine.name}: {exc}") from None
-    except subprocess.TimeoutExpired:
-        raise SpecError("image_uri", f"pulling {image} took over {timeout:.0f}s") from None
-    if done.returncode != 0:
+        pull_image(engine, image)  # plain http only for a registry on loopback
+    except ImageBuildError as exc:
         raise SpecError(
             "image_uri",
-            f"cannot pull {image} with {engine.name}: {_last_line(done.stderr)} "
+            f"cannot pull {image} with {engine.name}: {str(exc).splitlines()[0]} "
             "(give an image this host can pull, or build one with `trainctl build`)",
-        )
+        ) from None
+    except OSError as exc:
+        raise SpecError("image_uri", f"cannot pull {image} with {engine.name}: {exc}") from None
     return True
 
 
