@@ -517,3 +517,22 @@ def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
         assert not job_containers(in_podman, job.name)
     finally:
         in_podman.run("rmi", "-f", built.image, timeout=120)
+
+
+@pytest.mark.timeout(240)
+def test_digits_on_two_ssh_hosts_in_containers(in_podman, node_image, sshd):
+    """instance_type="ssh" with an image: each host's engine runs its node's agent in the
+    image (the hosts are loopback sshd servers on this machine, sharing its podman)."""
+    hosts = [server.host(user="root") for server in sshd.servers[:2]]
+    est = digits(node_image, instance_type="ssh", hosts=[h.model_dump() for h in hosts])
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    node1 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
+    assert "rank 1/2" in node1
+    node0 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "saved model to /opt/ml/model/model.pt" in node0  # the image's paths, not the host's
+    assert f"jobs/{job.name}/output/model.tar.gz" in {
+        i.key for i in job.store.list(f"jobs/{job.name}/output")
+    }
+    assert not job_containers(in_podman, job.name)

@@ -60,11 +60,14 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
 
 def check_container_runtime(spec: JobSpec) -> None:
     """A job with an image needs an engine where its nodes run: here for the local
-    provider (checked now); ssh and EC2 nodes do not run images yet."""
+    provider (checked now), on each host for ssh (checked when provisioning); EC2 nodes do
+    not run images yet."""
+    if spec.provider == "ssh" and spec.image_uri:
+        return
     if spec.provider != "local":
         raise SpecError(
             "image_uri" if spec.image_uri else "build_image",
-            f"running in a container image is supported on the local provider only; "
+            f"running in a container image is supported on the local and ssh providers only; "
             f"{spec.provider} nodes run the entry point as processes (leave image_uri unset)",
         )
     from trainctl.container.engine import find_engine

@@ -27,6 +27,7 @@ from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.estimator.spec import JOB_NAME_RE, JobSpec
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
+from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.settings import get_settings
 from trainctl.transport import RunningProcess
 from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
@@ -107,6 +108,17 @@ for _ in range(50):
     time.sleep(0.1)
 left = find()
 if remove:
+    # The job's containers (agents that ran in its image), by label, with either engine.
+    import subprocess
+    for engine in filter(None, (shutil.which("podman"), shutil.which("docker"))):
+        label = "label=trainctl.job=" + job
+        try:
+            ids = subprocess.run([engine, "ps", "-aq", "--filter", label], capture_output=True,
+                                 text=True, timeout=60).stdout.split()
+            if ids:
+                subprocess.run([engine, "rm", "-f", *ids], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            pass
     nodes = os.path.join(os.path.expanduser("~"), ".trainctl", "nodes")
     shutil.rmtree(os.path.join(nodes, job), ignore_errors=True)
     try:
@@ -167,6 +179,9 @@ class SshProvider(Provider):
         self._hosts: dict[str, list[SshHost]] = {}  # by job: provisioned or planned
         # (job, rank) -> (the agent's PYTHONPATH env, whether boto3 was made sure of)
         self._runtimes: dict[tuple[str, int], tuple[dict[str, str], bool]] = {}
+        # (job, rank) -> (spec, the host's engine path, the node dir on the host) for jobs
+        # whose agents run in the job's image
+        self._containers: dict[tuple[str, int], tuple[JobSpec, str, str]] = {}
 
     # -- the job's record ------------------------------------------------------------------
     def job_file(self, job: str) -> Path:
@@ -266,7 +281,15 @@ class SshProvider(Provider):
                     timeout=60,
                 )
                 node = json.loads(text)
-                node["env"] = ensure_agent(conn, s3=s3).env
+                if spec.image_uri:
+                    # The agent runs in the image: the host needs an engine and the image,
+                    # not trainctl.
+                    node["engine"] = remote_engine(conn)
+                    ensure_remote_image(conn, node["engine"], spec.image_uri)
+                    conn.makedirs(f"{node['root']}/opt/ml")
+                    node["env"] = {}
+                else:
+                    node["env"] = ensure_agent(conn, s3=s3).env
                 return node
             finally:
                 conn.close()
@@ -280,7 +303,11 @@ class SshProvider(Provider):
         with self._lock:
             for rank, node in enumerate(nodes_info):
                 self._runtimes[(job, rank)] = (node["env"], s3)
+                if spec.image_uri:
+                    self._containers[(job, rank)] = (spec, node["engine"], str(node["root"]))
         roots = [str(node["root"]) for node in nodes_info]
+        if spec.image_uri:  # inside the container the node's opt/ml is /opt/ml
+            roots = ["/"] * len(roots)
         return self._cluster(spec, job, attempt, roots, int(nodes_info[0]["port"]))
 
     def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
@@ -316,6 +343,8 @@ class SshProvider(Provider):
         )
 
     def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
+        if (cluster.job, rank) in self._containers:
+            return IMAGE_PYTHON
         return self._host(cluster.job, rank).python
 
     def start_agent(
@@ -325,6 +354,8 @@ class SshProvider(Provider):
 
         host = self._host(cluster.job, rank)
         connector = self._connector(host)
+        if (cluster.job, rank) in self._containers:
+            return self._start_in_container(cluster, rank, argv, env, connector)
         s3 = any(a.startswith("s3://") for a in argv)  # the agent's --store
         with self._lock:
             runtime_env, has_s3 = self._runtimes.get((cluster.job, rank), (None, False))
@@ -348,6 +379,46 @@ class SshProvider(Provider):
             connect_timeout=self.connect_timeout,
         )
 
+    def _start_in_container(
+        self,
+        cluster: ClusterInfo,
+        rank: int,
+        argv: list[str],
+        env: dict[str, str],
+        connector: Any,
+    ) -> RunningProcess:
+        """The agent in the job's image on the host, through the host's engine (the same
+        per-node container command as the local provider's)."""
+        from trainctl.container.engine import Engine
+        from trainctl.container.run import container_command, container_labels, container_name
+        from trainctl.provisioning.local import container_mounts
+        from trainctl.transport.ssh import SshProcess
+
+        spec, engine_path, host_root = self._containers[(cluster.job, rank)]
+        assert spec.image_uri is not None
+        tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
+        full_env = {**agent_settings_env(), **env, **tags}
+        command = container_command(
+            Engine(Path(engine_path).name, engine_path),
+            spec.image_uri,
+            name=container_name(cluster.job, cluster.attempt, rank),
+            labels=container_labels(cluster.job, cluster.attempt, rank),
+            env=set(full_env),
+            node_root=host_root,
+            agent_argv=argv,
+            gpus=self._host(cluster.job, rank).gpus,
+            efa_devices=0,
+            mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
+        )
+        return SshProcess(
+            connector,
+            command,
+            full_env,
+            cwd=host_root,
+            run_dir=f"{host_root}/{AGENT_RUN_DIR}",
+            connect_timeout=self.connect_timeout,
+        )
+
     def _end_on_host(self, host: SshHost, job: str, node: str, grace: float, remove: bool) -> str:
         conn = self._connector(host).connect(timeout=self.connect_timeout)
         try:
@@ -366,7 +437,18 @@ class SshProvider(Provider):
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node on its host at once, as losing it would."""
-        self._end_on_host(self._host(cluster.job, rank), cluster.job, str(rank), 0, False)
+        from trainctl.container.run import container_name
+
+        host = self._host(cluster.job, rank)
+        if (cluster.job, rank) in self._containers:
+            _, engine_path, _ = self._containers[(cluster.job, rank)]
+            conn = self._connector(host).connect(timeout=self.connect_timeout)
+            try:
+                name = container_name(cluster.job, cluster.attempt, rank)
+                conn.run([engine_path, "rm", "-f", name], timeout=120)
+            finally:
+                conn.close()
+        self._end_on_host(host, cluster.job, str(rank), 0, False)
 
     def terminate(self, job: str, *, grace: float) -> None:
         """End every process of the job on each of its hosts; remove its node dirs."""
@@ -458,3 +540,35 @@ def start_agent_on(
         run_dir=run_dir,
         connect_timeout=connect_timeout,
     )
+
+
+def remote_engine(conn: Any) -> str:
+    """The path of a container engine that answers on the host (the `container_engine`
+    setting's, else docker, else podman); SshProvisionError if there is none."""
+    from trainctl.container.engine import ENGINES
+
+    preferred = get_settings().container_engine
+    for name in [preferred] if preferred else ENGINES:
+        found = conn.run(f"command -v {name}", timeout=30)
+        path = found.stdout.strip() if found.code == 0 else ""
+        if path and conn.run([path, "info"], timeout=60).code == 0:
+            return path
+    wanted = preferred or " or ".join(ENGINES)
+    raise SshProvisionError(
+        f"{conn.label}: the job runs in an image and the host has no {wanted} that answers"
+    )
+
+
+def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
+    """Pull `image` on the host unless it is there (plain http only for loopback
+    registries, as on this machine)."""
+    from trainctl.container.image import _is_loopback, registry_host
+
+    if conn.run([engine, "image", "inspect", image], timeout=60).code == 0:
+        return
+    tls = []
+    if Path(engine).name == "podman" and _is_loopback(registry_host(image) or ""):
+        tls = ["--tls-verify=false"]
+    pulled = conn.run([engine, "pull", *tls, image], timeout=3600)
+    if pulled.code != 0:
+        raise SshProvisionError(f"{conn.label}: cannot pull {image}: {pulled.tail(1)}")
