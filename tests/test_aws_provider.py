@@ -870,6 +870,7 @@ def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
     monkeypatch.setenv("TRAINCTL_SSH_ADDRESS_OVERRIDE", '["127.0.0.2:2201", "127.0.0.3:2202"]')
     target = provider.ssh_target(cluster, 1)
     assert (target.address, target.port) == ("127.0.0.3", 2202)
+    assert target.gpus == 0  # a stand-in host has no GPU of its own
     again = aws.provider().provision(aws.spec(instance_count=2), "ssh", 1)
     assert [n.address for n in again.nodes] == ["127.0.0.2", "127.0.0.3"]
     assert again.network_env["GLOO_SOCKET_IFNAME"] == "lo"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES, FIXTURES
+from tests.test_e2e_aws import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from trainctl import Estimator
 from trainctl.container.engine import Engine, find_engine
 from trainctl.container.run import (
@@ -152,9 +153,11 @@ def test_private_ipc_gets_a_large_shm_and_values_never_reach_the_command_line():
 # -- the image, once per session -----------------------------------------------------------
 
 # What the node image carries: torch and examples/digits' packages, trainctl's node-side
-# dependencies (paramiko, typer and rich are not used by the agent), with what they require.
+# dependencies (paramiko, typer and rich are not used by the agent; boto3 is, for s3://
+# stores), with what they require.
 IMAGE_DISTRIBUTIONS = [
     "torch", "numpy", "scikit-learn", "pydantic", "pydantic-settings", "pyyaml", "pathspec",
+    "boto3",
 ]  # fmt: skip
 NOT_IN_IMAGE = {"setuptools"}  # torch lists it for building C++ extensions only
 SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 looks here
@@ -535,4 +538,23 @@ def test_digits_on_two_ssh_hosts_in_containers(in_podman, node_image, sshd):
     assert f"jobs/{job.name}/output/model.tar.gz" in {
         i.key for i in job.store.list(f"jobs/{job.name}/output")
     }
+    assert not job_containers(in_podman, job.name)
+
+
+
+@pytest.mark.timeout(300)
+def test_ec2_job_in_its_image_on_stand_in_instances(in_podman, node_image, cloud):  # noqa: F811
+    """An EC2 job with image_uri: moto launches the instances, the sshd stand-ins run each
+    node's agent in the image through their engine, the store is S3 (moto), and the
+    nodes' credentials come from the IMDS stand-in."""
+    from tests.test_e2e_aws import digits as ec2_digits
+
+    est = ec2_digits(cloud, job_name=f"{JOB_PREFIX}-ec2", image_uri=node_image, max_wait=180)
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    node0 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "saved model to /opt/ml/model/model.pt" in node0
+    keys = {o["Key"] for o in cloud.s3.list_objects_v2(Bucket=cloud.bucket)["Contents"]}
+    assert f"models/{job.name}/output/model.tar.gz" in keys
     assert not job_containers(in_podman, job.name)

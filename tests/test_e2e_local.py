@@ -406,3 +406,24 @@ def test_max_wait_stops_a_job_that_keeps_being_interrupted(home, source):
     assert info["state"] == "Stopped"
     assert info["stop_reason"].startswith("MaxWaitTimeExceeded")
     assert [a["outcome"] for a in info["attempts"]] == ["interrupted", "stopped"]
+
+
+def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
+    """Lost capacity is retried, but nodes that cannot even start (here: an agent
+    interpreter that exits at once) would fail the same way on new capacity: after three
+    attempts in a row that never trained, the job fails instead of relaunching forever."""
+    from trainctl.controller.controller import MAX_ATTEMPTS_NEVER_STARTED, Controller
+    from trainctl.controller.submit import create_job, default_store
+    from trainctl.estimator.spec import build_spec
+    from trainctl.provisioning.local import LocalProvider
+
+    class BrokenNodes(LocalProvider):
+        def agent_python(self, cluster, rank):
+            return "/bin/false"
+
+    store = default_store()
+    record = create_job(build_spec(entry_point=str(source("probe") / "probe.py")), store)
+    final = Controller(store, record.name, provider=BrokenNodes()).run()
+    assert final.state is JobState.FAILED
+    assert len(final.attempts) == MAX_ATTEMPTS_NEVER_STARTED == 3
+    assert final.failure_reason.startswith("nodes failed to start 3 times in a row: algo-1 lost")

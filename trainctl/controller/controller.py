@@ -39,6 +39,8 @@ RECORD_SAVE_SECONDS = 2.0
 # After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
 # a preemption) before blaming the user's code.
 SETTLE_SECONDS = 3.0
+# Attempts in a row that end before every node started training: then the job fails.
+MAX_ATTEMPTS_NEVER_STARTED = 3
 # How often the provider is asked whether machines are gone (EC2: DescribeInstances).
 MACHINE_CHECK_SECONDS = 5.0
 
@@ -193,6 +195,7 @@ class Controller:
         """Attempts until the job completes, fails for good, is stopped or runs out of time."""
         spec = self.record.spec
         user_failures = sum(1 for a in self.record.attempts if a.outcome == "failed")
+        never_started = 0  # attempts in a row whose nodes never all started training
         while True:
             if reason := self.jobs.stop_requested() or self._time_limit_reached():
                 self._end(JobState.STOPPED, stop_reason=reason)
@@ -207,6 +210,15 @@ class Controller:
                 self._end(JobState.STOPPED, stop_reason=end.cause)
                 return
             cause = end.cause or "interrupted"
+            never_started = never_started + 1 if self._training_started is None else 0
+            if end.outcome == "interrupted" and never_started >= MAX_ATTEMPTS_NEVER_STARTED:
+                # Lost capacity is retried; nodes that cannot even start (a bad image, a
+                # broken host) fail the same way on new capacity, at a price each time.
+                self._end(
+                    JobState.FAILED,
+                    reason=f"nodes failed to start {never_started} times in a row: {cause}",
+                )
+                return
             if end.outcome == "failed":
                 user_failures += 1
                 if user_failures > spec.max_restarts:

@@ -59,22 +59,23 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
 
 
 def check_container_runtime(spec: JobSpec) -> None:
-    """A job with an image needs an engine where its nodes run: here for the local
-    provider (checked now), on each host for ssh (checked when provisioning); EC2 nodes do
-    not run images yet."""
-    if spec.provider == "ssh" and spec.image_uri:
+    """A job with an image needs an engine where its nodes run: on this machine for the
+    local provider (checked now); on each host for ssh and EC2 (checked there when it is
+    provisioned, with the image pulled). An image built here reaches remote hosts only
+    through a registry."""
+    if spec.provider in ("ssh", "aws"):
+        if spec.build_image:
+            raise SpecError(
+                "build_image",
+                f"{spec.provider} hosts pull the job's image from a registry: build and push "
+                "it first (`trainctl build --push REPO`), then give image_uri",
+            )
         return
-    if spec.provider != "local":
-        raise SpecError(
-            "image_uri" if spec.image_uri else "build_image",
-            f"running in a container image is supported on the local and ssh providers only; "
-            f"{spec.provider} nodes run the entry point as processes (leave image_uri unset)",
-        )
     from trainctl.container.engine import find_engine
 
     if find_engine() is None:
         raise SpecError(
-            "image_uri",
+            "image_uri" if spec.image_uri else "build_image",
             "running in a container image needs docker or podman on this machine and none "
             "is installed and answering; install one, or leave image_uri unset to run the "
             "entry point as processes",

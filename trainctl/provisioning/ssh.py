@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -387,35 +388,20 @@ class SshProvider(Provider):
         env: dict[str, str],
         connector: Any,
     ) -> RunningProcess:
-        """The agent in the job's image on the host, through the host's engine (the same
-        per-node container command as the local provider's)."""
-        from trainctl.container.engine import Engine
-        from trainctl.container.run import container_command, container_labels, container_name
-        from trainctl.provisioning.local import container_mounts
-        from trainctl.transport.ssh import SshProcess
-
         spec, engine_path, host_root = self._containers[(cluster.job, rank)]
         assert spec.image_uri is not None
-        tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-        full_env = {**agent_settings_env(), **env, **tags}
-        command = container_command(
-            Engine(Path(engine_path).name, engine_path),
-            spec.image_uri,
-            name=container_name(cluster.job, cluster.attempt, rank),
-            labels=container_labels(cluster.job, cluster.attempt, rank),
-            env=set(full_env),
-            node_root=host_root,
-            agent_argv=argv,
+        return start_in_container(
+            connector,
+            spec,
+            cluster,
+            rank,
+            argv,
+            env,
+            engine_path=engine_path,
+            host_root=host_root,
+            run_dir=f"{host_root}/{AGENT_RUN_DIR}",
             gpus=self._host(cluster.job, rank).gpus,
             efa_devices=0,
-            mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
-        )
-        return SshProcess(
-            connector,
-            command,
-            full_env,
-            cwd=host_root,
-            run_dir=f"{host_root}/{AGENT_RUN_DIR}",
             connect_timeout=self.connect_timeout,
         )
 
@@ -499,6 +485,9 @@ def start_agent_on(
     known_hosts: Path,
     connect_timeout: float,
     wait_for_marker: bool,
+    spec: JobSpec | None = None,
+    host_root: str | None = None,
+    efa_devices: int = 0,
 ) -> RunningProcess:
     """Start the node agent of `rank` on a machine trainctl launched (EC2): connect as soon
     as the instance accepts its key, wait for its user data to finish (`wait_for_marker`),
@@ -521,16 +510,40 @@ def start_agent_on(
                     f"finish within {connect_timeout:.0f} s"
                 )
             time.sleep(2.0)
+        host_root = host_root or root  # differs from root when the agent runs in an image
         run_dir = (
             f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
-            if root == "/"
-            else f"{root}/{AGENT_RUN_DIR}"
+            if host_root == "/"
+            else f"{host_root}/{AGENT_RUN_DIR}"
         )
-        conn.makedirs(root)
-        conn.makedirs(run_dir)
-        runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
+        if spec is not None and spec.image_uri:
+            # The agent runs in the job's image: the host needs its engine and the image.
+            engine_path = remote_engine(conn)
+            ecr_login_on_host(conn, engine_path, spec.image_uri)
+            ensure_remote_image(conn, engine_path, spec.image_uri)
+            conn.makedirs(f"{host_root.rstrip('/')}/opt/ml")
+            conn.makedirs(run_dir)
+        else:
+            conn.makedirs(root)
+            conn.makedirs(run_dir)
+            runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
     finally:
         conn.close()
+    if spec is not None and spec.image_uri:
+        return start_in_container(
+            connector,
+            spec,
+            cluster,
+            rank,
+            argv,
+            env,
+            engine_path=engine_path,
+            host_root=host_root,
+            run_dir=run_dir,
+            gpus=host.gpus,
+            efa_devices=efa_devices,
+            connect_timeout=connect_timeout,
+        )
     tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
     return SshProcess(
         connector,
@@ -540,6 +553,73 @@ def start_agent_on(
         run_dir=run_dir,
         connect_timeout=connect_timeout,
     )
+
+
+def start_in_container(
+    connector: Any,
+    spec: JobSpec,
+    cluster: ClusterInfo,
+    rank: int,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    engine_path: str,
+    host_root: str,
+    run_dir: str,
+    gpus: int,
+    efa_devices: int,
+    connect_timeout: float,
+) -> RunningProcess:
+    """The node agent `argv` in the job's image on a host, through the host's engine: the
+    same per-node container command as the local provider's, run detached over SSH."""
+    from trainctl.container.engine import Engine
+    from trainctl.container.run import container_command, container_labels, container_name
+    from trainctl.provisioning.local import container_mounts
+    from trainctl.transport.ssh import SshProcess
+
+    assert spec.image_uri is not None
+    tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
+    full_env = {**agent_settings_env(), **env, **tags}
+    command = container_command(
+        Engine(Path(engine_path).name, engine_path),
+        spec.image_uri,
+        name=container_name(cluster.job, cluster.attempt, rank),
+        labels=container_labels(cluster.job, cluster.attempt, rank),
+        env=set(full_env),
+        node_root=host_root,
+        agent_argv=argv,
+        gpus=gpus,
+        efa_devices=efa_devices,
+        # file:// locations exist only where the controller is: on a loopback host
+        mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
+    )
+    return SshProcess(
+        connector,
+        command,
+        full_env,
+        cwd=host_root,
+        run_dir=run_dir,
+        connect_timeout=connect_timeout,
+    )
+
+
+def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
+    """Log the host's engine in to the ECR registry of `image` with the node's own
+    instance-profile credentials (the AWS CLI on the node), so no credential of the
+    submitter's travels; nothing to do for other registries."""
+    from trainctl.container.image import registry_host
+
+    registry = registry_host(image) or ""
+    if ".dkr.ecr." not in registry:
+        return
+    region = registry.split(".dkr.ecr.", 1)[1].split(".", 1)[0]
+    script = (
+        f"aws ecr get-login-password --region {shlex.quote(region)} | "
+        f"{shlex.quote(engine)} login --username AWS --password-stdin {shlex.quote(registry)}"
+    )
+    done = conn.run(script, timeout=120)
+    if done.code != 0:
+        raise SshProvisionError(f"{conn.label}: cannot log in to {registry}: {done.tail(1)}")
 
 
 def remote_engine(conn: Any) -> str:

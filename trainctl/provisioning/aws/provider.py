@@ -48,7 +48,7 @@ from trainctl.provisioning.aws.resources import (
 )
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider
 from trainctl.provisioning.catalog import CATALOG
-from trainctl.provisioning.local import LOOPBACK_ENV
+from trainctl.provisioning.local import IMAGE_PYTHON, LOOPBACK_ENV
 from trainctl.settings import get_settings
 from trainctl.transport import RunningProcess
 
@@ -111,6 +111,9 @@ class AwsProvider(Provider):
         self._job_regions: dict[str, str] = {}
         # (job, attempt) -> instances by rank, as last described; saves a call per SSH target
         self._nodes: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        # (job, attempt) -> each node's directory on its host; job -> its spec (the image)
+        self._host_roots: dict[tuple[str, int], list[str]] = {}
+        self._specs: dict[str, JobSpec] = {}
 
     # -- where ----------------------------------------------------------------------------
     def spec_region(self, spec: JobSpec) -> str:
@@ -291,6 +294,11 @@ class AwsProvider(Provider):
             roots = [str(self._seam_root(job, attempt, rank)) for rank in range(len(addresses))]
             for root in roots:
                 Path(root).mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._host_roots[(job, attempt)] = list(roots)
+            self._specs[job] = spec
+        if spec.image_uri:
+            roots = ["/"] * len(addresses)  # the agent sees the host's node dir at /opt/ml
         nodes = [
             NodeInfo(rank=rank, host=host_name(rank), address=address, root=root)
             for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
@@ -347,12 +355,12 @@ class AwsProvider(Provider):
             port=port,
             user=settings.ssh_user,
             key_file=str(default_key_path()),
-            gpus=CATALOG[cluster.instance_type].gpus if cluster.instance_type in CATALOG else 0,
+            # Stand-in hosts (the test seam) have no GPUs of their own.
+            gpus=0
+            if overrides or cluster.instance_type not in CATALOG
+            else CATALOG[cluster.instance_type].gpus,
             python=settings.aws_node_python,
         )
-
-    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        return get_settings().aws_node_python
 
     def start_agent(
         self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
@@ -361,6 +369,8 @@ class AwsProvider(Provider):
 
         settings = get_settings()
         host = self.ssh_target(cluster, rank)
+        itype = CATALOG.get(cluster.instance_type)
+        efa_interfaces = itype.efa_interfaces if itype else 0
         agent_env = dict(AGENT_ENV)
         if settings.ssh_address_override:
             # Stand-in hosts are not instances of their own: halting one would halt the
@@ -374,9 +384,23 @@ class AwsProvider(Provider):
             {**agent_env, **env},
             known_hosts=self.known_hosts(cluster.job),
             connect_timeout=settings.aws_boot_timeout_seconds,
+            spec=self._specs.get(cluster.job),
+            host_root=self._host_root(cluster, rank),
+            efa_devices=0 if settings.ssh_address_override else efa_interfaces,
             # Stand-in hosts (the test seam) run no user data.
             wait_for_marker=not settings.ssh_address_override,
         )
+
+    def _host_root(self, cluster: ClusterInfo, rank: int) -> str:
+        with self._lock:
+            roots = self._host_roots.get((cluster.job, cluster.attempt))
+        return roots[rank] if roots and rank < len(roots) else cluster.node(rank).root
+
+    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
+        spec = self._specs.get(cluster.job)
+        if spec is not None and spec.image_uri:
+            return IMAGE_PYTHON  # the image's, not the DLAMI's
+        return get_settings().aws_node_python
 
     def known_hosts(self, job: str) -> Path:
         """Host keys pinned per job: EC2 reuses addresses, so a new instance at an old
