@@ -541,7 +541,6 @@ def test_digits_on_two_ssh_hosts_in_containers(in_podman, node_image, sshd):
     assert not job_containers(in_podman, job.name)
 
 
-
 @pytest.mark.timeout(300)
 def test_ec2_job_in_its_image_on_stand_in_instances(in_podman, node_image, cloud):  # noqa: F811
     """An EC2 job with image_uri: moto launches the instances, the sshd stand-ins run each
