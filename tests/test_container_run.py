@@ -557,3 +557,58 @@ def test_ec2_job_in_its_image_on_stand_in_instances(in_podman, node_image, cloud
     keys = {o["Key"] for o in cloud.s3.list_objects_v2(Bucket=cloud.bucket)["Contents"]}
     assert f"models/{job.name}/output/model.tar.gz" in keys
     assert not job_containers(in_podman, job.name)
+
+
+@pytest.mark.timeout(240)
+def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
+    in_podman, node_image, sshd, registry, monkeypatch
+):
+    """build_image=True for remote hosts: built here, pushed to image_repository, pulled
+    by each host's engine; the job's record names the image it ran."""
+    from trainctl.controller.record import JobStore
+
+    repository = f"{registry.host}/trainctl/digits-ssh"
+    monkeypatch.setenv("TRAINCTL_IMAGE_REPOSITORY", repository)
+    hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
+    est = digits(None, instance_type="ssh", hosts=hosts, build_image=True, base_image=node_image)
+    try:
+        job = est.fit(logs=False)
+        assert job.describe()["state"] == "Completed"
+        image = JobStore(job.store, job.name).load().spec.image_uri
+        assert image is not None and image.startswith(repository + ":")
+        assert registry.has_manifest("trainctl/digits-ssh", image.rsplit(":", 1)[1])
+        assert not job_containers(in_podman, job.name)
+    finally:
+        for ref in _images_of(in_podman, repository):
+            in_podman.run("rmi", "-f", ref, timeout=120)
+
+
+def _images_of(engine: Engine, repository: str) -> list[str]:
+    done = engine.run("images", "--format", "{{.Repository}}:{{.Tag}}", timeout=60)
+    lines = done.stdout.decode().split() if done.returncode == 0 else []
+    return [line for line in lines if line.startswith(repository + ":")]
+
+
+def test_build_image_for_remote_hosts_needs_a_repository(home, sshd, monkeypatch):
+    monkeypatch.delenv("TRAINCTL_IMAGE_REPOSITORY", raising=False)
+    hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
+    with pytest.raises(SpecError) as raised:
+        digits(None, instance_type="ssh", hosts=hosts, build_image=True).fit(logs=False)
+    assert raised.value.field == "build_image" and "image_repository" in str(raised.value)
+
+
+@pytest.mark.timeout(240)
+def test_local_job_with_build_image_runs_in_the_image_built_for_it(in_podman, node_image):
+    from trainctl.controller.record import JobStore
+
+    est = digits(None, build_image=True, base_image=node_image)
+    image = None
+    try:
+        job = est.fit(logs=False)
+        assert job.describe()["state"] == "Completed"
+        image = JobStore(job.store, job.name).load().spec.image_uri
+        assert image is not None and image.startswith("localhost/trainctl/digits:")
+        assert not job_containers(in_podman, job.name)
+    finally:
+        if image:
+            in_podman.run("rmi", "-f", image, timeout=120)

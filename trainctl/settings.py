@@ -77,6 +77,12 @@ class Settings(BaseSettings):
         description="Container engine for builds and container jobs: docker or podman "
         "(default: whichever is installed, docker first).",
     )
+    image_repository: str = Field(
+        default="",
+        description="Where images built for ssh and EC2 jobs (build_image=True) are pushed "
+        "so their hosts can pull them: registry/name or an ECR repository URI (created if "
+        "missing).",
+    )
     node_environment: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment for every remote node agent (e.g. AWS_ENDPOINT_URL of "

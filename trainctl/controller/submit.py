@@ -63,15 +63,18 @@ def check_container_runtime(spec: JobSpec) -> None:
     local provider (checked now); on each host for ssh and EC2 (checked there when it is
     provisioned, with the image pulled). An image built here reaches remote hosts only
     through a registry."""
+    from trainctl.container.engine import find_engine
+
     if spec.provider in ("ssh", "aws"):
-        if spec.build_image:
+        if spec.build_image and not get_settings().image_repository:
             raise SpecError(
                 "build_image",
-                f"{spec.provider} hosts pull the job's image from a registry: build and push "
-                "it first (`trainctl build --push REPO`), then give image_uri",
+                f"{spec.provider} hosts pull the job's image from a registry: set "
+                "image_repository (TRAINCTL_IMAGE_REPOSITORY) to one they can reach, or build "
+                "and push it yourself (`trainctl build --push REPO`) and give image_uri",
             )
-        return
-    from trainctl.container.engine import find_engine
+        if not spec.build_image:
+            return  # each host's engine is checked (and the image pulled) at provision
 
     if find_engine() is None:
         raise SpecError(
@@ -114,7 +117,13 @@ def resolve_image(spec: JobSpec) -> JobSpec:
         return spec
     from trainctl.container.image import job_image
 
-    return spec.model_copy(update={"image_uri": job_image(spec)})
+    if spec.build_image and spec.provider in ("ssh", "aws"):
+        # Remote hosts pull it: built here, pushed to the configured repository.
+        repository = get_settings().image_repository
+        image = job_image(spec, repository=repository, push=True)
+    else:
+        image = job_image(spec)
+    return spec.model_copy(update={"image_uri": image})
 
 
 def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:

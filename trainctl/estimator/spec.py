@@ -394,9 +394,8 @@ class JobSpec(_Strict):
             raise ValueError("on_demand_fallback: only with use_spot_instances=True")
 
     def _check_image(self) -> None:
-        # (A recorded spec, not checked again, carries the image built for it in image_uri.)
-        if self.build_image and self.image_uri is not None:
-            raise ValueError("image_uri: give either image_uri or build_image=True, not both")
+        # (image_uri with build_image is the user's mistake, refused by build_spec; in a job's
+        # spec it is the image that was built for it.)
         if not self.build_image:
             for name in ("base_image", "dependencies"):
                 if getattr(self, name):
@@ -478,6 +477,8 @@ def build_spec(**fields: Any) -> JobSpec:
         if entry_path.is_absolute() and entry_path.resolve().is_relative_to(src.resolve()):
             # an absolute path that lies inside source_dir means the same script
             fields["entry_point"] = str(entry_path.resolve().relative_to(src.resolve()))
+    if fields.get("build_image") and fields.get("image_uri") is not None:
+        raise SpecError("image_uri", "give either image_uri or build_image=True, not both")
     if fields.get("pool") is not None:
         fields = _merge_pool(fields)
     if fields.get("max_wait") is not None and fields.get("max_run") is None:
