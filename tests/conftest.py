@@ -17,6 +17,7 @@ from tests.registry import (  # noqa: F401  (image registry and isolated podman 
     readonly_registry,
     registry,
 )
+from trainctl.provisioning.local import free_port  # noqa: F401  (shared by tests)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -65,14 +66,6 @@ def home(tmp_path, monkeypatch) -> Path:
     assert not left, f"processes left behind: {left}"
     nodes = home / "nodes"
     assert not nodes.exists() or not any(nodes.iterdir()), "node directories left behind"
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: str = "testing"):

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from trainctl.capacity import SshHost
+from trainctl.provisioning.local import free_port
+from trainctl.transport.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
 
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
@@ -59,26 +61,12 @@ def keygen(path: Path, comment: str) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 def _ppid(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[-1].split()[1])
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:
@@ -94,21 +82,10 @@ def _environ(pid: int) -> dict[bytes, bytes]:
     return out
 
 
-def _pids() -> list[int]:
-    me = os.getpid()
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me]
-
-
 def processes_with_env(name: str, value: str) -> list[int]:
     """Live processes whose (initial) environment has name=value."""
     key, val = name.encode(), value.encode()
     return [p for p in _pids() if _environ(p).get(key) == val and not _is_zombie(p)]
-
-
-def job_processes(job: str) -> list[int]:
-    """Processes of a job on this machine, found by its tag (sshd's children do not carry
-    the test's TRAINCTL_HOME, so the `home` fixture's check cannot see them)."""
-    return processes_with_env("TRAINCTL_JOB", job)
 
 
 def kill_all(pids: list[int]) -> None:

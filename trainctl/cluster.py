@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# Nodes on one machine talk over `lo`: gloo/NCCL/TensorPipe are pinned to it.
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 
 
 class NodeInfo(BaseModel):
@@ -41,3 +47,20 @@ class ClusterInfo(BaseModel):
 
 def host_name(rank: int) -> str:
     return f"algo-{rank + 1}"
+
+
+def loopback_network_env() -> dict[str, str]:
+    """LOOPBACK_ENV, with values the user set in this environment kept."""
+    return {k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or name, optionally with :port or [IPv6]) is this machine."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import re
 import shlex
 import shutil
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainctl.cluster import is_loopback
 from trainctl.errors import SpecError, TrainctlError, one_line
 
 if TYPE_CHECKING:
@@ -427,7 +427,7 @@ def build_image(
         engine = require_engine("building the job's image")
     commands: list[list[str]] = []
     host = registry_host(plan.repository)
-    verify = tls_verify if tls_verify is not None else not _is_loopback(host or "")
+    verify = tls_verify if tls_verify is not None else not is_loopback(host or "")
     ecr = ECR_RE.fullmatch(plan.repository)
     if push:
         if host is None or (host == "localhost" and plan.repository.startswith("localhost/")):
@@ -478,7 +478,7 @@ def build_image(
 
 
 def pull_image(engine: Engine, image: str, *, tls_verify: bool | None = None) -> None:
-    verify = tls_verify if tls_verify is not None else not _is_loopback(registry_host(image) or "")
+    verify = tls_verify if tls_verify is not None else not is_loopback(registry_host(image) or "")
     args = ["pull", *_tls_args(engine, verify), image]
     done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
     if done.returncode != 0:
@@ -495,7 +495,7 @@ def _ensure_base(
     """The base image locally, pulled if need be, with a clear error when it cannot be had."""
     if engine.image_exists(base):
         return
-    verify = tls_verify if tls_verify is not None else not _is_loopback(registry_host(base) or "")
+    verify = tls_verify if tls_verify is not None else not is_loopback(registry_host(base) or "")
     args = ["pull", *_tls_args(engine, verify), base]
     commands.append(engine.command(*args))
     done = _run(engine, args, PUSH_TIMEOUT, f"pulling base image {base}")
@@ -531,17 +531,6 @@ def registry_host(reference: str) -> str | None:
     if "." in first or ":" in first or first == "localhost":
         return first
     return None
-
-
-def _is_loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.strip("[]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _registry_has(plan: BuildPlan, engine: Engine, verify: bool) -> bool:
@@ -623,7 +612,7 @@ def ecr_login(engine: Engine, region: str, *, tls_verify: bool | None = None) ->
     data = _ecr_client(region).get_authorization_token()["authorizationData"][0]
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     endpoint = data["proxyEndpoint"].removeprefix("https://").removeprefix("http://")
-    verify = tls_verify if tls_verify is not None else not _is_loopback(endpoint)
+    verify = tls_verify if tls_verify is not None else not is_loopback(endpoint)
     args = ["login", *_tls_args(engine, verify), "--username", user, "--password-stdin", endpoint]
     done = engine.run(*args, input=password.encode(), timeout=120)
     if done.returncode != 0:

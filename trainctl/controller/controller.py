@@ -28,7 +28,7 @@ from trainctl.errors import TrainctlError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
-from trainctl.settings import get_settings
+from trainctl.settings import Settings, get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
 from trainctl.transport import RunningProcess
@@ -273,7 +273,7 @@ class Controller:
         for node in cluster.nodes:
             python = self.provider.agent_python(cluster, node.rank)
             argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
-            proc = self.provider.start_agent(cluster, node.rank, argv, self._agent_env())
+            proc = self.provider.start_agent(cluster, node.rank, argv, agent_env(self.settings))
             nodes[node.rank] = _Node(node.rank, proc, last_seen=time.monotonic())
             threading.Thread(
                 target=self._pump, args=(node.rank, proc), name=f"node-{node.rank}", daemon=True
@@ -288,9 +288,6 @@ class Controller:
                 target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
             ).start()
         return nodes
-
-    def _agent_env(self) -> dict[str, str]:
-        return agent_env(self.settings.node_environment)
 
     def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> None:
         """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
@@ -629,13 +626,28 @@ class Controller:
         self.jobs.save(self.record)
 
 
-def agent_env(node_environment: dict[str, str]) -> dict[str, str]:
-    """What a node agent needs from here: the TRAINCTL_* settings in effect (its timings)
-    and `node_environment`. Not TRAINCTL_HOME (the node has its own), and nothing else:
-    a remote node never gets this machine's credentials."""
+# Settings the agent acts on: it runs under the controller's values (config.yaml included),
+# not those of the host it runs on.
+AGENT_SETTINGS = (
+    "log_sync_seconds",
+    "lease_seconds",
+    "orphan_timeout_seconds",
+    "notice_grace_seconds",
+    "checkpoint_sync_seconds",
+    "heartbeat_seconds",
+)
+
+
+def agent_env(settings: Settings) -> dict[str, str]:
+    """What a node agent needs from here: the settings it acts on, the TRAINCTL_* variables
+    in effect, and `node_environment`. Not TRAINCTL_HOME (the node has its own), and
+    nothing else: a remote node never gets this machine's credentials."""
     from trainctl.transport.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
 
+    env = {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
     not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
-    env = {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
-    env.update(node_environment)
+    env.update(
+        {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
+    )
+    env.update(settings.node_environment)
     return env

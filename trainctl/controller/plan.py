@@ -96,7 +96,7 @@ def _agent_command(
         from trainctl.controller.controller import agent_env
         from trainctl.settings import get_settings
 
-        names = set(agent_env(get_settings().node_environment))
+        names = set(agent_env(get_settings()))
         return provider.container_argv(cluster, rank, argv, names)
     return argv
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name, loopback_network_env
 from trainctl.estimator.spec import JobSpec
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.settings import get_settings
@@ -45,7 +45,6 @@ FORWARDED_TO_CONTAINERS = (
     "AWS_ENDPOINT_URL_S3",
 )
 ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
-LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 
 
 def free_port(address: str = LOOPBACK) -> int:
@@ -118,7 +117,7 @@ class LocalProvider(Provider):
             # In a container the node's opt/ml is /opt/ml: the layout root is "/" there.
             root = "/" if spec.image_uri else str(self.node_root(job, attempt, rank))
             nodes.append(NodeInfo(rank=rank, host=host_name(rank), address=LOOPBACK, root=root))
-        network_env = {k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()}
+        network_env = loopback_network_env()
         return ClusterInfo(
             job=job,
             attempt=attempt,

@@ -13,7 +13,6 @@ restarted controller or `trainctl stop` can clean up without the spec in memory.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shlex
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainctl.capacity import SshHost
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name, is_loopback, loopback_network_env
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.estimator.spec import JOB_NAME_RE, JobSpec
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
@@ -35,19 +34,8 @@ from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 
 T = TypeVar("T")
 
-LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 NODES_DIR = ".trainctl/nodes"  # under the remote home
 AGENT_RUN_DIR = ".agent"  # in a node's root: the agent's log, pid and exit files
-# Settings the agent acts on: it runs under the controller's values, not the host's.
-AGENT_SETTINGS = (
-    "log_sync_seconds",
-    "lease_seconds",
-    "orphan_timeout_seconds",
-    "notice_grace_seconds",
-    "checkpoint_sync_seconds",
-    "heartbeat_seconds",
-)
-
 # Per rank, at provision: make the node dir and (rank 0) find a free port for the master.
 PREPARE = r"""
 import json, os, socket, sys
@@ -136,15 +124,6 @@ class SshProvisionError(TrainctlError):
 
 class SshTeardownError(TrainctlError):
     """Processes or node dirs of a job could not be removed from some hosts."""
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_job_name(job: str) -> None:
@@ -327,7 +306,7 @@ class SshProvider(Provider):
         hosts = spec.hosts[: spec.instance_count]
         network_env: dict[str, str] = {}
         if is_loopback(hosts[0].address):
-            network_env = {k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()}
+            network_env = loopback_network_env()
         return ClusterInfo(
             job=job,
             attempt=attempt,
@@ -374,7 +353,7 @@ class SshProvider(Provider):
         return SshProcess(
             connector,
             argv,
-            {**agent_settings_env(), **runtime_env, **env, **tags},
+            {**runtime_env, **env, **tags},
             cwd=root,
             run_dir=f"{root}/{AGENT_RUN_DIR}",
             connect_timeout=self.connect_timeout,
@@ -465,12 +444,6 @@ def uses_s3(spec: JobSpec) -> bool:
     return any(u and u.startswith("s3://") for u in uris)
 
 
-def agent_settings_env() -> dict[str, str]:
-    """The controller's values of the settings the agent acts on, as TRAINCTL_* variables."""
-    settings = get_settings()
-    return {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
-
-
 # Written by the EC2 nodes' user data when the node is ready (see provisioning.aws.requests).
 NODE_PREPARED_MARKER = "/opt/trainctl/node-prepared"
 
@@ -548,7 +521,7 @@ def start_agent_on(
     return SshProcess(
         connector,
         argv,
-        {**agent_settings_env(), **runtime_env, **env, **tags},
+        {**runtime_env, **env, **tags},
         cwd=root,
         run_dir=run_dir,
         connect_timeout=connect_timeout,
@@ -579,7 +552,7 @@ def start_in_container(
 
     assert spec.image_uri is not None
     tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-    full_env = {**agent_settings_env(), **env, **tags}
+    full_env = {**env, **tags}
     command = container_command(
         Engine(Path(engine_path).name, engine_path),
         spec.image_uri,
@@ -642,12 +615,12 @@ def remote_engine(conn: Any) -> str:
 def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
     """Pull `image` on the host unless it is there (plain http only for loopback
     registries, as on this machine)."""
-    from trainctl.container.image import _is_loopback, registry_host
+    from trainctl.container.image import registry_host
 
     if conn.run([engine, "image", "inspect", image], timeout=60).code == 0:
         return
     tls = []
-    if Path(engine).name == "podman" and _is_loopback(registry_host(image) or ""):
+    if Path(engine).name == "podman" and is_loopback(registry_host(image) or ""):
         tls = ["--tls-verify=false"]
     pulled = conn.run([engine, "pull", *tls, image], timeout=3600)
     if pulled.code != 0:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.capacity import SSM_PARAMETER_PREFIX, SshHost
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.cluster import LOOPBACK_ENV, ClusterInfo, NodeInfo, host_name, is_loopback
 from trainctl.errors import TrainctlError
 from trainctl.estimator.spec import JobSpec
 from trainctl.provisioning.aws import requests as rq
@@ -48,7 +48,7 @@ from trainctl.provisioning.aws.resources import (
 )
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider
 from trainctl.provisioning.catalog import CATALOG
-from trainctl.provisioning.local import IMAGE_PYTHON, LOOPBACK_ENV
+from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.settings import get_settings
 from trainctl.transport import RunningProcess
 
@@ -287,7 +287,7 @@ class AwsProvider(Provider):
             addresses[rank] = parse_override(value)[0]
         network_env = rq.network_env(instance_type)
         roots = ["/"] * len(addresses)  # an instance is the job's: the layout is /opt/ml
-        if overrides and all(_is_loopback(a) for a in addresses):
+        if overrides and all(is_loopback(a) for a in addresses):
             # Test seam: loopback sshd servers on this machine stand in for the instances;
             # each gets its own layout root here, as the local provider's nodes do.
             network_env = dict(LOOPBACK_ENV)
@@ -530,13 +530,6 @@ class AwsProvider(Provider):
         else:
             price = spot_price(ec2, spec.instance_type)
         return None if price is None else price * spec.instance_count
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def _epoch(value: Any) -> float:
