@@ -427,6 +427,72 @@ def test_missing_image_is_a_clear_error_before_anything_is_made(in_podman, home)
         ensure_image(in_podman, missing)
 
 
+@pytest.fixture
+def image_without_agent(in_podman, tmp_path) -> Iterator[str]:
+    """A real image that has no python, so no trainctl agent (busybox only)."""
+    from tests.registry import import_busybox_image
+
+    tag = import_busybox_image(tmp_path, f"localhost/trainctl-test-busybox:{os.getpid()}")
+    yield tag
+    in_podman.run("rmi", "-f", tag, timeout=120)
+
+
+@pytest.mark.timeout(60)
+def test_image_that_cannot_run_the_agent_is_refused_before_anything_is_made(
+    in_podman, image_without_agent, home
+):
+    """Without this check its nodes would fail at start, attempt after attempt."""
+    with pytest.raises(SpecError) as raised:
+        digits(image_without_agent).fit(logs=False)
+    message = str(raised.value)
+    assert message.startswith(f"image_uri: {image_without_agent} cannot run the trainctl agent (")
+    assert "build_image=True" in message and "\n" not in message
+    assert not (home / "nodes").exists()
+    assert not job_containers(in_podman, "")  # the probe's container is gone too
+
+
+@pytest.mark.timeout(120)
+def test_ssh_hosts_refuse_an_image_that_cannot_run_the_agent(
+    in_podman, image_without_agent, sshd, home
+):
+    """Each host's engine is asked at preflight: a clear error, and no job is made."""
+    hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
+    est = digits(image_without_agent, instance_type="ssh", hosts=hosts)
+    with pytest.raises(SpecError) as raised:
+        est.fit(logs=False)
+    assert raised.value.field in ("hosts[0]", "hosts[1]")
+    assert f"{image_without_agent} cannot run the trainctl agent (" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert not (home / "controllers").exists() or not any((home / "controllers").iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_framework_version_job_builds_the_toolkit_onto_the_framework_image(in_podman, home):
+    """AWS's framework images have SageMaker's toolkit, not trainctl's agent: the job's image
+    is built on the framework image, and the dry run shows the build and the container."""
+    from trainctl.container.image import framework_image
+
+    plan = digits(None, framework_version="2.3").fit(dry_run=True)
+    build = next(r for r in plan["requests"] if r["service"] == "image")
+    assert build["operation"] == "Build"
+    assert build["params"]["base_image"] == framework_image("2.3", gpu=False)
+    image = build["params"]["image"]
+    assert image.startswith("localhost/trainctl/digits:")
+    for node in plan["nodes"]:
+        agent = node["agent"]
+        assert agent[:3] == [in_podman.path, "run", "--rm"] and image in agent
+    assert not in_podman.image_exists(image)  # a dry run builds nothing
+
+
+def test_framework_version_for_remote_hosts_needs_a_repository(home, sshd, monkeypatch):
+    monkeypatch.delenv("TRAINCTL_IMAGE_REPOSITORY", raising=False)
+    hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
+    est = digits(None, instance_type="ssh", hosts=hosts, framework_version="2.3")
+    with pytest.raises(SpecError) as raised:
+        est.fit(logs=False)
+    assert raised.value.field == "framework_version" and "image_repository" in str(raised.value)
+
+
 @pytest.mark.timeout(30)
 def test_image_without_an_engine_is_refused_before_anything_is_made(home, monkeypatch):
     import trainctl.container.engine as engine_module

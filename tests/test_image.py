@@ -543,3 +543,95 @@ def test_ecr_login_failure_hides_the_token(tmp_path: Path, monkeypatch: pytest.M
             ecr_login(Engine("podman", str(script)), "us-east-1")
     assert str(info.value).startswith("podman login to 123456789012.dkr.ecr.us-east-1")
     assert password not in str(info.value) and "***" in str(info.value)
+
+
+def _registry_engine(tmp_path: Path) -> tuple[Engine, Path]:
+    """An 'engine' whose registry wants a login: `pull` fails until `login` has run, as a
+    real engine does against ECR without credentials. Records argv and the login's stdin."""
+    log = tmp_path / "engine.log"
+    logged_in = tmp_path / "logged-in"
+    script = tmp_path / "podman"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "ARGV $*" >> {log}\n'
+        f'if [ "$1" = login ]; then echo "STDIN $(cat)" >> {log}; touch {logged_in}; exit 0; fi\n'
+        f'if [ "$1" = pull ] && [ ! -e {logged_in} ]; then\n'
+        '  echo "Error: initializing source docker://$2: reading manifest: authentication '
+        'required" >&2; exit 125\n'
+        "fi\n"
+        'if [ "$1" = image ]; then exit 1; fi\n'
+        "exit 0\n"
+    )
+    script.chmod(0o755)
+    return Engine("podman", str(script)), log
+
+
+@pytest.mark.timeout(30)
+def test_pull_of_a_framework_image_logs_in_to_its_ecr_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS's framework images live in another account's registry (763104351884): a refused
+    pull logs in there with the caller's token (stdin only) and pulls again; a build on such
+    a base does the same. No traffic leaves the machine: the engine is a recorder."""
+    import boto3
+    from moto import mock_aws
+
+    from trainctl.container.image import pull_image
+    from trainctl.container.run import ensure_image
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    image = f"{DLC}:2.3.0-gpu-py311-cu121-ubuntu20.04-ec2"
+    registry = "763104351884.dkr.ecr.us-east-1.amazonaws.com"
+    engine, log = _registry_engine(tmp_path)
+    with mock_aws():
+        token = boto3.client("ecr", region_name="us-east-1").get_authorization_token()
+        password = (
+            base64.b64decode(token["authorizationData"][0]["authorizationToken"])
+            .decode()
+            .partition(":")[2]
+        )
+        commands: list[list[str]] = []
+        pull_image(engine, image, commands=commands)
+        assert ensure_image(engine, image)  # logged in now: pulled at once
+    lines = log.read_text().splitlines()
+    assert lines[:4] == [
+        f"ARGV pull {image}",
+        f"ARGV login --username AWS --password-stdin {registry}",
+        f"STDIN {password}",
+        f"ARGV pull {image}",
+    ]
+    assert lines[4:] == [f"ARGV image inspect {image}", f"ARGV pull {image}"]
+    assert [c[1] for c in commands] == ["pull", "login", "pull"]
+    assert all(password not in " ".join(c) for c in commands)
+
+
+@pytest.mark.timeout(30)
+def test_refused_pull_outside_ecr_logs_in_nowhere(tmp_path: Path) -> None:
+    from trainctl.container.image import pull_image
+
+    engine, log = _registry_engine(tmp_path)
+    with pytest.raises(ImageBuildError) as info:
+        pull_image(engine, "registry.example.com/team/base:1")
+    assert str(info.value).splitlines()[0].endswith("authentication required")
+    assert log.read_text().splitlines() == ["ARGV pull registry.example.com/team/base:1"]
+
+
+@pytest.mark.timeout(30)
+def test_ecr_login_without_credentials_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainctl.container.image import pull_image
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    engine, _ = _registry_engine(tmp_path)
+    with pytest.raises(ImageBuildError) as info:
+        pull_image(engine, f"{DLC}:2.3.0-cpu-py311")
+    assert str(info.value) == (
+        "cannot get an ECR login token in us-east-1: Unable to locate credentials"
+    )

@@ -7,6 +7,7 @@ when both are installed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -45,9 +46,14 @@ class Engine:
         return self.run("image", "inspect", image, timeout=60).returncode == 0
 
 
-@lru_cache(maxsize=8)
-def _usable(path: str) -> bool:
-    """Whether the engine answers (a docker CLI without a reachable daemon does not)."""
+# Where each engine's client connects when told to: the answer depends on them as well.
+ENDPOINT_VARIABLES = ("DOCKER_HOST", "DOCKER_CONTEXT", "CONTAINER_HOST", "CONTAINER_CONNECTION")
+
+
+@lru_cache(maxsize=16)
+def _usable(path: str, endpoint: tuple[str, ...] = ()) -> bool:
+    """Whether the engine answers (a docker CLI without a reachable daemon does not).
+    `endpoint`: the ENDPOINT_VARIABLES' values, part of the cache key only."""
     try:
         done = subprocess.run([path, "info"], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -65,7 +71,8 @@ def find_engine(preferred: str | None = None) -> Engine | None:
         preferred = get_settings().container_engine or None
     for name in [preferred] if preferred else ENGINES:
         path = shutil.which(name)
-        if path and _usable(path):
+        endpoint = tuple(os.environ.get(name, "") for name in ENDPOINT_VARIABLES)
+        if path and _usable(path, endpoint):
             return Engine(name, path)
     return None
 

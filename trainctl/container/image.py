@@ -44,6 +44,7 @@ __all__ = [
     "ImageRef",
     "build_image",
     "ecr_login",
+    "ecr_registry",
     "ensure_ecr_repository",
     "framework_image",
     "job_image",
@@ -80,6 +81,7 @@ ECR_RE = re.compile(
     r"^(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
     r"/(?P<name>[^:@]+)$"
 )
+ECR_HOST_RE = re.compile(r"^[0-9]{12}\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
 REPOSITORY_RE = re.compile(r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*$")
 
 
@@ -342,7 +344,7 @@ def plan_build(
 
 
 def plan_for_spec(spec: JobSpec, *, repository: str | None = None) -> BuildPlan:
-    """The build plan of a job whose spec has `build_image=True`."""
+    """The build plan of a job that builds its image (`spec.builds_image`)."""
     from trainctl.provisioning.catalog import CATALOG
     from trainctl.provisioning.ssh import uses_s3
 
@@ -367,24 +369,15 @@ def job_image(
     push: bool = False,
     engine: Engine | None = None,
 ) -> str | None:
-    """The image a job's nodes run, building (and pushing) it first when the spec asks for a
-    build: `image_uri` as given; with `build_image`, the built image's reference; with only
-    `framework_version`, that framework image; None when the job runs without a container."""
+    """The image a job's nodes run, building (and pushing) it first when the job builds one
+    (`spec.builds_image`: build_image, or a framework image, which gets the toolkit added):
+    `image_uri` as given, else the built image's reference; None for a job without one."""
     if spec.image_uri is not None:
         return spec.image_uri
-    if spec.build_image:
+    if spec.builds_image:
         return build_image(
             plan_for_spec(spec, repository=repository), push=push, engine=engine
         ).image
-    if spec.framework_version is not None:
-        from trainctl.provisioning.catalog import CATALOG
-
-        return framework_image(
-            spec.framework_version,
-            spec.py_version,
-            gpu=CATALOG[spec.instance_type].gpus > 0,
-            region=spec.region,
-        )
     return None
 
 
@@ -477,10 +470,27 @@ def build_image(
     return ImageRef(plan.image, plan.repository, plan.tag, built, pushed, reason, commands)
 
 
-def pull_image(engine: Engine, image: str, *, tls_verify: bool | None = None) -> None:
+def pull_image(
+    engine: Engine,
+    image: str,
+    *,
+    tls_verify: bool | None = None,
+    commands: list[list[str]] | None = None,
+) -> None:
+    """Pull `image`; for an ECR image a refused pull logs in to its registry and tries once
+    more (ImageBuildError when it still fails). The commands run are added to `commands`."""
     verify = tls_verify if tls_verify is not None else not is_loopback(registry_host(image) or "")
     args = ["pull", *_tls_args(engine, verify), image]
+    ran = commands if commands is not None else []
+    ran.append(engine.command(*args))
     done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
+    ecr = ecr_registry(image)
+    if done.returncode != 0 and ecr:
+        # Not logged in to that registry, or the 12-hour token ran out. One token serves
+        # every registry the caller may read, AWS's framework images (763104351884) too.
+        ran.append(ecr_login(engine, ecr[1], registry=ecr[0], tls_verify=tls_verify))
+        ran.append(engine.command(*args))
+        done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
     if done.returncode != 0:
         raise ImageBuildError(
             f"pulling {image} failed (exit {done.returncode}): "
@@ -495,15 +505,13 @@ def _ensure_base(
     """The base image locally, pulled if need be, with a clear error when it cannot be had."""
     if engine.image_exists(base):
         return
-    verify = tls_verify if tls_verify is not None else not is_loopback(registry_host(base) or "")
-    args = ["pull", *_tls_args(engine, verify), base]
-    commands.append(engine.command(*args))
-    done = _run(engine, args, PUSH_TIMEOUT, f"pulling base image {base}")
-    if done.returncode != 0:
+    try:
+        pull_image(engine, base, tls_verify=tls_verify, commands=commands)
+    except ImageBuildError as exc:
+        reason = str(exc).partition("): ")[2] or str(exc)
         raise ImageBuildError(
-            f"base image {base} is not on this machine and cannot be pulled: "
-            f"{_last_line(done.stderr or done.stdout)}"
-        )
+            f"base image {base} is not on this machine and cannot be pulled: {reason}"
+        ) from None
 
 
 def _run(engine: Engine, args: list[str], timeout: float, what: str) -> Any:
@@ -531,6 +539,13 @@ def registry_host(reference: str) -> str | None:
     if "." in first or ":" in first or first == "localhost":
         return first
     return None
+
+
+def ecr_registry(reference: str) -> tuple[str, str] | None:
+    """(registry host, region) when `reference` names an image or repository in ECR."""
+    host = registry_host(reference) or ""
+    found = ECR_HOST_RE.fullmatch(host)
+    return (host, found["region"]) if found else None
 
 
 def _registry_has(plan: BuildPlan, engine: Engine, verify: bool) -> bool:
@@ -605,13 +620,28 @@ def _ecr_has_tag(name: str, region: str, tag: str) -> bool:
     return bool(found.get("imageDetails"))
 
 
-def ecr_login(engine: Engine, region: str, *, tls_verify: bool | None = None) -> list[str]:
+def ecr_login(
+    engine: Engine,
+    region: str,
+    *,
+    registry: str | None = None,
+    tls_verify: bool | None = None,
+) -> list[str]:
     """Log the engine in to ECR with a fresh token; the password goes through stdin only.
 
-    Returns the login command that ran (it holds no secret)."""
-    data = _ecr_client(region).get_authorization_token()["authorizationData"][0]
+    `registry`: the registry host to log in to, when not the caller's own (the token is
+    good for any registry the caller may read). Returns the login command that ran (it
+    holds no secret)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        data = _ecr_client(region).get_authorization_token()["authorizationData"][0]
+    except (ClientError, BotoCoreError) as exc:
+        raise ImageBuildError(
+            f"cannot get an ECR login token in {region}: {one_line(str(exc))}"
+        ) from None
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
-    endpoint = data["proxyEndpoint"].removeprefix("https://").removeprefix("http://")
+    endpoint = registry or data["proxyEndpoint"].removeprefix("https://").removeprefix("http://")
     verify = tls_verify if tls_verify is not None else not is_loopback(endpoint)
     args = ["login", *_tls_args(engine, verify), "--username", user, "--password-stdin", endpoint]
     done = engine.run(*args, input=password.encode(), timeout=120)

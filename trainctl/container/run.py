@@ -24,7 +24,7 @@ What the container gets, and why:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trainctl.container.engine import Engine
@@ -33,6 +33,10 @@ from trainctl.errors import SpecError, one_line
 JOB_LABEL = "trainctl.job"
 ATTEMPT_LABEL = "trainctl.attempt"
 RANK_LABEL = "trainctl.rank"
+# Every image trainctl builds carries it (value: the agent version baked in).
+TOOLKIT_LABEL = "trainctl.version"
+# What the agent needs of an image: python3 that imports it (with its dependencies).
+TOOLKIT_PROBE = "import trainctl.container.agent"
 CONTAINER_OPT_ML = "/opt/ml"
 # Used only with a private IPC namespace (ipc_host=False); see the module docstring.
 DEFAULT_SHM_SIZE = "16g"
@@ -136,6 +140,57 @@ def ensure_image(engine: Engine, image: str, *, timeout: float = PULL_TIMEOUT_SE
     except OSError as exc:
         raise SpecError("image_uri", f"cannot pull {image} with {engine.name}: {exc}") from None
     return True
+
+
+# Images (by id, per place) found able to run the agent: the probe starts a container, and
+# an image id names its content, so once per process is enough.
+_toolkit_found: set[tuple[str, str]] = set()
+
+# Runs an argv where the image is (here or on a host): (exit code, output).
+Runner = Callable[[list[str]], tuple[int, str]]
+
+
+def check_toolkit(run: Runner, engine_path: str, image: str, *, where: str = "") -> None:
+    """SpecError("image_uri", one line) unless `image` can run the trainctl agent.
+
+    An image trainctl built says so in its TOOLKIT_LABEL; any other image is asked, once, by
+    a throwaway container with no network. Without this, a job in an image lacking the agent
+    would only fail when its nodes start, attempt after attempt, on capacity already paid for.
+    """
+    inspect = [engine_path, "image", "inspect", "--format"]
+    inspect += [f'{{{{.Id}}}} {{{{index .Config.Labels "{TOOLKIT_LABEL}"}}}}', image]
+    code, out = run(inspect)
+    image_id, _, label = out.strip().partition(" ")
+    if code == 0 and label.strip() not in ("", "<no value>"):
+        return
+    if code == 0 and (where, image_id) in _toolkit_found:
+        return
+    probe = [engine_path, "run", "--rm", "--pull", "never", "--network", "none"]
+    probe += ["--entrypoint", "python3", image, "-c", TOOLKIT_PROBE]
+    code, out = run(probe)
+    if code != 0:
+        raise SpecError(
+            "image_uri",
+            f"{image} cannot run the trainctl agent ({_last_line(out.encode())}); build an "
+            f"image on it with build_image=True and base_image={image!r} (or `trainctl build "
+            f"--base-image {image}`), which adds the toolkit, or pip install trainctl in it",
+        )
+    if image_id:
+        _toolkit_found.add((where, image_id))
+
+
+def local_runner(timeout: float = 300) -> Runner:
+    """A Runner for this machine."""
+    import subprocess
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 1, str(exc)
+        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+    return run
 
 
 def job_containers(engine: Engine, job: str) -> list[str]:

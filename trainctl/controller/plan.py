@@ -113,7 +113,23 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     provider = get_provider(spec.instance_type, spec.region)
     name = spec.job_name or generate_job_name(spec.entry_point)
     max_bytes = int(get_settings().max_source_mb * 1024 * 1024)
-    requests = [_source_request(spec, store, max_bytes), *provider.dry_run(spec, name, 1)]
+    requests = [_source_request(spec, store, max_bytes)]
+    if spec.builds_image:
+        # What the submit would build (and push): the plan hashes the inputs, builds nothing.
+        from trainctl.container.image import plan_for_spec
+
+        remote = spec.provider in ("ssh", "aws")
+        repository = get_settings().image_repository if remote else None
+        build = plan_for_spec(spec, repository=repository)
+        requests.append(
+            {
+                "service": "image",
+                "operation": "BuildAndPush" if remote else "Build",
+                "params": {"image": build.image, "base_image": build.base_image},
+            }
+        )
+        spec = spec.model_copy(update={"image_uri": build.image})
+    requests += provider.dry_run(spec, name, 1)
     cluster = provider.planned_cluster(spec, name, 1)
     nodes = []
     for node in cluster.nodes:

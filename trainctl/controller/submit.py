@@ -66,19 +66,23 @@ def check_container_runtime(spec: JobSpec) -> None:
     from trainctl.container.engine import find_engine
 
     if spec.provider in ("ssh", "aws"):
-        if spec.build_image and not get_settings().image_repository:
+        if spec.builds_image and not get_settings().image_repository:
             raise SpecError(
-                "build_image",
-                f"{spec.provider} hosts pull the job's image from a registry: set "
+                "build_image" if spec.build_image else "framework_version",
+                f"{spec.provider} hosts pull the job's image, built here, from a registry: set "
                 "image_repository (TRAINCTL_IMAGE_REPOSITORY) to one they can reach, or build "
                 "and push it yourself (`trainctl build --push REPO`) and give image_uri",
             )
-        if not spec.build_image:
+        if not spec.builds_image:
             return  # each host's engine is checked (and the image pulled) at provision
 
     if find_engine() is None:
         raise SpecError(
-            "image_uri" if spec.image_uri else "build_image",
+            "image_uri"
+            if spec.image_uri
+            else "build_image"
+            if spec.build_image
+            else "framework_version",
             "running in a container image needs docker or podman on this machine and none "
             "is installed and answering; install one, or leave image_uri unset to run the "
             "entry point as processes",
@@ -111,13 +115,13 @@ def check_writable(uri: str, field: str) -> None:
 
 
 def resolve_image(spec: JobSpec) -> JobSpec:
-    """`spec` with the image its nodes run in `image_uri`: built here (build_image, cached by
-    content hash) or the framework image (framework_version); unchanged otherwise."""
-    if spec.image_uri is not None or not (spec.build_image or spec.framework_version):
+    """`spec` with the image its nodes run in `image_uri`, built here (cached by content
+    hash) on the base image or the framework image; unchanged when it has one or needs none."""
+    if not spec.builds_image:
         return spec
     from trainctl.container.image import job_image
 
-    if spec.build_image and spec.provider in ("ssh", "aws"):
+    if spec.provider in ("ssh", "aws"):
         # Remote hosts pull it: built here, pushed to the configured repository.
         repository = get_settings().image_repository
         image = job_image(spec, repository=repository, push=True)

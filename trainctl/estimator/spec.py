@@ -413,6 +413,13 @@ class JobSpec(_Strict):
                 )
 
     @property
+    def builds_image(self) -> bool:
+        """Whether the job's image is built for it: asked for (build_image), or a framework
+        image chosen by framework_version, which gets the trainctl toolkit (the agent) added
+        on top - AWS's images carry SageMaker's toolkit, not this one."""
+        return self.image_uri is None and (self.build_image or self.framework_version is not None)
+
+    @property
     def launcher(self) -> str:
         return self.distribution.launcher if self.distribution else "python"
 

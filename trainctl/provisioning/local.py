@@ -78,11 +78,14 @@ class LocalProvider(Provider):
         ]
 
     def preflight(self, spec: JobSpec) -> None:
-        """With an image: an engine on this machine, and the image on it (pulled once)."""
+        """With an image: an engine on this machine, and the image on it (pulled once),
+        able to run the agent."""
         if spec.image_uri:
-            from trainctl.container.run import ensure_image
+            from trainctl.container.run import check_toolkit, ensure_image, local_runner
 
-            ensure_image(self._engine(), spec.image_uri)
+            engine = self._engine()
+            ensure_image(engine, spec.image_uri)
+            check_toolkit(local_runner(), engine.path, spec.image_uri)
 
     def _engine(self) -> Engine:
         from trainctl.container.engine import find_engine

@@ -218,16 +218,22 @@ class SshProvider(Provider):
         return requests
 
     def preflight(self, spec: JobSpec) -> None:
-        """Every host accepts an SSH connection with its key and pinned host key."""
+        """Every host accepts an SSH connection with its key and pinned host key; with an
+        image, every host has an engine, and the image (pulled now), able to run the agent."""
         from trainctl.transport.ssh import SshError
 
         hosts = list(enumerate(spec.hosts[: spec.instance_count]))
 
         def reach(item: tuple[int, SshHost]) -> None:
-            self._connector(item[1]).connect(timeout=self.connect_timeout).close()
+            conn = self._connector(item[1]).connect(timeout=self.connect_timeout)
+            try:
+                if spec.image_uri:
+                    ensure_remote_image(conn, remote_engine(conn), spec.image_uri)
+            finally:
+                conn.close()
 
         for (index, _host), _, error in _each(hosts, reach):
-            if isinstance(error, SshError):
+            if isinstance(error, SshError | SshProvisionError):
                 raise SpecError(f"hosts[{index}]", str(error))
             if error is not None:
                 raise error
@@ -580,12 +586,12 @@ def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
     """Log the host's engine in to the ECR registry of `image` with the node's own
     instance-profile credentials (the AWS CLI on the node), so no credential of the
     submitter's travels; nothing to do for other registries."""
-    from trainctl.container.image import registry_host
+    from trainctl.container.image import ecr_registry
 
-    registry = registry_host(image) or ""
-    if ".dkr.ecr." not in registry:
+    ecr = ecr_registry(image)
+    if ecr is None:
         return
-    region = registry.split(".dkr.ecr.", 1)[1].split(".", 1)[0]
+    registry, region = ecr
     script = (
         f"aws ecr get-login-password --region {shlex.quote(region)} | "
         f"{shlex.quote(engine)} login --username AWS --password-stdin {shlex.quote(registry)}"
@@ -614,14 +620,28 @@ def remote_engine(conn: Any) -> str:
 
 def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
     """Pull `image` on the host unless it is there (plain http only for loopback
-    registries, as on this machine)."""
+    registries, as on this machine), and check that it can run the agent."""
     from trainctl.container.image import registry_host
 
-    if conn.run([engine, "image", "inspect", image], timeout=60).code == 0:
-        return
-    tls = []
-    if Path(engine).name == "podman" and is_loopback(registry_host(image) or ""):
-        tls = ["--tls-verify=false"]
-    pulled = conn.run([engine, "pull", *tls, image], timeout=3600)
-    if pulled.code != 0:
-        raise SshProvisionError(f"{conn.label}: cannot pull {image}: {pulled.tail(1)}")
+    if conn.run([engine, "image", "inspect", image], timeout=60).code != 0:
+        tls = []
+        if Path(engine).name == "podman" and is_loopback(registry_host(image) or ""):
+            tls = ["--tls-verify=false"]
+        pulled = conn.run([engine, "pull", *tls, image], timeout=3600)
+        if pulled.code != 0:
+            raise SshProvisionError(f"{conn.label}: cannot pull {image}: {pulled.tail(1)}")
+    check_remote_toolkit(conn, engine, image)
+
+
+def check_remote_toolkit(conn: Any, engine: str, image: str) -> None:
+    """SshProvisionError unless the image can run the agent on the host (see check_toolkit)."""
+    from trainctl.container.run import check_toolkit
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        done = conn.run(argv, timeout=300)
+        return done.code, done.stdout + done.stderr
+
+    try:
+        check_toolkit(run, engine, image, where=conn.label)
+    except SpecError as exc:
+        raise SshProvisionError(f"{conn.label}: {exc.message}") from None
