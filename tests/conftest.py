@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -97,6 +100,57 @@ def source(tmp_path) -> callable:
 
 
 SESSION_MARKER = REPO / ".pytest-session-finished"
+
+
+class OffLoopbackError(OSError):
+    """A test's own process tried to reach an address outside 127.0.0.0/8 (or ::1)."""
+
+
+def _loopback_only(connect):
+    def guarded(sock, address, *args):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            host = address[0]
+            try:
+                allowed = ipaddress.ip_address(host).is_loopback
+            except ValueError:  # a name: only localhost (urllib3 connects to resolved IPs)
+                allowed = host == "localhost"
+            if not allowed:
+                raise OffLoopbackError(
+                    errno.ENETUNREACH, f"test traffic goes to loopback only, not {address}"
+                )
+        return connect(sock, address, *args)
+
+    return guarded
+
+
+def _local_names_only(getaddrinfo):
+    local = {"localhost", socket.gethostname()}
+
+    def guarded(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is not None and name not in local:
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:  # a DNS name: resolving it would already leave the machine
+                raise socket.gaierror(
+                    socket.EAI_NONAME, f"test traffic goes to loopback only, not {name}"
+                ) from None
+        return getaddrinfo(host, *args, **kwargs)
+
+    return guarded
+
+
+@pytest.fixture(autouse=True, scope="session")
+def loopback_only():
+    """Every connection the test process makes stays on loopback: a code path that would
+    reach AWS (a credential lookup at 169.254.169.254, an ECR call) fails instead of
+    leaving the machine, and so does a DNS lookup of any name but this machine's.
+    (Subprocesses are not covered; their tests say where they go.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _loopback_only(socket.socket.connect))
+        patch.setattr(socket.socket, "connect_ex", _loopback_only(socket.socket.connect_ex))
+        patch.setattr(socket, "getaddrinfo", _local_names_only(socket.getaddrinfo))
+        yield
 
 
 def pytest_sessionstart(session) -> None:

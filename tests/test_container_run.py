@@ -398,9 +398,13 @@ def test_failing_script_in_containers_fails_and_leaves_nothing(in_podman, node_i
 
 @pytest.mark.timeout(120)
 def test_stop_reaches_the_agent_inside_and_saves_an_emergency_checkpoint(in_podman, node_image):
+    check_stop_saves_an_emergency_checkpoint(in_podman, node_image)
+
+
+def check_stop_saves_an_emergency_checkpoint(engine: Engine, image: str) -> None:
     """job.stop() SIGTERMs the engine processes; the signal reaches the agents inside
     (sig-proxy + init), the script checkpoints and exits, and no container is left."""
-    est = digits(node_image, hyperparameters={"epochs": 8, "step-delay": 0.2})
+    est = digits(image, hyperparameters={"epochs": 8, "step-delay": 0.2})
     job = est.fit(wait=False)
     _wait_for_log(job, "hyperparameters:", timeout=90)
     deadline = time.monotonic() + 60  # a periodic checkpoint: the training loop is running
@@ -410,7 +414,7 @@ def test_stop_reaches_the_agent_inside_and_saves_an_emergency_checkpoint(in_podm
     assert info["state"] == "Stopped", info
     text = "".join(job.store.get_text(i.key) for i in job.store.list(f"jobs/{job.name}/logs"))
     assert "preempted: emergency checkpoint at step" in text, text[-3000:]
-    assert not job_containers(in_podman, job.name)
+    assert not job_containers(engine, job.name)
 
 
 @pytest.mark.timeout(60)
@@ -534,11 +538,15 @@ def _wait_for_log(job, text: str, timeout: float) -> None:
 
 @pytest.mark.timeout(150)
 def test_killed_node_container_is_replaced_and_the_job_resumes(in_podman, node_image):
+    check_killed_node_is_replaced(in_podman, node_image)
+
+
+def check_killed_node_is_replaced(engine: Engine, image: str) -> None:
     """A fault kill of algo-2 removes its container (the machine is gone); the next attempt
     runs in new containers, resumes from the checkpoint and completes."""
     hyperparameters = {"epochs": 4, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
     est = digits(
-        node_image,
+        image,
         hyperparameters={**hyperparameters, "step-delay": 0.1},
         faults=["kill:algo-2@6"],
     )
@@ -548,7 +556,7 @@ def test_killed_node_container_is_replaced_and_the_job_resumes(in_podman, node_i
     attempts = info["attempts"]
     assert [a["outcome"] for a in attempts] == ["interrupted", "completed"], attempts
     assert "lost" in attempts[0]["cause"], attempts[0]
-    assert not job_containers(in_podman, job.name)
+    assert not job_containers(engine, job.name)
 
 
 # -- the whole chain: build -> push -> pull -> run -------------------------------------------
@@ -623,6 +631,31 @@ def test_ec2_job_in_its_image_on_stand_in_instances(in_podman, node_image, cloud
     keys = {o["Key"] for o in cloud.s3.list_objects_v2(Bucket=cloud.bucket)["Contents"]}
     assert f"models/{job.name}/output/model.tar.gz" in keys
     assert not job_containers(in_podman, job.name)
+
+
+@pytest.mark.timeout(240)
+def test_ec2_job_in_an_image_without_the_agent_fails_at_once_and_leaves_nothing(
+    in_podman,
+    image_without_agent,
+    cloud,  # noqa: F811
+):
+    """EC2 hosts exist only once paid for: the image is checked on each as its node starts,
+    and an image that cannot run the agent fails the job then (no relaunch), with every
+    instance and resource gone."""
+    from tests.test_e2e_aws import _job_resources
+    from tests.test_e2e_aws import digits as ec2_digits
+
+    est = ec2_digits(cloud, job_name=f"{JOB_PREFIX}-ec2-noagent", image_uri=image_without_agent)
+    with pytest.raises(JobFailedError) as raised:
+        est.fit(logs=False)
+    info = raised.value.job.describe()
+    assert f"{image_without_agent} cannot run the trainctl agent" in info["failure_reason"], info
+    assert len(info["attempts"]) == 1, info["attempts"]
+    assert _job_resources(cloud.ec2, raised.value.job.name) == {
+        "instances": [],
+        "security_groups": [],
+        "key_pairs": [],
+    }
 
 
 @pytest.mark.timeout(240)

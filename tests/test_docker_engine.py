@@ -19,7 +19,13 @@ import pytest
 from tests.conftest import EXAMPLES
 from tests.dockerd import Dockerd, dockerd  # noqa: F401  (the session's daemon)
 from tests.registry import registry  # noqa: F401
-from tests.test_container_run import JOB_PREFIX, _wait_for_log, digits, write_node_rootfs
+from tests.test_container_run import (
+    JOB_PREFIX,
+    check_killed_node_is_replaced,
+    check_stop_saves_an_emergency_checkpoint,
+    digits,
+    write_node_rootfs,
+)
 from trainctl.container import engine as engine_module
 from trainctl.container.engine import Engine, find_engine
 from trainctl.container.run import job_containers
@@ -109,36 +115,15 @@ def test_build_push_pull_then_a_two_node_job_runs_in_docker(
 
 @pytest.mark.timeout(150)
 def test_stop_reaches_the_agent_inside_a_docker_container(in_docker, docker_node_image):
-    """job.stop() SIGTERMs the `docker run` clients; docker proxies the signal to
-    docker-init, which hands it to the agent: emergency checkpoint, no container left."""
-    est = digits(docker_node_image, hyperparameters={"epochs": 8, "step-delay": 0.2})
-    job = est.fit(wait=False)
-    _wait_for_log(job, "hyperparameters:", timeout=90)
-    deadline = time.monotonic() + 60
-    while not job.store.list(f"jobs/{job.name}/checkpoints") and time.monotonic() < deadline:
-        time.sleep(0.3)
-    info = job.stop()
-    assert info["state"] == "Stopped", info
-    text = "".join(job.store.get_text(i.key) for i in job.store.list(f"jobs/{job.name}/logs"))
-    assert "preempted: emergency checkpoint at step" in text, text[-3000:]
-    assert not job_containers(in_docker, job.name)
+    """The `docker run` client proxies the SIGTERM to docker-init, which hands it on."""
+    check_stop_saves_an_emergency_checkpoint(in_docker, docker_node_image)
 
 
 @pytest.mark.timeout(150)
 def test_killed_docker_node_is_replaced_and_the_job_resumes(in_docker, docker_node_image):
-    """A killed `docker run` client leaves its container running under dockerd; the fault
-    kill must take the container too, and the next attempt resumes and completes."""
-    hyperparameters = {"epochs": 4, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
-    est = digits(
-        docker_node_image,
-        hyperparameters={**hyperparameters, "step-delay": 0.1},
-        faults=["kill:algo-2@6"],
-    )
-    job = est.fit(logs=False)
-    info = job.describe()
-    assert info["state"] == "Completed", info
-    assert [a["outcome"] for a in info["attempts"]] == ["interrupted", "completed"], info
-    assert not job_containers(in_docker, job.name)
+    """A killed `docker run` client leaves its container running under dockerd: the kill
+    must take the container too before the next attempt resumes."""
+    check_killed_node_is_replaced(in_docker, docker_node_image)
 
 
 @pytest.mark.timeout(30)

@@ -231,19 +231,19 @@ def test_spec_build_fields(source: Path) -> None:
         "base:1",
         ["scipy"],
     )
-    assert (
-        job_image(
-            est.spec.model_copy(
-                update={
-                    "build_image": False,
-                    "base_image": None,
-                    "dependencies": [],
-                    "framework_version": "2.2",
-                }
-            )
-        )
-        == f"{DLC}:2.2.0-cpu-py310"
+    framework_only = est.spec.model_copy(
+        update={
+            "build_image": False,
+            "base_image": None,
+            "dependencies": [],
+            "framework_version": "2.2",
+        }
     )
+    # AWS's image lacks the agent: the job's image is built on it, with the toolkit added
+    assert framework_only.builds_image
+    assert plan_for_spec(framework_only).base_image == f"{DLC}:2.2.0-cpu-py310"
+    given = framework_only.model_copy(update={"image_uri": "registry.example.com/x:1"})
+    assert not given.builds_image and job_image(given) == "registry.example.com/x:1"
 
     def bad(**fields: object) -> str:
         with pytest.raises(SpecError) as info:
@@ -468,6 +468,18 @@ def test_push_refused(
 # --- ECR ------------------------------------------------------------------------------------------
 
 
+def _ecr_password(region: str) -> str:
+    """The password of the token ECR (moto, inside mock_aws) hands out."""
+    import boto3
+
+    token = boto3.client("ecr", region_name=region).get_authorization_token()
+    return (
+        base64.b64decode(token["authorizationData"][0]["authorizationToken"])
+        .decode()
+        .partition(":")[2]
+    )
+
+
 def _recording_engine(tmp_path: Path) -> tuple[Engine, Path]:
     """An 'engine' that records each command line and its stdin, and succeeds; `image
     inspect` says the image exists, so no build runs (the ECR path is what is under test)."""
@@ -503,8 +515,7 @@ def test_ecr_repository_creation_login_and_push(
         assert len(ecr.describe_repositories()["repositories"]) == 1
         ecr.delete_repository(repositoryName="trainctl/digits")
 
-        token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
-        password = base64.b64decode(token).decode().partition(":")[2]
+        password = _ecr_password("us-west-2")
         plan = plan_build(source, "train.py", base_image="base:1", repository=repo)
         ref = build_image(plan, push=True, engine=engine)
         assert (ref.built, ref.pushed) == (False, True)  # the recorder says it exists locally
@@ -523,7 +534,6 @@ def test_ecr_repository_creation_login_and_push(
 
 @pytest.mark.timeout(30)
 def test_ecr_login_failure_hides_the_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import boto3
     from moto import mock_aws
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -533,12 +543,7 @@ def test_ecr_login_failure_hides_the_token(tmp_path: Path, monkeypatch: pytest.M
     script.write_text('#!/bin/sh\necho "Error: bad credentials $(cat)" >&2\nexit 1\n')
     script.chmod(0o755)
     with mock_aws():
-        token = boto3.client("ecr", region_name="us-east-1").get_authorization_token()
-        password = (
-            base64.b64decode(token["authorizationData"][0]["authorizationToken"])
-            .decode()
-            .partition(":")[2]
-        )
+        password = _ecr_password("us-east-1")
         with pytest.raises(ImageBuildError) as info:
             ecr_login(Engine("podman", str(script)), "us-east-1")
     assert str(info.value).startswith("podman login to 123456789012.dkr.ecr.us-east-1")
@@ -548,6 +553,7 @@ def test_ecr_login_failure_hides_the_token(tmp_path: Path, monkeypatch: pytest.M
 def _registry_engine(tmp_path: Path) -> tuple[Engine, Path]:
     """An 'engine' whose registry wants a login: `pull` fails until `login` has run, as a
     real engine does against ECR without credentials. Records argv and the login's stdin."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "engine.log"
     logged_in = tmp_path / "logged-in"
     script = tmp_path / "podman"
@@ -568,15 +574,13 @@ def _registry_engine(tmp_path: Path) -> tuple[Engine, Path]:
 
 @pytest.mark.timeout(30)
 def test_pull_of_a_framework_image_logs_in_to_its_ecr_registry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """AWS's framework images live in another account's registry (763104351884): a refused
     pull logs in there with the caller's token (stdin only) and pulls again; a build on such
     a base does the same. No traffic leaves the machine: the engine is a recorder."""
-    import boto3
     from moto import mock_aws
 
-    from trainctl.container.image import pull_image
     from trainctl.container.run import ensure_image
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -586,12 +590,7 @@ def test_pull_of_a_framework_image_logs_in_to_its_ecr_registry(
     registry = "763104351884.dkr.ecr.us-east-1.amazonaws.com"
     engine, log = _registry_engine(tmp_path)
     with mock_aws():
-        token = boto3.client("ecr", region_name="us-east-1").get_authorization_token()
-        password = (
-            base64.b64decode(token["authorizationData"][0]["authorizationToken"])
-            .decode()
-            .partition(":")[2]
-        )
+        password = _ecr_password("us-east-1")
         commands: list[list[str]] = []
         pull_image(engine, image, commands=commands)
         assert ensure_image(engine, image)  # logged in now: pulled at once
@@ -606,11 +605,16 @@ def test_pull_of_a_framework_image_logs_in_to_its_ecr_registry(
     assert [c[1] for c in commands] == ["pull", "login", "pull"]
     assert all(password not in " ".join(c) for c in commands)
 
+    # a build on it: the base is pulled the same way (a new recorder: not logged in yet)
+    engine, log = _registry_engine(tmp_path / "build")
+    with mock_aws():
+        plan = plan_build(source, "train.py", base_image=image)
+        ref = build_image(plan, engine=engine)
+    assert [c[1] for c in ref.commands] == ["pull", "login", "pull", "build"]
+
 
 @pytest.mark.timeout(30)
 def test_refused_pull_outside_ecr_logs_in_nowhere(tmp_path: Path) -> None:
-    from trainctl.container.image import pull_image
-
     engine, log = _registry_engine(tmp_path)
     with pytest.raises(ImageBuildError) as info:
         pull_image(engine, "registry.example.com/team/base:1")
@@ -622,13 +626,17 @@ def test_refused_pull_outside_ecr_logs_in_nowhere(tmp_path: Path) -> None:
 def test_ecr_login_without_credentials_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainctl.container.image import pull_image
+    import boto3
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # boto3's default session keeps credentials an earlier test resolved: start afresh, and
+    # should any be found anyway, the request still goes to a closed port on loopback
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port('127.0.0.1')}")
     engine, _ = _registry_engine(tmp_path)
     with pytest.raises(ImageBuildError) as info:
         pull_image(engine, f"{DLC}:2.3.0-cpu-py311")

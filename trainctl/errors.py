@@ -22,6 +22,11 @@ def one_line(text: str) -> str:
     return "".join(c if c >= " " or c == "\t" else repr(c)[1:-1] for c in text)
 
 
+class UnrunnableJobError(TrainctlError):
+    """The job cannot run where it was placed and would fail the same way on new capacity
+    (an image that cannot run the agent, say): it fails at once instead of relaunching."""
+
+
 class StoreError(TrainctlError):
     """A store operation failed (after the store's own retries)."""
 

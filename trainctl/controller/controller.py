@@ -24,7 +24,7 @@ from trainctl.controller.logs import LogPrinter
 from trainctl.controller.outputs import output_store
 from trainctl.controller.plan import agent_argv
 from trainctl.controller.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso
-from trainctl.errors import TrainctlError
+from trainctl.errors import TrainctlError, UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
@@ -201,7 +201,13 @@ class Controller:
                 self._end(JobState.STOPPED, stop_reason=reason)
                 return
             attempt = len(self.record.attempts) + 1
-            end = self._run_attempt(attempt)
+            try:
+                end = self._run_attempt(attempt)
+            except UnrunnableJobError as exc:
+                if len(self.record.attempts) == attempt:  # recorded: close it
+                    self._close_attempt(AttemptEnd("failed", str(exc)))
+                self._end(JobState.FAILED, reason=str(exc))
+                return
             self._close_attempt(end)
             if end.outcome == "completed":
                 self._complete()

@@ -65,10 +65,13 @@ def check_container_runtime(spec: JobSpec) -> None:
     through a registry."""
     from trainctl.container.engine import find_engine
 
+    # the field that asked for the image
+    field = "image_uri" if spec.image_uri else "build_image" if spec.build_image else ""
+    field = field or "framework_version"
     if spec.provider in ("ssh", "aws"):
         if spec.builds_image and not get_settings().image_repository:
             raise SpecError(
-                "build_image" if spec.build_image else "framework_version",
+                field,
                 f"{spec.provider} hosts pull the job's image, built here, from a registry: set "
                 "image_repository (TRAINCTL_IMAGE_REPOSITORY) to one they can reach, or build "
                 "and push it yourself (`trainctl build --push REPO`) and give image_uri",
@@ -78,11 +81,7 @@ def check_container_runtime(spec: JobSpec) -> None:
 
     if find_engine() is None:
         raise SpecError(
-            "image_uri"
-            if spec.image_uri
-            else "build_image"
-            if spec.build_image
-            else "framework_version",
+            field,
             "running in a container image needs docker or podman on this machine and none "
             "is installed and answering; install one, or leave image_uri unset to run the "
             "entry point as processes",

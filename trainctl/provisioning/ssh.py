@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from trainctl.capacity import SshHost
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name, is_loopback, loopback_network_env
-from trainctl.errors import SpecError, TrainctlError
+from trainctl.errors import SpecError, TrainctlError, UnrunnableJobError
 from trainctl.estimator.spec import JOB_NAME_RE, JobSpec
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.provisioning.local import IMAGE_PYTHON
@@ -120,6 +120,10 @@ print("trainctl-end %d %d" % (ended, len(left)))
 
 class SshProvisionError(TrainctlError):
     """One or more SSH hosts could not be used; nothing was started."""
+
+
+class ImageCannotRunAgentError(SshProvisionError, UnrunnableJobError):
+    """The job's image, on a host, cannot run the agent: no new host would do better."""
 
 
 class SshTeardownError(TrainctlError):
@@ -644,4 +648,4 @@ def check_remote_toolkit(conn: Any, engine: str, image: str) -> None:
     try:
         check_toolkit(run, engine, image, where=conn.label)
     except SpecError as exc:
-        raise SshProvisionError(f"{conn.label}: {exc.message}") from None
+        raise ImageCannotRunAgentError(f"{conn.label}: {exc.message}") from None
