@@ -4,8 +4,9 @@ in a temp dir, so the docker code path runs against a daemon, not only golden co
 The daemon keeps everything under its own directory: data root, exec root, socket, pid file
 and trust key (`deprecated-key-path`, else it writes /etc/docker/key.json). It makes no
 bridge and touches no iptables: trainctl's containers use the host's network. Tests point
-at it with DOCKER_HOST. At the end every container is removed, the daemon is stopped, what
-it left mounted under its directory is unmounted, and the directory is deleted.
+at it with DOCKER_HOST; it lives as long as the test module that uses it. At the end every
+container is removed, the daemon is stopped, what it left mounted under its directory is
+unmounted, and the directory is deleted.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _stop(proc: subprocess.Popen[bytes], daemon: Dockerd) -> None:
     shutil.rmtree(daemon.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dockerd() -> Iterator[Dockerd]:
     require(dockerd_missing_reason(), "docker")
     root = Path(tempfile.mkdtemp(prefix="trainctl-dockerd-"))

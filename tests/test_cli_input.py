@@ -249,6 +249,40 @@ def test_typer_usage_error_is_exit_2(cli_home: Path, src: Path) -> None:
     _assert_no_job(cli_home)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        pytest.param(["submit", "--bogus"], ("No such option: --bogus",), id="option"),
+        pytest.param(["status"], ("Missing argument 'job'",), id="argument"),
+        pytest.param(
+            ["submit", "src/train.py", "--instance-count", "abc"],
+            ("'--instance-count'", "integer"),
+            id="type",
+        ),
+        pytest.param(["nosuchcmd"], ("No such command 'nosuchcmd'",), id="command"),
+    ],
+)
+def test_usage_errors_of_the_command_are_one_line(
+    cli_home: Path, src: Path, args: list[str], words: tuple[str, ...]
+) -> None:
+    """The installed `trainctl` (main(), as users run it): click's usage block and boxed
+    message become one `error:` line that says where help is, exit 2, and no job."""
+    import subprocess
+
+    from tests.conftest import TRAINCTL
+
+    done = subprocess.run([TRAINCTL, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert lines[0].endswith("--help')")
+    for word in words:
+        assert word in lines[0]
+    _assert_no_job(cli_home)
+
+
 # --- library bugs, kept visible --------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from trainctl.container.engine import Engine, find_engine
 from trainctl.container.run import job_containers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_node_image(dockerd: Dockerd) -> Iterator[str]:  # noqa: F811
     """The node image of test_container_run (python, torch, trainctl), in dockerd."""
     tag = f"localhost/trainctl-test-node:{os.getpid()}"

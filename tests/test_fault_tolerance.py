@@ -197,3 +197,37 @@ def test_user_failure_counts_against_max_restarts_but_kills_do_not(home, source)
     outcomes = [a["outcome"] for a in est.latest_training_job.describe()["attempts"]]
     # the kill (infrastructure) + two user failures (the first one retried once)
     assert outcomes == ["interrupted", "failed", "failed"]
+
+
+@pytest.mark.timeout(30)
+def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
+    """A node of attempt 1 whose stream still drains after attempt 2 began (its emergency
+    checkpoint's step, say) must not be taken for attempt 2's node of the same rank: that
+    made attempt 2 look as if it trained from scratch, and attempt 1 lose every step."""
+    from trainctl.controller.controller import Controller, _Node
+    from trainctl.controller.record import Attempt, now_iso
+    from trainctl.controller.submit import create_job, default_store
+    from trainctl.estimator.spec import build_spec
+    from trainctl.protocol import CONTROL_PREFIX
+
+    store = default_store()
+    record = create_job(build_spec(entry_point="probe.py", source_dir=str(source("probe"))), store)
+    ctl = Controller(store, record.name)
+    first = Attempt(number=1, started_at=now_iso(), last_step=40)
+    second = Attempt(number=2, started_at=now_iso())
+    ctl.record.attempts = [first, second]
+    nodes = {0: _Node(0, proc=None)}  # type: ignore[arg-type]  (no process is read here)
+
+    ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "preempted", "step": 59}'))
+    ctl._lines.put((1, 0, None))  # attempt 1's stream ends: not attempt 2's node
+    ctl._drain_lines(nodes)
+    assert (first.last_step, second.last_step, second.resumed_from_step) == (59, None, None)
+    assert nodes[0].exit_code is None
+
+    ctl._on_control(nodes[0], {"event": "resumed", "step": 59}, nodes)
+    assert (second.resumed_from_step, first.steps_lost) == (59, 0)
+
+    # a later straggler of attempt 1 still counts for attempt 1, and its loss is redone
+    ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "step", "step": 62}'))
+    ctl._drain_lines(nodes)
+    assert (first.last_step, first.steps_lost, second.last_step) == (62, 3, None)

@@ -64,6 +64,18 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("hp-bad-key", {"hyperparameters": {"-x": 1}}, "hyperparameters", ("-x",)),
     ("hp-not-a-dict", {"hyperparameters": [1, 2]}, "hyperparameters", ()),
     (
+        "hp-same-variable",
+        {"hyperparameters": {"batch-size": 1, "batch_size": 2}},
+        "hyperparameters",
+        ("'batch-size' and 'batch_size'", "SM_HP_BATCH_SIZE"),
+    ),
+    (
+        "channels-same-variable",
+        {"inputs": {"train-a": "file:///tmp", "TRAIN.A": "file:///tmp"}},
+        "inputs",
+        ("'train-a' and 'TRAIN.A'", "SM_CHANNEL_TRAIN_A"),
+    ),
+    (
         "distribution-unknown-key",
         {"distribution": {"pytorchddp": {"enabled": True}}},
         "distribution",

@@ -132,6 +132,9 @@ class Controller:
         self.stop_reason: str | None = None
         self.interrupted_by_user = False
         self._nodes: dict[int, _Node] = {}
+        # (attempt, rank, line or None at the end of a node's stream), from every attempt's
+        # pumps: one that still drains after its attempt ended is told apart by its number.
+        self._lines: queue.Queue[tuple[int, int, str | None]] = queue.Queue()
         self._signal: int | None = None
         self._training_started: float | None = None
         self._job_started = time.monotonic()
@@ -275,14 +278,16 @@ class Controller:
 
     def _start_agents(self, cluster: ClusterInfo) -> dict[int, _Node]:
         nodes: dict[int, _Node] = {}
-        self._lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         for node in cluster.nodes:
             python = self.provider.agent_python(cluster, node.rank)
             argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
             proc = self.provider.start_agent(cluster, node.rank, argv, agent_env(self.settings))
             nodes[node.rank] = _Node(node.rank, proc, last_seen=time.monotonic())
             threading.Thread(
-                target=self._pump, args=(node.rank, proc), name=f"node-{node.rank}", daemon=True
+                target=self._pump,
+                args=(cluster.attempt, node.rank, proc),
+                name=f"node-{node.rank}",
+                daemon=True,
             ).start()
         self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(nodes))
         self._nodes = nodes
@@ -315,12 +320,33 @@ class Controller:
                 return
             time.sleep(MACHINE_CHECK_SECONDS)
 
-    def _pump(self, rank: int, proc: RunningProcess) -> None:
+    def _pump(self, attempt: int, rank: int, proc: RunningProcess) -> None:
         try:
             for line in proc.lines():
-                self._lines.put((rank, line))
+                self._lines.put((attempt, rank, line))
         finally:
-            self._lines.put((rank, None))
+            self._lines.put((attempt, rank, None))
+
+    def _late_line(self, attempt: int, rank: int, line: str | None) -> None:
+        """A line of an earlier attempt's node, still draining after that attempt ended:
+        its output is shown and its progress counted for that attempt, never this one's
+        (a late step of the old node is not a step of the new one at the same rank)."""
+        if line is None:
+            return
+        msg = parse_control(line)
+        if msg is None:
+            self._on_line(rank, line)
+            return
+        step = msg.get("step")
+        if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
+            return
+        earlier = self.record.attempts[attempt - 1]
+        earlier.last_step = max(step, earlier.last_step or 0)
+        if msg["event"] == "checkpoint":
+            earlier.last_checkpoint_step = step
+        resumed = self.record.attempts[-1].resumed_from_step
+        if earlier.steps_lost is not None and resumed is not None:
+            earlier.steps_lost = max(0, earlier.last_step - resumed)
 
     def _watch(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> AttemptEnd:
         """Follow one attempt until it ends, and say how it ended."""
@@ -329,8 +355,11 @@ class Controller:
         first_abnormal: float | None = None
         while True:
             try:
-                rank, line = self._lines.get(timeout=POLL_SECONDS)
+                attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
             except queue.Empty:
+                attempt, rank, line = cluster.attempt, -1, None
+            if attempt != cluster.attempt:
+                self._late_line(attempt, rank, line)
                 rank, line = -1, None
             now = time.monotonic()
             if rank >= 0:
@@ -539,9 +568,12 @@ class Controller:
     def _drain_lines(self, nodes: dict[int, _Node]) -> None:
         while True:
             try:
-                rank, line = self._lines.get_nowait()
+                attempt, rank, line = self._lines.get_nowait()
             except queue.Empty:
                 return
+            if attempt != self.record.attempts[-1].number:
+                self._late_line(attempt, rank, line)
+                continue
             if line is not None and parse_control(line) is None:
                 self._on_line(rank, line)
             elif line is not None and (msg := parse_control(line)):

@@ -148,6 +148,21 @@ ChannelName = Annotated[str, AfterValidator(_channel_name)]
 InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
 
 
+def _check_env_collisions(names: dict[str, Any], prefix: str, what: str) -> None:
+    """Two names that map to one variable (`batch-size`, `batch_size`) would leave the script
+    with one of the two values, silently."""
+    from trainctl.container.layout import env_suffix  # (layout imports this module)
+
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(env_suffix(name), name)
+        if other != name:
+            raise ValueError(
+                f"{what} {other!r} and {name!r} would both set {prefix}{env_suffix(name)}; "
+                "rename one"
+            )
+
+
 def _check_json_value(value: Any, path: str) -> None:
     try:
         json.dumps(value, allow_nan=False)
@@ -263,6 +278,13 @@ class JobSpec(_Strict):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key}={value!r} is not a finite number")
             _check_json_value(value, key)
+        _check_env_collisions(v, "SM_HP_", "keys")
+        return v
+
+    @field_validator("inputs")
+    @classmethod
+    def _channel_envs(cls, v: dict[str, str]) -> dict[str, str]:
+        _check_env_collisions(v, "SM_CHANNEL_", "channels")
         return v
 
     @field_validator("environment")
