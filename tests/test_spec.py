@@ -64,12 +64,6 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("hp-bad-key", {"hyperparameters": {"-x": 1}}, "hyperparameters", ("-x",)),
     ("hp-not-a-dict", {"hyperparameters": [1, 2]}, "hyperparameters", ()),
     (
-        "hp-same-variable",
-        {"hyperparameters": {"batch-size": 1, "batch_size": 2}},
-        "hyperparameters",
-        ("'batch-size' and 'batch_size'", "SM_HP_BATCH_SIZE"),
-    ),
-    (
         "channels-same-variable",
         {"inputs": {"train-a": "file:///tmp", "TRAIN.A": "file:///tmp"}},
         "inputs",

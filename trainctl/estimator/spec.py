@@ -149,7 +149,7 @@ InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
 
 
 def _check_env_collisions(names: dict[str, Any], prefix: str, what: str) -> None:
-    """Two names that map to one variable (`batch-size`, `batch_size`) would leave the script
+    """Two names that map to one variable (`train-a`, `train.a`) would leave the script
     with one of the two values, silently."""
     from trainctl.container.layout import env_suffix  # (layout imports this module)
 
@@ -278,7 +278,8 @@ class JobSpec(_Strict):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key}={value!r} is not a finite number")
             _check_json_value(value, key)
-        _check_env_collisions(v, "SM_HP_", "keys")
+        # Keys that share an SM_HP_ name (`batch-size`, `batch_size`) stay allowed: the
+        # arguments keep both verbatim and SM_HPS has both; SM_HP_<NAME> has the later one.
         return v
 
     @field_validator("inputs")
