@@ -166,6 +166,57 @@ def test_plain_python_per_host_starts_its_own_process_group(home, source):
     assert "host algo-2 allreduce=3.0" in text
 
 
+def _require_mpirun() -> None:
+    import os
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("mpirun not found under CI (apt-get install openmpi-bin)")
+        pytest.skip("mpirun not found (apt-get install openmpi-bin)")
+
+
+@pytest.mark.timeout(120)
+def test_mpi_runs_every_process_from_the_first_host(home, source):
+    """distribution mpi: algo-1 runs `mpirun` over both hosts' slots (one address here, so
+    no remote shell), algo-2 runs nothing; the processes find each other by Open MPI's
+    ranks and all-reduce."""
+    _require_mpirun()
+    est = Estimator(
+        entry_point="allreduce.py",
+        source_dir=str(source("mpi")),
+        instance_count=2,
+        distribution="mpi",
+    )
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    assert info["launcher"] == "mpi"
+    node0 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    node1 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
+    assert "launching: mpirun --allow-run-as-root --host 127.0.0.1:2 -np 2" in node0
+    assert "SUM 0 3" in node0 and "SUM 1 3" in node0
+    assert "MPI rank" not in node1 and "runs no launcher of its own" in node1
+
+
+@pytest.mark.timeout(120)
+def test_mpi_process_that_fails_fails_the_job_with_its_error(home, source):
+    _require_mpirun()
+    est = Estimator(
+        entry_point="allreduce.py",
+        source_dir=str(source("mpi")),
+        instance_count=2,
+        distribution="mpi",
+        hyperparameters={"fail-rank": 1},
+    )
+    with pytest.raises(JobFailedError) as raised:
+        est.fit(logs=False)
+    info = raised.value.job.describe()
+    assert info["state"] == "Failed"
+    assert info["exit_code"] not in (None, 0)
+    assert "ValueError: rank 1 was told to fail" in info["failure_reason"], info
+
+
 def test_failing_script_fails_job_with_traceback(home, source, capsys):
     """A script that raises: Failed, its exit code, its traceback, the other node ended."""
     est = Estimator(

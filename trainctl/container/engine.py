@@ -69,9 +69,9 @@ def find_engine(preferred: str | None = None) -> Engine | None:
         from trainctl.settings import get_settings
 
         preferred = get_settings().container_engine or None
+    endpoint = tuple(os.environ.get(variable, "") for variable in ENDPOINT_VARIABLES)
     for name in [preferred] if preferred else ENGINES:
         path = shutil.which(name)
-        endpoint = tuple(os.environ.get(name, "") for name in ENDPOINT_VARIABLES)
         if path and _usable(path, endpoint):
             return Engine(name, path)
     return None

@@ -148,18 +148,18 @@ ChannelName = Annotated[str, AfterValidator(_channel_name)]
 InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
 
 
-def _check_env_collisions(names: dict[str, Any], prefix: str, what: str) -> None:
-    """Two names that map to one variable (`train-a`, `train.a`) would leave the script
-    with one of the two values, silently."""
+def _check_channel_envs(channels: dict[str, Any]) -> None:
+    """Two channels that map to one variable (`train-a`, `train.a`) would leave the script
+    with one of the two directories in SM_CHANNEL_<NAME>, silently."""
     from trainctl.container.layout import env_suffix  # (layout imports this module)
 
     seen: dict[str, str] = {}
-    for name in names:
+    for name in channels:
         other = seen.setdefault(env_suffix(name), name)
         if other != name:
             raise ValueError(
-                f"{what} {other!r} and {name!r} would both set {prefix}{env_suffix(name)}; "
-                "rename one"
+                f"channels {other!r} and {name!r} would both set "
+                f"SM_CHANNEL_{env_suffix(name)}; rename one"
             )
 
 
@@ -285,7 +285,7 @@ class JobSpec(_Strict):
     @field_validator("inputs")
     @classmethod
     def _channel_envs(cls, v: dict[str, str]) -> dict[str, str]:
-        _check_env_collisions(v, "SM_CHANNEL_", "channels")
+        _check_channel_envs(v)
         return v
 
     @field_validator("environment")
