@@ -89,8 +89,9 @@ class ImageBuildError(TrainctlError):
     """Building, pulling or pushing an image failed. The first line says what; the engine's
     output (its last lines) follows when there is any."""
 
-    def __init__(self, summary: str, output: str = "") -> None:
+    def __init__(self, summary: str, output: str = "", *, reason: str = "") -> None:
         self.summary = one_line(summary)
+        self.reason = one_line(reason) or self.summary  # why, for a caller's own summary
         self.output = _tail(output)
         super().__init__(self.summary + (f"\n{self.output}" if self.output else ""))
 
@@ -492,10 +493,11 @@ def pull_image(
         ran.append(engine.command(*args))
         done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
     if done.returncode != 0:
+        reason = _last_line(done.stderr or done.stdout)
         raise ImageBuildError(
-            f"pulling {image} failed (exit {done.returncode}): "
-            f"{_last_line(done.stderr or done.stdout)}",
+            f"pulling {image} failed (exit {done.returncode}): {reason}",
             _text(done.stdout, done.stderr),
+            reason=reason,
         )
 
 
@@ -508,9 +510,8 @@ def _ensure_base(
     try:
         pull_image(engine, base, tls_verify=tls_verify, commands=commands)
     except ImageBuildError as exc:
-        reason = str(exc).partition("): ")[2] or str(exc)
         raise ImageBuildError(
-            f"base image {base} is not on this machine and cannot be pulled: {reason}"
+            f"base image {base} is not on this machine and cannot be pulled: {exc.reason}"
         ) from None
 
 
