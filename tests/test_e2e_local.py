@@ -176,19 +176,19 @@ def _require_mpirun() -> None:
         pytest.skip("mpirun not found (apt-get install openmpi-bin)")
 
 
+def _mpi_allreduce(source, **fields) -> Estimator:
+    """tests/fixtures/mpi on 2 local nodes under mpirun (skipped without it, off CI)."""
+    _require_mpirun()
+    base = {"source_dir": str(source("mpi")), "instance_count": 2, "distribution": "mpi"}
+    return Estimator(entry_point="allreduce.py", **{**base, **fields})
+
+
 @pytest.mark.timeout(120)
 def test_mpi_runs_every_process_from_the_first_host(home, source):
     """distribution mpi: algo-1 runs `mpirun` over both hosts' slots (one address here, so
     no remote shell), algo-2 runs nothing; the processes find each other by Open MPI's
     ranks and all-reduce."""
-    _require_mpirun()
-    est = Estimator(
-        entry_point="allreduce.py",
-        source_dir=str(source("mpi")),
-        instance_count=2,
-        distribution="mpi",
-    )
-    job = est.fit(logs=False)
+    job = _mpi_allreduce(source).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed", info
     assert info["launcher"] == "mpi"
@@ -201,16 +201,8 @@ def test_mpi_runs_every_process_from_the_first_host(home, source):
 
 @pytest.mark.timeout(120)
 def test_mpi_process_that_fails_fails_the_job_with_its_error(home, source):
-    _require_mpirun()
-    est = Estimator(
-        entry_point="allreduce.py",
-        source_dir=str(source("mpi")),
-        instance_count=2,
-        distribution="mpi",
-        hyperparameters={"fail-rank": 1},
-    )
     with pytest.raises(JobFailedError) as raised:
-        est.fit(logs=False)
+        _mpi_allreduce(source, hyperparameters={"fail-rank": 1}).fit(logs=False)
     info = raised.value.job.describe()
     assert info["state"] == "Failed"
     assert info["exit_code"] not in (None, 0)
