@@ -438,3 +438,26 @@ def test_torchrun_main_waits_for_the_master_store() -> None:
             assert wait_for_master("127.0.0.1", port, timeout=10) is True
         finally:
             timer.join()
+
+
+MPIRUN_REPORT = """MPI rank 0/2 local 0
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[5898,1],1]
+  Exit code:    3
+--------------------------------------------------------------------------""".splitlines()
+
+
+def test_mpi_failure_reason_is_the_traceback_else_mpiruns_report() -> None:
+    from trainctl.container.agent import failure_from_output
+
+    traceback = ["Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'x'"]
+    assert failure_from_output([*traceback, *MPIRUN_REPORT])[0] == "KeyError: 'x'"
+    reason, detail = failure_from_output(MPIRUN_REPORT)
+    assert reason == "mpirun: MPI rank 1 exited with code 3 (its error output did not arrive)"
+    assert detail is not None and "-----" not in detail and "Process name" in detail

@@ -89,9 +89,29 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
     user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
     chosen = (user_blocks or blocks or [None])[-1]
     if chosen is None:
-        tail = [line for line in clean if line.strip()][-5:]
-        return (tail[-1].strip()[:500] if tail else None), "\n".join(tail) or None
+        # Lines with words in them: mpirun frames its reports in rules of dashes.
+        tail = [line for line in clean if any(c.isalnum() for c in line)][-12:]
+        reason = _mpirun_report(clean) or (tail[-1].strip()[:500] if tail else None)
+        return reason, "\n".join(tail) or None
     return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
+
+
+_MPI_PROCESS = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+
+
+def _mpirun_report(lines: list[str]) -> str | None:
+    """Open MPI's own account of the first process that failed, when the process's output
+    (its traceback) did not make it through: mpirun may abort before it forwards it all."""
+    rank = code = None
+    for line in lines:
+        if found := _MPI_PROCESS.match(line):
+            rank = found[1]
+        elif rank is not None and (found := _MPI_EXIT.match(line)):
+            code = found[1]
+    if rank is None or code is None:
+        return None
+    return f"mpirun: MPI rank {rank} exited with code {code} (its error output did not arrive)"
 
 
 # --- staging ---------------------------------------------------------------------------
