@@ -291,33 +291,34 @@ def _podman() -> Engine:
     return engine
 
 
+def import_node_image(argv: list[str], tag: str, env: dict[str, str] | None = None) -> None:
+    """Stream the node root filesystem into `argv` (an engine's `import - TAG`)."""
+    started = time.monotonic()
+    importer = subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert importer.stdin is not None and importer.stderr is not None
+    try:
+        write_node_rootfs(importer.stdin)
+        importer.stdin.close()
+        importer.wait(timeout=180)
+        assert importer.returncode == 0, importer.stderr.read().decode(errors="replace")
+    finally:
+        if importer.poll() is None:
+            importer.kill()
+            importer.wait()
+    sys.stderr.write(f"\nnode image {tag} ({argv[0]}) in {time.monotonic() - started:.1f} s\n")
+
+
 @pytest.fixture(scope="session")
 def node_image() -> Iterator[str]:
     """A real image with python and torch (no host bind mounts), removed at the end."""
     engine = _podman()
     tag = f"localhost/trainctl-test-node:{os.getpid()}"
-    started = time.monotonic()
-    importer = subprocess.Popen(
-        [engine.path, "import", "--quiet", "-", tag],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert importer.stdin is not None
     try:
-        write_node_rootfs(importer.stdin)
-        importer.stdin.close()
-        importer.wait(timeout=180)
-        assert importer.stderr is not None
-        assert importer.returncode == 0, importer.stderr.read().decode(errors="replace")
-        seconds = time.monotonic() - started
-        size = engine.run("image", "inspect", "--format", "{{.Size}}", tag).stdout.decode()
-        sys.stderr.write(f"\nnode image {tag}: {int(size) / 1e6:.0f} MB in {seconds:.1f} s\n")
+        import_node_image([engine.path, "import", "--quiet", "-", tag], tag)
         yield tag
     finally:
-        if importer.poll() is None:
-            importer.kill()
-            importer.wait()
         engine.run("rmi", "-f", tag, timeout=120)
 
 

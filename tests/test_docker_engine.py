@@ -9,9 +9,6 @@ what happens to a container when its `docker run` client dies.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +21,7 @@ from tests.test_container_run import (
     check_killed_node_is_replaced,
     check_stop_saves_an_emergency_checkpoint,
     digits,
-    write_node_rootfs,
+    import_node_image,
 )
 from trainctl.container import engine as engine_module
 from trainctl.container.engine import Engine, find_engine
@@ -35,26 +32,11 @@ from trainctl.container.run import job_containers
 def docker_node_image(dockerd: Dockerd) -> Iterator[str]:  # noqa: F811
     """The node image of test_container_run (python, torch, trainctl), in dockerd."""
     tag = f"localhost/trainctl-test-node:{os.getpid()}"
-    started = time.monotonic()
-    importer = subprocess.Popen(
-        [dockerd.cli, "import", "-", tag],
-        env={**os.environ, "DOCKER_HOST": dockerd.host},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    assert importer.stdin is not None and importer.stderr is not None
     try:
-        write_node_rootfs(importer.stdin)
-        importer.stdin.close()
-        importer.wait(timeout=180)
-        assert importer.returncode == 0, importer.stderr.read().decode(errors="replace")
-        sys.stderr.write(f"\ndocker node image {tag} in {time.monotonic() - started:.1f} s\n")
+        env = {**os.environ, "DOCKER_HOST": dockerd.host}
+        import_node_image([dockerd.cli, "import", "-", tag], tag, env)
         yield tag
     finally:
-        if importer.poll() is None:
-            importer.kill()
-            importer.wait()
         dockerd.run("rmi", "-f", tag)
 
 

@@ -66,6 +66,13 @@ class AttemptEnd:
     detail: str | None = None
 
 
+def _count_step(attempt: Attempt, event: str, step: int) -> None:
+    """A step the script reported (progress, a checkpoint, a preemption) in `attempt`."""
+    attempt.last_step = max(step, attempt.last_step or 0)
+    if event == "checkpoint":
+        attempt.last_checkpoint_step = step
+
+
 class LeaseHeld(TrainctlError):
     pass
 
@@ -341,9 +348,7 @@ class Controller:
         if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
             return
         earlier = self.record.attempts[attempt - 1]
-        earlier.last_step = max(step, earlier.last_step or 0)
-        if msg["event"] == "checkpoint":
-            earlier.last_checkpoint_step = step
+        _count_step(earlier, msg["event"], step)
         resumed = self.record.attempts[-1].resumed_from_step
         if earlier.steps_lost is not None and resumed is not None:
             earlier.steps_lost = max(0, earlier.last_step - resumed)
@@ -513,10 +518,7 @@ class Controller:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
         elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
-            step = int(msg["step"])
-            attempt.last_step = max(step, attempt.last_step or 0)
-            if event == "checkpoint":
-                attempt.last_checkpoint_step = step
+            _count_step(attempt, event, int(msg["step"]))
             if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
                 self._resumed(attempt, 0)
         elif event == "resumed" and isinstance(msg.get("step"), int):

@@ -117,14 +117,14 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     if spec.builds_image:
         # What the submit would build (and push): the plan hashes the inputs, builds nothing.
         from trainctl.container.image import plan_for_spec
+        from trainctl.controller.submit import image_build_target
 
-        remote = spec.provider in ("ssh", "aws")
-        repository = get_settings().image_repository if remote else None
+        repository, push = image_build_target(spec)
         build = plan_for_spec(spec, repository=repository)
         requests.append(
             {
                 "service": "image",
-                "operation": "BuildAndPush" if remote else "Build",
+                "operation": "BuildAndPush" if push else "Build",
                 "params": {"image": build.image, "base_image": build.base_image},
             }
         )

@@ -113,6 +113,14 @@ def check_writable(uri: str, field: str) -> None:
         raise SpecError(field, f"{uri} is not writable: {exc}") from None
 
 
+def image_build_target(spec: JobSpec) -> tuple[str | None, bool]:
+    """(repository, push) for the image a job builds: remote hosts pull it from the
+    `image_repository` setting, so it is pushed there; a local job runs it where it is."""
+    if spec.provider in ("ssh", "aws"):
+        return get_settings().image_repository, True
+    return None, False
+
+
 def resolve_image(spec: JobSpec) -> JobSpec:
     """`spec` with the image its nodes run in `image_uri`, built here (cached by content
     hash) on the base image or the framework image; unchanged when it has one or needs none."""
@@ -120,12 +128,8 @@ def resolve_image(spec: JobSpec) -> JobSpec:
         return spec
     from trainctl.container.image import job_image
 
-    if spec.provider in ("ssh", "aws"):
-        # Remote hosts pull it: built here, pushed to the configured repository.
-        repository = get_settings().image_repository
-        image = job_image(spec, repository=repository, push=True)
-    else:
-        image = job_image(spec)
+    repository, push = image_build_target(spec)
+    image = job_image(spec, repository=repository, push=push)
     return spec.model_copy(update={"image_uri": image})
 
 
