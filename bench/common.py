@@ -332,7 +332,7 @@ class TrainctlRunner:
         `stop_when(describe())`: stop the job as soon as it says so (checked every 0.5 s);
         such a job counts as ok when it ends Stopped."""
         from trainctl import Estimator
-        from trainctl.controller.record import JobStore
+        from trainctl.record import JobStore
 
         t0 = time.time()
         est = Estimator(
@@ -397,7 +397,7 @@ class TrainctlRunner:
 
     def wait_gone(self, name: str, timeout: float = 30.0) -> None:
         """Wait for the job's processes (its controller too) to exit after it ended."""
-        from trainctl.transport.procs import CONTROLLER_TAG, find_tagged, job_processes
+        from trainctl.node.procs import CONTROLLER_TAG, find_tagged, job_processes
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ KILL_GOAL_S = 15.0
 
 
 def _iso(value: str) -> float:
-    from trainctl.controller.record import parse_iso
+    from trainctl.record import parse_iso
 
     return parse_iso(value)
 

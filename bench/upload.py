@@ -195,7 +195,7 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
 def client_main(src: str, uri: str) -> int:
     """trainctl's side: one CheckpointSync pass of `src` to `uri`, as the agent does it."""
     started = time.perf_counter()
-    from trainctl.container.checkpoints import CheckpointSync
+    from trainctl.node.checkpoints import CheckpointSync
     from trainctl.store import open_store
 
     store = open_store(uri)

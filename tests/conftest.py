@@ -31,7 +31,7 @@ TRAINCTL = str(Path(sys.executable).parent / "trainctl")
 def tagged_processes(home: Path | None = None) -> list[int]:
     """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
     (other trainctl users on the machine, a benchmark say, are not ours to judge)."""
-    from trainctl.transport.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
+    from trainctl.node.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
 
     home = home or Path(os.environ["TRAINCTL_HOME"])
     return [

@@ -14,7 +14,7 @@ speaking IMDSv2 the way EC2 does with `HttpTokens=required`:
   reads), `dynamic/instance-identity/document`.
 
 Point clients at it with `AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint` (botocore and
-`trainctl.container.imds` both honour it). Every answered request is kept in `requests`
+`trainctl.node.imds` both honour it). Every answered request is kept in `requests`
 (method, path, status, and which session: tokens are numbered, never recorded).
 """
 

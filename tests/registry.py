@@ -41,7 +41,7 @@ def require(reason: str | None, what: str) -> None:
 
 
 def podman_missing_reason() -> str | None:
-    from trainctl.container.engine import find_engine
+    from trainctl.image.engine import find_engine
 
     if shutil.which("podman") is None:
         return "podman not found (apt-get install podman runc)"

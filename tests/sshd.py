@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.capacity import SshHost
+from trainctl.node.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
 from trainctl.provisioning.local import free_port
-from trainctl.transport.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
+from trainctl.spec.capacity import SshHost
 
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import JobSpec, build_spec
 from trainctl.provisioning.aws import AwsProvider
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.capacity import Backoff, CapacityError
 from trainctl.provisioning.aws.clients import AwsError
 from trainctl.provisioning.aws.keys import ensure_key
+from trainctl.spec.job import JobSpec, build_spec
 
 
 def _require(module: str) -> Any:

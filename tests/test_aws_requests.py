@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import build_spec
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.aws import AwsProvider
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.pricing import on_demand_price
 from trainctl.provisioning.aws.provider import parse_override
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG
+from trainctl.spec.job import build_spec
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ACCESS_KEY = "AKIAIOSFODNN7EXAMPLE"

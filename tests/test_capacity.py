@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from trainctl import Estimator
 from trainctl.cli import EXIT_BAD_INPUT, app, parse_host
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import build_spec
+from trainctl.spec.job import build_spec
 
 POOLS = """
 pools:
@@ -196,7 +196,7 @@ def test_local_dry_run_plans_every_node_and_changes_nothing(cap_home, tmp_path) 
         assert node["host"] == f"algo-{rank + 1}" and node["address"] == "127.0.0.1"
         assert node["agent"][1:] == [
             "-m",
-            "trainctl.container.agent",
+            "trainctl.node.agent",
             "--store",
             f"file://{cap_home / 'store'}",
             "--job",
@@ -236,7 +236,7 @@ def test_cli_dry_run_and_estimate(cap_home, script) -> None:
 
 def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
     from trainctl.cli import _cost_text
-    from trainctl.controller.record import InstanceCost, cost_summary
+    from trainctl.record import InstanceCost, cost_summary
 
     spot = dict(instance_type="p3.2xlarge", market="spot", seconds=3600.0)
     instances = [

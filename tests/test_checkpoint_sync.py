@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.container.checkpoints import CheckpointSync, manifest_key, restore, scan, stored_files
+from trainctl.node.checkpoints import CheckpointSync, manifest_key, restore, scan, stored_files
 from trainctl.store import LocalStore
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from trainctl.cli import EXIT_BAD_INPUT, _load_job_file, app, parse_pairs
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import JobSpec
+from trainctl.spec.job import JobSpec
 
 
 @pytest.fixture

@@ -23,8 +23,9 @@ import pytest
 from tests.conftest import EXAMPLES, FIXTURES
 from tests.test_e2e_aws import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from trainctl import Estimator
-from trainctl.container.engine import Engine, find_engine
-from trainctl.container.run import (
+from trainctl.errors import SpecError
+from trainctl.estimator import JobFailedError
+from trainctl.image.container import (
     Mount,
     container_command,
     container_labels,
@@ -32,14 +33,13 @@ from trainctl.container.run import (
     ensure_image,
     job_containers,
 )
-from trainctl.errors import SpecError
-from trainctl.estimator import JobFailedError
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.image.engine import Engine, find_engine
+from trainctl.spec.catalog import CATALOG
 from trainctl.state import JobState
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = {"torch_distributed": {"enabled": True}}
-AGENT = ["python3", "-m", "trainctl.container.agent", "--store", "file:///s", "--job", "j"]
+AGENT = ["python3", "-m", "trainctl.node.agent", "--store", "file:///s", "--job", "j"]
 AGENT += ["--attempt", "1", "--rank", "0"]
 
 # -- golden: the per-node engine command ---------------------------------------------------
@@ -69,7 +69,7 @@ COMMON_TAIL = [
     "-e", "FI_PROVIDER", "-e", "TRAINCTL_LOG_SYNC_SECONDS",
     "--workdir", "/", "--entrypoint", "python3",
     "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:v1",
-    "-m", "trainctl.container.agent", "--store", "file:///s", "--job", "j",
+    "-m", "trainctl.node.agent", "--store", "file:///s", "--job", "j",
     "--attempt", "1", "--rank", "0",
 ]  # fmt: skip
 
@@ -114,7 +114,7 @@ def test_golden_cpu_local_node_with_mounts():
         labels=container_labels("j", 2, 1),
         env=["TRAINCTL_HEARTBEAT_SECONDS", "AWS_SECRET_ACCESS_KEY"],
         node_root="/home/u/.trainctl/nodes/j/attempt-2/node-1/",
-        agent_argv=["python3", "-m", "trainctl.container.agent", "--store", "file:///st"],
+        agent_argv=["python3", "-m", "trainctl.node.agent", "--store", "file:///st"],
         gpus=0,
         efa_devices=0,
         mounts=[Mount("/st"), Mount("/data/train", read_only=True)],
@@ -127,7 +127,7 @@ def test_golden_cpu_local_node_with_mounts():
         "--volume", "/st:/st", "--volume", "/data/train:/data/train:ro",
         "-e", "AWS_SECRET_ACCESS_KEY", "-e", "TRAINCTL_HEARTBEAT_SECONDS",
         "--workdir", "/", "--entrypoint", "python3", "localhost/img:1",
-        "-m", "trainctl.container.agent", "--store", "file:///st",
+        "-m", "trainctl.node.agent", "--store", "file:///st",
     ]  # fmt: skip
 
 
@@ -475,7 +475,7 @@ def test_ssh_hosts_refuse_an_image_that_cannot_run_the_agent(
 def test_framework_version_job_builds_the_toolkit_onto_the_framework_image(in_podman, home):
     """AWS's framework images have SageMaker's toolkit, not trainctl's agent: the job's image
     is built on the framework image, and the dry run shows the build and the container."""
-    from trainctl.container.image import framework_image
+    from trainctl.spec.frameworks import framework_image
 
     plan = digits(None, framework_version="2.3").fit(dry_run=True)
     build = next(r for r in plan["requests"] if r["service"] == "image")
@@ -500,7 +500,7 @@ def test_framework_version_for_remote_hosts_needs_a_repository(home, sshd, monke
 
 @pytest.mark.timeout(30)
 def test_image_without_an_engine_is_refused_before_anything_is_made(home, monkeypatch):
-    import trainctl.container.engine as engine_module
+    import trainctl.image.engine as engine_module
 
     monkeypatch.setattr(engine_module, "find_engine", lambda preferred=None: None)
     with pytest.raises(SpecError) as raised:
@@ -569,7 +569,7 @@ def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
 ):
     """The job's image is built from the node image (toolkit and code baked in), pushed to
     a registry on loopback and removed here; the job then pulls it and runs in it."""
-    from trainctl.container.image import build_image, plan_build
+    from trainctl.image.build import build_image, plan_build
 
     plan = plan_build(
         EXAMPLES / "digits",
@@ -665,7 +665,7 @@ def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
 ):
     """build_image=True for remote hosts: built here, pushed to image_repository, pulled
     by each host's engine; the job's record names the image it ran."""
-    from trainctl.controller.record import JobStore
+    from trainctl.record import JobStore
 
     repository = f"{registry.host}/trainctl/digits-ssh"
     monkeypatch.setenv("TRAINCTL_IMAGE_REPOSITORY", repository)
@@ -699,7 +699,7 @@ def test_build_image_for_remote_hosts_needs_a_repository(home, sshd, monkeypatch
 
 @pytest.mark.timeout(240)
 def test_local_job_with_build_image_runs_in_the_image_built_for_it(in_podman, node_image):
-    from trainctl.controller.record import JobStore
+    from trainctl.record import JobStore
 
     est = digits(None, build_image=True, base_image=node_image)
     image = None

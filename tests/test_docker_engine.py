@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from trainctl.image import engine as engine_module
 
 from tests.conftest import EXAMPLES
 from tests.dockerd import Dockerd, dockerd  # noqa: F401  (the session's daemon)
@@ -23,9 +24,8 @@ from tests.test_container_run import (
     digits,
     import_node_image,
 )
-from trainctl.container import engine as engine_module
-from trainctl.container.engine import Engine, find_engine
-from trainctl.container.run import job_containers
+from trainctl.image.container import job_containers
+from trainctl.image.engine import Engine, find_engine
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_build_push_pull_then_a_two_node_job_runs_in_docker(
     docker_node_image,
     registry,  # noqa: F811
 ):
-    from trainctl.container.image import build_image, plan_build
+    from trainctl.image.build import build_image, plan_build
 
     plan = plan_build(
         EXAMPLES / "digits",

@@ -23,7 +23,7 @@ from tests.conftest import EXAMPLES, free_port, point_aws_at
 from tests.imds_server import ImdsStandIn
 from tests.sshd import job_processes, kill_all
 from trainctl import Estimator
-from trainctl.controller.record import JobStore
+from trainctl.record import JobStore
 
 pytestmark = pytest.mark.e2e
 

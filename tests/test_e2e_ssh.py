@@ -21,11 +21,11 @@ import pytest
 from tests.conftest import EXAMPLES, TRAINCTL
 from tests.sshd import SshdServer, free_port, job_processes
 from trainctl import Estimator
-from trainctl.capacity import SshHost
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import build_spec
 from trainctl.protocol import EXIT_INFRA
 from trainctl.provisioning.ssh import SshProvider, SshProvisionError, SshTeardownError
+from trainctl.spec.capacity import SshHost
+from trainctl.spec.job import build_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def test_node_killed_mid_training_is_relaunched_and_the_job_completes(sshd, home
     node (EXIT_INFRA), the controller relaunches over SSH from the checkpoint, and the job
     completes."""
     from trainctl.cluster import ClusterInfo
-    from trainctl.controller.record import JobKeys
+    from trainctl.record import JobKeys
 
     first, second = sshd.servers
     job = Estimator(

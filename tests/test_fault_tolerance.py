@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import EXAMPLES
 from trainctl import Estimator
 from trainctl.estimator import JobFailedError
-from trainctl.estimator.spec import Fault
+from trainctl.spec.job import Fault
 
 pytestmark = pytest.mark.e2e
 
@@ -123,7 +123,7 @@ def test_script_ignoring_sigterm_is_killed_after_grace(home, monkeypatch, tmp_pa
     import json
     import time
 
-    from trainctl.controller.record import JobKeys
+    from trainctl.record import JobKeys
 
     monkeypatch.setenv("TRAINCTL_NOTICE_GRACE_SECONDS", "2")
     src = tmp_path / "digits"
@@ -205,10 +205,10 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     checkpoint's step, say) must not be taken for attempt 2's node of the same rank: that
     made attempt 2 look as if it trained from scratch, and attempt 1 lose every step."""
     from trainctl.controller.controller import Controller, _Node
-    from trainctl.controller.record import Attempt, now_iso
     from trainctl.controller.submit import create_job, default_store
-    from trainctl.estimator.spec import build_spec
     from trainctl.protocol import CONTROL_PREFIX
+    from trainctl.record import Attempt, now_iso
+    from trainctl.spec.job import build_spec
 
     store = default_store()
     record = create_job(build_spec(entry_point="probe.py", source_dir=str(source("probe"))), store)

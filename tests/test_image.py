@@ -15,22 +15,22 @@ from typer.testing import CliRunner
 from tests.registry import Registry, import_busybox_image
 from tests.sshd import free_port
 from trainctl.cli import EXIT_BAD_INPUT, app
-from trainctl.container.engine import Engine, EngineMissingError
-from trainctl.container.image import (
+from trainctl.errors import SpecError
+from trainctl.image.build import (
     ImageBuildError,
     build_image,
     ecr_login,
     ensure_ecr_repository,
-    framework_image,
     job_image,
     plan_build,
     plan_for_spec,
     pull_image,
     render_dockerfile,
 )
-from trainctl.errors import SpecError
-from trainctl.estimator.spec import build_spec
-from trainctl.transport.bootstrap import agent_version, package_files
+from trainctl.image.engine import Engine, EngineMissingError
+from trainctl.spec.frameworks import framework_image
+from trainctl.spec.job import build_spec
+from trainctl.toolkit import agent_version, package_files
 
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"
 TOOLKIT_PIP = (
@@ -160,7 +160,7 @@ def test_context_holds_the_code_and_the_toolkit_only(source: Path, tmp_path: Pat
     toolkit = [f for f in files if f.startswith("trainctl/")]
     assert code == ["code/.gitignore", "code/lib/util.py", "code/run.sh", "code/train.py"]
     assert toolkit == sorted(f"trainctl/{p.as_posix()}" for p in package_files())
-    assert "trainctl/container/agent.py" in toolkit
+    assert "trainctl/node/agent.py" in toolkit
     assert set(files) == {"Dockerfile", *code, *toolkit}
 
     context = plan.write_context(tmp_path / "ctx")
@@ -284,7 +284,7 @@ def test_cli_build_dry_run_prints_dockerfile_then_context(home: Path, source: Pa
 def test_cli_submit_passes_build_fields(
     home: Path, source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainctl.estimator.spec as spec_module
+    import trainctl.spec.job as spec_module
 
     seen: dict[str, object] = {}
     real = spec_module.build_spec
@@ -317,7 +317,7 @@ def test_cli_submit_passes_build_fields(
 
 
 def _podman() -> Engine:
-    from trainctl.container.engine import require_engine
+    from trainctl.image.engine import require_engine
 
     return require_engine("tests", preferred="podman")
 
@@ -418,7 +418,7 @@ def test_engine_missing(
     monkeypatch.delenv("TRAINCTL_CONTAINER_ENGINE", raising=False)
     with pytest.raises(EngineMissingError, match=r"^building the job's image needs a container"):
         build_image(plan)
-    from trainctl.container.engine import require_engine
+    from trainctl.image.engine import require_engine
 
     with pytest.raises(EngineMissingError, match=r"needs a container engine \(nerdctl\)"):
         require_engine("building the job's image", preferred="nerdctl")
@@ -581,7 +581,7 @@ def test_pull_of_a_framework_image_logs_in_to_its_ecr_registry(
     a base does the same. No traffic leaves the machine: the engine is a recorder."""
     from moto import mock_aws
 
-    from trainctl.container.run import ensure_image
+    from trainctl.image.container import ensure_image
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(key, "testing")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import EXAMPLES
 from tests.imds_server import ImdsStandIn, utc
-from trainctl.container.imds import (
+from trainctl.node.imds import (
     DEFAULT_ENDPOINT,
     IPV6_ENDPOINT,
     SPOT_INSTANCE_ACTION_PATH,

@@ -9,16 +9,15 @@ from typing import Any
 import pytest
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
-from trainctl.container.layout import (
+from trainctl.launcher import NodeCommand, build_node_command
+from trainctl.launcher.layout import (
     Layout,
-    env_suffix,
     format_hp_value,
     hyperparameter_args,
     resource_config,
     sagemaker_env,
 )
-from trainctl.estimator.spec import JobSpec, build_spec
-from trainctl.launcher import NodeCommand, build_node_command
+from trainctl.spec.job import JobSpec, build_spec, env_suffix
 
 PY = "/usr/bin/python3"
 HPS: dict[str, Any] = {
@@ -454,7 +453,7 @@ the job to be terminated. The first process to do so was:
 
 
 def test_mpi_failure_reason_is_the_traceback_else_mpiruns_report() -> None:
-    from trainctl.container.agent import failure_from_output
+    from trainctl.node.agent import failure_from_output
 
     traceback = ["Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'x'"]
     assert failure_from_output([*traceback, *MPIRUN_REPORT])[0] == "KeyError: 'x'"

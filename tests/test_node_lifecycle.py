@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.container.agent import power_off
+from trainctl.node.agent import power_off
 
 
 @pytest.mark.timeout(30)

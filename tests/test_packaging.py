@@ -9,15 +9,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from trainctl import packaging
 
-from trainctl.container import packaging
-from trainctl.container.packaging import (
-    PackagedSource,
-    list_included_files,
-    package_source,
-    safe_extract,
-)
 from trainctl.errors import PackagingError, SpecError
+from trainctl.node.extract import safe_extract
+from trainctl.packaging import PackagedSource, list_included_files, package_source
 
 BIG = 1 << 30
 

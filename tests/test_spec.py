@@ -13,8 +13,8 @@ import pytest
 
 from trainctl.errors import SpecError
 from trainctl.estimator import Estimator
-from trainctl.estimator.spec import JobSpec, build_spec, parse_distribution
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG
+from trainctl.spec.job import JobSpec, build_spec, parse_distribution
 
 
 @pytest.fixture

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import SSH_KEYGEN, SshdServer, free_port, processes_with_env
-from trainctl.capacity import SshHost
 from trainctl.protocol import EXIT_INFRA
-from trainctl.transport.bootstrap import (
+from trainctl.spec.capacity import SshHost
+from trainctl.toolkit import (
     agent_version,
     content_hash,
-    ensure_agent,
     package_dir,
     package_files,
     package_tarball,
 )
+from trainctl.transport.bootstrap import ensure_agent
 from trainctl.transport.ssh import (
     RemoteCommandError,
     SshAuthError,
@@ -385,7 +385,7 @@ def test_package_tarball_is_reproducible():
         names = {m.name for m in tar.getmembers() if m.isfile()}
         assert all(m.mtime == 0 and m.uid == 0 for m in tar.getmembers())
     assert names == {f"trainctl/{p.as_posix()}" for p in package_files()}
-    assert "trainctl/container/agent.py" in names
+    assert "trainctl/node/agent.py" in names
     assert not [n for n in names if "__pycache__" in n]
 
 
@@ -451,7 +451,7 @@ def test_bootstrap_uploads_once_when_host_cannot_import_this_trainctl(sshd, tmp_
         [
             python,
             "-c",
-            "import trainctl.container.agent as a, trainctl.transport.bootstrap as b; "
+            "import trainctl.node.agent as a, trainctl.toolkit as b; "
             "print(a.__file__); print(b.agent_version())",
         ],
         first.env,

@@ -19,15 +19,8 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import NotFoundError, SpecError, StoreError
-from trainctl.store import (
-    LocalStore,
-    ObjectInfo,
-    S3Store,
-    Store,
-    open_store,
-    parse_uri,
-    validate_uri,
-)
+from trainctl.spec.uris import parse_uri, validate_uri
+from trainctl.store import LocalStore, ObjectInfo, S3Store, Store, open_store
 
 BUCKET = "trainctl-test"
 REPO = Path(__file__).resolve().parents[1]

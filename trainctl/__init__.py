@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from trainctl.version import __version__
 
 __all__ = ["Estimator", "TrainingJob", "JobState", "TrainctlError", "SpecError", "__version__"]
 

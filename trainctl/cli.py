@@ -194,7 +194,7 @@ def submit(
     from trainctl.controller.logs import LogPrinter
     from trainctl.controller.submit import create_job, default_store, spawn_controller
     from trainctl.estimator import _print_summary
-    from trainctl.estimator.spec import build_spec, parse_distribution
+    from trainctl.spec.job import build_spec, parse_distribution
     from trainctl.state import JobState
 
     _check_output(output)
@@ -300,7 +300,7 @@ def build(
     output: str = OutputOpt,
 ) -> None:
     """Build the job's container image (and push it); prints the image reference."""
-    from trainctl.container.image import build_image, plan_build
+    from trainctl.image.build import build_image, plan_build
 
     _check_output(output)
     plan = plan_build(
@@ -496,8 +496,8 @@ def jobs(output: str = OutputOpt) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from trainctl.controller.record import list_jobs
     from trainctl.controller.submit import default_store
+    from trainctl.record import list_jobs
 
     _check_output(output)
     records = list_jobs(default_store())
@@ -541,8 +541,8 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
     from rich.console import Console
     from rich.table import Table
 
-    from trainctl.controller.record import JobStore
     from trainctl.controller.submit import default_store
+    from trainctl.record import JobStore
 
     _check_output(output)
     record = JobStore(default_store(), job).load()

@@ -14,7 +14,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from trainctl.capacity import PoolConfig
+from trainctl.spec.capacity import PoolConfig
 
 
 def trainctl_home() -> Path:
@@ -139,7 +139,7 @@ class Settings(BaseSettings):
         "loopback addresses each node's layout root is HOME/nodes/<job>/attempt-<n>/node-<r> "
         "and NCCL/gloo use lo.",
     )
-    # Config-file-only: named resource pools (trainctl.capacity), typed so typos fail.
+    # Config-file-only: named resource pools (trainctl.spec.capacity), typed so typos fail.
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
 
     @classmethod

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainctl.controller.outputs import output_store
-from trainctl.controller.record import JobKeys, JobStore
 from trainctl.errors import NotFoundError, SpecError
+from trainctl.record import JobKeys, JobStore, output_store
 from trainctl.store import ObjectInfo, Store
 
 

@@ -21,14 +21,13 @@ from typing import Any
 
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.logs import LogPrinter
-from trainctl.controller.outputs import output_store
-from trainctl.controller.plan import agent_argv
-from trainctl.controller.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso
+from trainctl.controller.plan import agent_argv, agent_env
 from trainctl.errors import TrainctlError, UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
-from trainctl.settings import Settings, get_settings
+from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso, output_store
+from trainctl.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
 from trainctl.transport import RunningProcess
@@ -634,8 +633,8 @@ class Controller:
 
     def _record_usage(self) -> None:
         """Billable instance time of every attempt so far, from the provider (EC2)."""
-        from trainctl.controller.record import InstanceCost
-        from trainctl.provisioning.catalog import CATALOG
+        from trainctl.record import InstanceCost
+        from trainctl.spec.catalog import CATALOG
 
         try:
             usage = self.provider.usage(self.name)
@@ -664,30 +663,3 @@ class Controller:
             for u in usage
         ]
         self.jobs.save(self.record)
-
-
-# Settings the agent acts on: it runs under the controller's values (config.yaml included),
-# not those of the host it runs on.
-AGENT_SETTINGS = (
-    "log_sync_seconds",
-    "lease_seconds",
-    "orphan_timeout_seconds",
-    "notice_grace_seconds",
-    "checkpoint_sync_seconds",
-    "heartbeat_seconds",
-)
-
-
-def agent_env(settings: Settings) -> dict[str, str]:
-    """What a node agent needs from here: the settings it acts on, the TRAINCTL_* variables
-    in effect, and `node_environment`. Not TRAINCTL_HOME (the node has its own), and
-    nothing else: a remote node never gets this machine's credentials."""
-    from trainctl.transport.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
-
-    env = {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
-    not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
-    env.update(
-        {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
-    )
-    env.update(settings.node_environment)
-    return env

@@ -53,8 +53,8 @@ def follow_logs(
     attempts: list[int] | None = None,
 ) -> None:
     """Print every attempt's node logs from the store; with `follow`, until the job ends."""
-    from trainctl.controller.record import JobKeys
     from trainctl.errors import NotFoundError
+    from trainctl.record import JobKeys
 
     keys = JobKeys(name)
     offsets: dict[str, int] = {}

@@ -14,12 +14,15 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import ClusterInfo
-from trainctl.estimator.spec import JobSpec
 from trainctl.redact import redact_env
+from trainctl.spec.job import JobSpec
 from trainctl.store import Store
+
+if TYPE_CHECKING:
+    from trainctl.settings import Settings
 
 
 def agent_argv(python: str, store_uri: str, job: str, attempt: int, rank: int) -> list[str]:
@@ -27,7 +30,7 @@ def agent_argv(python: str, store_uri: str, job: str, attempt: int, rank: int) -
     return [
         python,
         "-m",
-        "trainctl.container.agent",
+        "trainctl.node.agent",
         "--store",
         store_uri,
         "--job",
@@ -40,8 +43,8 @@ def agent_argv(python: str, store_uri: str, job: str, attempt: int, rank: int) -
 
 
 def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, Any]:
-    from trainctl.container.packaging import package_source
-    from trainctl.controller.record import source_key
+    from trainctl.packaging import package_source
+    from trainctl.record import source_key
 
     with tempfile.TemporaryDirectory(prefix="trainctl-plan-") as tmp:
         packaged = package_source(
@@ -64,8 +67,8 @@ def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, An
 
 
 def _node_env(spec: JobSpec, cluster: ClusterInfo, rank: int, extra: dict[str, str]) -> dict:
-    from trainctl.container.layout import Layout, sagemaker_env
-    from trainctl.provisioning.catalog import CATALOG
+    from trainctl.launcher.layout import Layout, sagemaker_env
+    from trainctl.spec.catalog import CATALOG
 
     itype = CATALOG[spec.instance_type]
     env = dict(cluster.network_env)
@@ -93,7 +96,6 @@ def _agent_command(
 
     argv = agent_argv(python, store_uri, cluster.job, cluster.attempt, rank)
     if isinstance(provider, LocalProvider) and provider.runs_in_container(cluster.job):
-        from trainctl.controller.controller import agent_env
         from trainctl.settings import get_settings
 
         names = set(agent_env(get_settings()))
@@ -116,8 +118,8 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     requests = [_source_request(spec, store, max_bytes)]
     if spec.builds_image:
         # What the submit would build (and push): the plan hashes the inputs, builds nothing.
-        from trainctl.container.image import plan_for_spec
         from trainctl.controller.submit import image_build_target
+        from trainctl.image.build import plan_for_spec
 
         repository, push = image_build_target(spec)
         build = plan_for_spec(spec, repository=repository)
@@ -153,3 +155,30 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
         "requests": requests,
         "nodes": nodes,
     }
+
+
+# Settings the agent acts on: it runs under the controller's values (config.yaml included),
+# not those of the host it runs on.
+AGENT_SETTINGS = (
+    "log_sync_seconds",
+    "lease_seconds",
+    "orphan_timeout_seconds",
+    "notice_grace_seconds",
+    "checkpoint_sync_seconds",
+    "heartbeat_seconds",
+)
+
+
+def agent_env(settings: Settings) -> dict[str, str]:
+    """What a node agent needs from here: the settings it acts on, the TRAINCTL_* variables
+    in effect, and `node_environment`. Not TRAINCTL_HOME (the node has its own), and
+    nothing else: a remote node never gets this machine's credentials."""
+    from trainctl.node.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
+
+    env = {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
+    not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
+    env.update(
+        {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
+    )
+    env.update(settings.node_environment)
+    return env

@@ -13,14 +13,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trainctl import __version__
-from trainctl.controller.record import JobRecord, JobStore, now_iso, owner_id, source_key
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.estimator.spec import JobSpec
+from trainctl.node.procs import CONTROLLER_TAG
+from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
 from trainctl.settings import get_settings
+from trainctl.spec.job import JobSpec
+from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
-from trainctl.store import Store, open_store, parse_uri
-from trainctl.transport.procs import CONTROLLER_TAG
+from trainctl.store import Store, open_store
+from trainctl.version import __version__
 
 
 def default_store() -> Store:
@@ -63,7 +64,7 @@ def check_container_runtime(spec: JobSpec) -> None:
     local provider (checked now); on each host for ssh and EC2 (checked there when it is
     provisioned, with the image pulled). An image built here reaches remote hosts only
     through a registry."""
-    from trainctl.container.engine import find_engine
+    from trainctl.image.engine import find_engine
 
     # the field that asked for the image
     field = "image_uri" if spec.image_uri else "build_image" if spec.build_image else ""
@@ -126,7 +127,7 @@ def resolve_image(spec: JobSpec) -> JobSpec:
     hash) on the base image or the framework image; unchanged when it has one or needs none."""
     if not spec.builds_image:
         return spec
-    from trainctl.container.image import job_image
+    from trainctl.image.build import job_image
 
     repository, push = image_build_target(spec)
     image = job_image(spec, repository=repository, push=push)
@@ -135,7 +136,7 @@ def resolve_image(spec: JobSpec) -> JobSpec:
 
 def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
     """Validate, package and upload the source, and record the job (state Pending)."""
-    from trainctl.container.packaging import package_source
+    from trainctl.packaging import package_source
 
     store = store or default_store()
     validate_offline(spec, store.uri)

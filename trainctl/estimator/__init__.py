@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.estimator.spec import JobSpec, build_spec
+from trainctl.spec.job import JobSpec, build_spec
 from trainctl.state import JobState
 
 __all__ = ["Estimator", "JobFailedError", "JobSpec", "TrainingJob"]
@@ -37,7 +37,7 @@ class TrainingJob:
 
     @classmethod
     def attach(cls, name: str, store_uri: str | None = None) -> TrainingJob:
-        from trainctl.controller.record import JobStore
+        from trainctl.record import JobStore
         from trainctl.store import open_store
 
         job = cls(name, open_store(store_uri) if store_uri else None)
@@ -45,7 +45,7 @@ class TrainingJob:
         return job
 
     def _record(self):
-        from trainctl.controller.record import JobStore
+        from trainctl.record import JobStore
 
         return JobStore(self.store, self.name).load()
 
@@ -61,7 +61,7 @@ class TrainingJob:
         return self._record().model_data
 
     def events(self) -> list[dict[str, Any]]:
-        from trainctl.controller.record import JobStore
+        from trainctl.record import JobStore
 
         return JobStore(self.store, self.name).events()
 

@@ -6,16 +6,11 @@ precisely what a node will execute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from trainctl.cluster import ClusterInfo
-from trainctl.estimator.spec import JobSpec
+from trainctl.launcher.base import NodeCommand
+from trainctl.spec.job import JobSpec
 
-
-@dataclass(frozen=True)
-class NodeCommand:
-    argv: list[str]  # empty: this node runs nothing itself (an MPI worker host)
-    env: dict[str, str] = field(default_factory=dict)  # on top of the SM_* environment
+__all__ = ["NodeCommand", "build_node_command"]
 
 
 def build_node_command(

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shlex
 
 from trainctl.cluster import ClusterInfo
-from trainctl.container.layout import hyperparameter_args
-from trainctl.estimator.spec import JobSpec
-from trainctl.launcher import NodeCommand
+from trainctl.launcher.base import NodeCommand
+from trainctl.launcher.layout import hyperparameter_args
+from trainctl.spec.job import JobSpec
 
 
 def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> NodeCommand:

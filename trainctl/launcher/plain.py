@@ -7,9 +7,9 @@ Scripts that start their own process groups read SM_HOSTS / SM_CURRENT_HOST; the
 from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
-from trainctl.container.layout import hyperparameter_args
-from trainctl.estimator.spec import JobSpec
-from trainctl.launcher import NodeCommand
+from trainctl.launcher.base import NodeCommand
+from trainctl.launcher.layout import hyperparameter_args
+from trainctl.spec.job import JobSpec
 
 
 def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> NodeCommand:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainctl.errors import SpecError
 from trainctl.provisioning.base import Provider
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG
 
 
 def get_provider(instance_type: str, region: str | None = None) -> Provider:

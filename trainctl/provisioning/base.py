@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
-from trainctl.estimator.spec import JobSpec
+from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -19,7 +19,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 
 def processes_per_host(spec: JobSpec) -> int:
     """Workers per node: the spec's, else one per GPU of the instance type, else one."""
-    from trainctl.provisioning.catalog import CATALOG
+    from trainctl.spec.catalog import CATALOG
 
     return spec.processes_per_host or CATALOG[spec.instance_type].gpus or 1
 

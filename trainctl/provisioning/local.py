@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name, loopback_network_env
-from trainctl.estimator.spec import JobSpec
+from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.settings import get_settings
+from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
 from trainctl.transport.local import LocalProcess
-from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 
 if TYPE_CHECKING:
-    from trainctl.container.engine import Engine
-    from trainctl.container.run import Mount
+    from trainctl.image.container import Mount
+    from trainctl.image.engine import Engine
 
 LOOPBACK = "127.0.0.1"
 # The interpreter a job image provides on PATH (python3 is in every image that has Python).
@@ -81,15 +81,15 @@ class LocalProvider(Provider):
         """With an image: an engine on this machine, and the image on it (pulled once),
         able to run the agent."""
         if spec.image_uri:
-            from trainctl.container.run import check_toolkit, ensure_image, local_runner
+            from trainctl.image.container import check_toolkit, ensure_image, local_runner
 
             engine = self._engine()
             ensure_image(engine, spec.image_uri)
             check_toolkit(local_runner(), engine.path, spec.image_uri)
 
     def _engine(self) -> Engine:
-        from trainctl.container.engine import find_engine
         from trainctl.errors import SpecError
+        from trainctl.image.engine import find_engine
 
         engine = find_engine()
         if engine is None:
@@ -143,7 +143,7 @@ class LocalProvider(Provider):
         self, cluster: ClusterInfo, rank: int, argv: list[str], env_names: set[str]
     ) -> list[str]:
         """The engine command that runs the agent `argv` of `rank` in the job's image."""
-        from trainctl.container.run import container_command, container_labels, container_name
+        from trainctl.image.container import container_command, container_labels, container_name
 
         spec = self._container_specs[cluster.job]
         assert spec.image_uri is not None
@@ -177,7 +177,7 @@ class LocalProvider(Provider):
         """SIGKILL every process of the node at once, as losing the machine would."""
         engine = self._marked_engine(cluster.job)
         if engine is not None:
-            from trainctl.container.run import container_name, remove_containers
+            from trainctl.image.container import container_name, remove_containers
 
             remove_containers(engine, [container_name(cluster.job, cluster.attempt, rank)])
         end_processes(lambda: job_processes(cluster.job, node=rank), grace=0)
@@ -188,7 +188,7 @@ class LocalProvider(Provider):
         end_processes(lambda: job_processes(job), grace)
         engine = self._marked_engine(job)
         if engine is not None:
-            from trainctl.container.run import remove_job_containers
+            from trainctl.image.container import remove_job_containers
 
             remove_job_containers(engine, job)
         shutil.rmtree(self.nodes_dir(job), ignore_errors=True)
@@ -200,7 +200,7 @@ class LocalProvider(Provider):
 
     def _marked_engine(self, job: str) -> Engine | None:
         """The engine that ran `job`'s containers (recorded at provision), if it did."""
-        from trainctl.container.engine import Engine
+        from trainctl.image.engine import Engine
 
         try:
             path = (self.nodes_dir(job) / ENGINE_MARKER).read_text().strip()
@@ -212,8 +212,8 @@ class LocalProvider(Provider):
 def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
     """The host directories a containerised agent reaches at their own paths: a file://
     store (from the agent's --store), checkpoint and output locations, and input channels."""
-    from trainctl.container.run import Mount
-    from trainctl.store import parse_uri
+    from trainctl.image.container import Mount
+    from trainctl.spec.uris import parse_uri
 
     writable: list[str] = []
     if "--store" in agent_argv:

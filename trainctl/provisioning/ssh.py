@@ -22,15 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainctl.capacity import SshHost
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name, is_loopback, loopback_network_env
 from trainctl.errors import SpecError, TrainctlError, UnrunnableJobError
-from trainctl.estimator.spec import JOB_NAME_RE, JobSpec
+from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.settings import get_settings
+from trainctl.spec.capacity import SshHost
+from trainctl.spec.job import JOB_NAME_RE, JobSpec, uses_s3
 from trainctl.transport import RunningProcess
-from trainctl.transport.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 
 T = TypeVar("T")
 
@@ -412,7 +412,7 @@ class SshProvider(Provider):
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node on its host at once, as losing it would."""
-        from trainctl.container.run import container_name
+        from trainctl.image.container import container_name
 
         host = self._host(cluster.job, rank)
         if (cluster.job, rank) in self._containers:
@@ -445,13 +445,6 @@ class SshProvider(Provider):
                 f"{job}` again once they are reachable): {detail}"
             )
         self.job_file(job).unlink(missing_ok=True)
-
-
-def uses_s3(spec: JobSpec) -> bool:
-    """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
-    uris = [get_settings().store_uri, spec.output_path, spec.checkpoint_s3_uri]
-    uris += list(spec.inputs.values())
-    return any(u and u.startswith("s3://") for u in uris)
 
 
 # Written by the EC2 nodes' user data when the node is ready (see provisioning.aws.requests).
@@ -555,8 +548,8 @@ def start_in_container(
 ) -> RunningProcess:
     """The node agent `argv` in the job's image on a host, through the host's engine: the
     same per-node container command as the local provider's, run detached over SSH."""
-    from trainctl.container.engine import Engine
-    from trainctl.container.run import container_command, container_labels, container_name
+    from trainctl.image.container import container_command, container_labels, container_name
+    from trainctl.image.engine import Engine
     from trainctl.provisioning.local import container_mounts
     from trainctl.transport.ssh import SshProcess
 
@@ -590,7 +583,7 @@ def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
     """Log the host's engine in to the ECR registry of `image` with the node's own
     instance-profile credentials (the AWS CLI on the node), so no credential of the
     submitter's travels; nothing to do for other registries."""
-    from trainctl.container.image import ecr_registry
+    from trainctl.image.build import ecr_registry
 
     ecr = ecr_registry(image)
     if ecr is None:
@@ -608,7 +601,7 @@ def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
 def remote_engine(conn: Any) -> str:
     """The path of a container engine that answers on the host (the `container_engine`
     setting's, else docker, else podman); SshProvisionError if there is none."""
-    from trainctl.container.engine import ENGINES
+    from trainctl.image.engine import ENGINES
 
     preferred = get_settings().container_engine
     for name in [preferred] if preferred else ENGINES:
@@ -625,7 +618,7 @@ def remote_engine(conn: Any) -> str:
 def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
     """Pull `image` on the host unless it is there (plain http only for loopback
     registries, as on this machine), and check that it can run the agent."""
-    from trainctl.container.image import registry_host
+    from trainctl.image.build import registry_host
 
     if conn.run([engine, "image", "inspect", image], timeout=60).code != 0:
         tls = []
@@ -639,7 +632,7 @@ def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
 
 def check_remote_toolkit(conn: Any, engine: str, image: str) -> None:
     """SshProvisionError unless the image can run the agent on the host (see check_toolkit)."""
-    from trainctl.container.run import check_toolkit
+    from trainctl.image.container import check_toolkit
 
     def run(argv: list[str]) -> tuple[int, str]:
         done = conn.run(argv, timeout=300)

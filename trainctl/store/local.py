@@ -14,29 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainctl.errors import NotFoundError, StoreError
+from trainctl.spec.uris import clean_key
 from trainctl.store.base import ObjectInfo, Store
 
 _TMP_MARK = ".tmp-"
 _PARENT_RETRIES = 10
-
-
-def clean_key(key: str, *, allow_empty: bool = False) -> str:
-    """Normalise a '/'-separated key and reject keys that could escape the store root.
-
-    Shared by every backend so that a key means the same thing on file:// and s3://: empty and
-    '.' components are dropped, '..' components and absolute keys are refused (on a local disk
-    they would reach outside the root; on S3 they would silently name a different object).
-    """
-    if "\x00" in key:
-        raise StoreError(f"invalid key {key!r}: contains a NUL character")
-    if key.startswith("/"):
-        raise StoreError(f"invalid key {key!r}: keys are relative to the store root")
-    parts = [p for p in key.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise StoreError(f"invalid key {key!r}: '..' would escape the store root")
-    if not parts and not allow_empty:
-        raise StoreError("invalid key '': an object key must not be empty")
-    return "/".join(parts)
 
 
 def _is_tmp(name: str) -> bool:

@@ -8,45 +8,23 @@ names an endpoint.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainctl.errors import NotFoundError, SpecError, StoreError
+from trainctl.errors import NotFoundError, StoreError
+from trainctl.spec.uris import clean_key, split_s3_uri
 from trainctl.store.base import ObjectInfo, Store
-from trainctl.store.local import clean_key
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
 
-# 3-63 characters of lowercase letters, digits, dots and hyphens, starting and ending with a
-# letter or digit (the S3 naming rules that matter for a URI typed by a user).
-_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _MULTIPART_THRESHOLD = 8 * 1024 * 1024
 _DELETE_BATCH = 1000  # the DeleteObjects maximum
 _SSE = {"ServerSideEncryption": "AES256"}
-
-
-def split_s3_uri(uri: str, field: str = "uri") -> tuple[str, str]:
-    """`s3://bucket/a/b/` -> ("bucket", "a/b"). Raises SpecError naming `field`."""
-    if not uri.startswith("s3://"):
-        raise SpecError(field, f"{uri!r} is not an s3:// URI; use s3://bucket/prefix")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not _BUCKET_RE.fullmatch(bucket):
-        raise SpecError(
-            field,
-            f"invalid S3 bucket name {bucket!r} in {uri!r}; bucket names are 3-63 lowercase "
-            "letters, digits, '.' or '-', starting and ending with a letter or digit",
-        )
-    try:
-        prefix = clean_key(prefix, allow_empty=True)
-    except StoreError as exc:
-        raise SpecError(field, f"invalid S3 prefix in {uri!r}: {exc}") from None
-    return bucket, prefix
 
 
 class _ClientHolder:

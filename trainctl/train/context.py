@@ -63,7 +63,7 @@ def _int_env(env: dict[str, str] | os._Environ[str], *names: str, default: int) 
 
 
 def _env_suffix(name: str) -> str:
-    # Same rule as trainctl.container.layout.env_suffix (not imported: no agent code here).
+    # Same rule as trainctl.launcher.layout.env_suffix (not imported: no agent code here).
     return re.sub(r"[^A-Z0-9_]", "_", name.upper())
 
 

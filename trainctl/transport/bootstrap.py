@@ -1,100 +1,28 @@
-"""Make a remote host's python run `python -m trainctl.container.agent` of THIS trainctl.
+"""Make a remote host's python run `python -m trainctl.node.agent` of THIS trainctl.
 
-The agent's version is `trainctl.__version__` plus a content hash of the package's files,
-so a development edit counts as another version. If the host's own trainctl reports another
-version (or none), a reproducible tar of the local package (pure python) is uploaded over
-SFTP to `~/.trainctl/agent/<version>/` and the agent runs with PYTHONPATH there; missing
-dependencies are installed with `pip install --target <that dir>/deps`. A later job on the
-same host finds the directory and uploads nothing.
-
-This module imports only the standard library at its top: the host runs `agent_version()`
-from it to report which trainctl it has, possibly without trainctl's dependencies.
+The agent's version is `trainctl.toolkit.agent_version()`: `__version__` plus a content
+hash of the package's files, so a development edit counts as another version. If the host's
+own trainctl reports another version (or none), a reproducible tar of the local package (pure
+python) is uploaded over SFTP to `~/.trainctl/agent/<version>/` and the agent runs with
+PYTHONPATH there; missing dependencies are installed with `pip install --target <that
+dir>/deps`. A later job on the same host finds the directory and uploads nothing.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import json
 import secrets
-import tarfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainctl.toolkit import AGENT_DEPENDENCIES, S3_DEPENDENCIES, agent_version, package_tarball
 
 if TYPE_CHECKING:
     from trainctl.transport.ssh import SshConnection
 
-# import name -> pip requirement (the ranges of pyproject.toml's dependencies)
-AGENT_DEPENDENCIES = {
-    "pydantic": "pydantic>=2.6,<3",
-    "pydantic_settings": "pydantic-settings>=2.2",
-    "yaml": "pyyaml>=6",
-    "pathspec": "pathspec>=0.12",
-}
-S3_DEPENDENCIES = {"boto3": "boto3>=1.34"}
 MIN_PYTHON = (3, 10)
 AGENT_ROOT = ".trainctl/agent"  # under the remote home
 PIP_TIMEOUT = 900.0
-
-
-def package_dir() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
-def package_files(root: Path | None = None) -> list[Path]:
-    """The package's files, relative and sorted (no bytecode caches: they differ per host)."""
-    root = root or package_dir()
-    files = []
-    for path in root.rglob("*"):
-        rel = path.relative_to(root)
-        if "__pycache__" in rel.parts or path.suffix in (".pyc", ".pyo") or not path.is_file():
-            continue
-        files.append(rel)
-    return sorted(files, key=lambda p: p.as_posix())
-
-
-def content_hash(root: Path | None = None) -> str:
-    root = root or package_dir()
-    digest = hashlib.sha256()
-    for rel in package_files(root):
-        digest.update(rel.as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256((root / rel).read_bytes()).digest())
-    return digest.hexdigest()[:16]
-
-
-def agent_version(root: Path | None = None) -> str:
-    """`<__version__>-<content hash>` of the trainctl package at `root` (default: this one)."""
-    from trainctl import __version__
-
-    return f"{__version__}-{content_hash(root)}"
-
-
-def package_tarball(root: Path | None = None) -> bytes:
-    """A reproducible tar.gz of the package as `trainctl/...`: same files, same bytes."""
-    root = root or package_dir()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        dirs = sorted({p.parent for p in package_files(root)} - {Path(".")}, key=str)
-        for rel in [Path("."), *dirs]:
-            info = tarfile.TarInfo(("trainctl" / rel).as_posix())
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(_normalized(info))
-        for rel in package_files(root):
-            data = (root / rel).read_bytes()
-            info = tarfile.TarInfo(("trainctl" / rel).as_posix())
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(_normalized(info), io.BytesIO(data))
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
-
-
-def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-    return info
 
 
 @dataclass(frozen=True)
@@ -118,7 +46,7 @@ import importlib.util, json, sys
 sys.path = [p for p in sys.path if p not in ("", ".")]  # not what the login dir holds
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "version": None, "error": None}
 try:
-    from trainctl.transport.bootstrap import agent_version
+    from trainctl.toolkit import agent_version
     out["version"] = agent_version()
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)

@@ -8,8 +8,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainctl.node.procs import descendants, signal_all
 from trainctl.transport import RunningProcess
-from trainctl.transport.procs import descendants, signal_all
 
 
 class LocalProcess(RunningProcess):

@@ -44,7 +44,7 @@ from trainctl.transport import RunningProcess
 if TYPE_CHECKING:
     import paramiko
 
-    from trainctl.capacity import SshHost
+    from trainctl.spec.capacity import SshHost
 
 log = logging.getLogger("trainctl.ssh")
 

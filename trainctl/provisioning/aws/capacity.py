@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import TrainctlError
-from trainctl.estimator.spec import JobSpec
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.clients import AwsError, Timing, error_code, error_message
 from trainctl.provisioning.aws.lookups import scrub
@@ -21,6 +20,7 @@ from trainctl.provisioning.aws.resources import (
     state_of,
     terminate_instances,
 )
+from trainctl.spec.job import JobSpec
 
 # Errors that say "not here, not now": the next subnet, type or market may have capacity.
 CAPACITY_ERRORS = frozenset(

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainctl.capacity import AMI_RE, SSM_PARAMETER_PREFIX
 from trainctl.errors import SpecError
 from trainctl.provisioning.aws.clients import error_code, error_message
+from trainctl.spec.capacity import AMI_RE, SSM_PARAMETER_PREFIX
 
 _ACCESS_KEY_RE = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AIPA|ANPA|ANVA|AGPA)[A-Z0-9]{12,}\b")
 REDACTED = "<redacted>"

@@ -10,10 +10,10 @@ import ipaddress
 from typing import Any
 
 from trainctl.errors import SpecError
-from trainctl.estimator.spec import JobSpec
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.clients import Clients, error_code, error_message
 from trainctl.provisioning.aws.lookups import resolve_image, resolve_network, scrub
+from trainctl.spec.job import JobSpec
 
 CREDENTIAL_ERRORS = frozenset(
     {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG
 
 CATALOG_PRICE_REGION = "us-east-1"
 LINUX = "Linux/UNIX"

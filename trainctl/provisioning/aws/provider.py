@@ -19,10 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainctl.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.cluster import LOOPBACK_ENV, ClusterInfo, NodeInfo, host_name, is_loopback
 from trainctl.errors import TrainctlError
-from trainctl.estimator.spec import JobSpec
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws import resources
 from trainctl.provisioning.aws.capacity import Backoff, BootFailed, launch, wait_running
@@ -47,9 +45,11 @@ from trainctl.provisioning.aws.resources import (
     wait_terminated,
 )
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider
-from trainctl.provisioning.catalog import CATALOG
 from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.settings import get_settings
+from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
+from trainctl.spec.catalog import CATALOG
+from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
 
 CHECKIP_URL = "https://checkip.amazonaws.com"

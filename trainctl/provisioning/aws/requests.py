@@ -12,8 +12,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from trainctl.estimator.spec import JobSpec
-from trainctl.provisioning.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG
+from trainctl.spec.job import JobSpec
 
 TAG_JOB = "trainctl:job"
 TAG_ATTEMPT = "trainctl:attempt"

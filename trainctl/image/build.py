@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import is_loopback
 from trainctl.errors import SpecError, TrainctlError, one_line
+from trainctl.spec.frameworks import DEFAULT_FRAMEWORK_VERSION, check_dependencies, framework_image
 
 if TYPE_CHECKING:
-    from trainctl.container.engine import Engine
-    from trainctl.estimator.spec import JobSpec
+    from trainctl.image.engine import Engine
+    from trainctl.spec.job import JobSpec
 
 __all__ = [
-    "FRAMEWORK_VERSIONS",
     "BuildPlan",
     "ImageBuildError",
     "ImageRef",
@@ -46,37 +46,19 @@ __all__ = [
     "ecr_login",
     "ecr_registry",
     "ensure_ecr_repository",
-    "framework_image",
     "job_image",
     "plan_build",
     "plan_for_spec",
 ]
 
-# AWS Deep Learning Containers for PyTorch training: framework version -> Python versions.
-# Names follow `<account>.dkr.ecr.<region>.amazonaws.com/pytorch-training:<fw>-<cpu|gpu>-<py>`.
-FRAMEWORK_VERSIONS: dict[str, tuple[str, ...]] = {
-    "1.13.1": ("py39",),
-    "2.0.1": ("py310",),
-    "2.1.0": ("py310",),
-    "2.2.0": ("py310",),
-    "2.3.0": ("py311",),
-    "2.4.0": ("py311",),
-    "2.5.1": ("py311",),
-    "2.6.0": ("py312",),
-}
-DEFAULT_FRAMEWORK_VERSION = "2.5.1"
-DLC_ACCOUNT = "763104351884"
-DEFAULT_REGION = "us-east-1"
 
 CODE_DIR = "/opt/ml/code"  # SageMaker's: the script's working directory
-TOOLKIT_DIR = "/opt/trainctl"  # on PYTHONPATH: `python -m trainctl.container.agent` works
+TOOLKIT_DIR = "/opt/trainctl"  # on PYTHONPATH: `python -m trainctl.node.agent` works
 DEFAULT_REPOSITORY_PREFIX = "localhost/trainctl"
 BUILD_TIMEOUT = 3600.0
 PUSH_TIMEOUT = 1800.0
 OUTPUT_TAIL_LINES = 40
 
-# A pip requirement given on a command line: no option (leading '-'), no control characters.
-DEPENDENCY_RE = re.compile(r"^[A-Za-z0-9][^\x00-\x1f\x7f]{0,299}$")
 ECR_RE = re.compile(
     r"^(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
     r"/(?P<name>[^:@]+)$"
@@ -146,68 +128,11 @@ class ImageRef:
 # --- framework images -------------------------------------------------------------------
 
 
-def framework_image(
-    framework_version: str,
-    py_version: str | None = None,
-    *,
-    gpu: bool,
-    region: str | None = None,
-) -> str:
-    """The AWS DLC PyTorch training image for this version, Python and CPU/GPU.
-
-    `framework_version` may be short ("2.3" for 2.3.0); `py_version` defaults to the only
-    (or newest) one the table has for that version.
-    """
-    version = resolve_framework_version(framework_version)
-    pythons = FRAMEWORK_VERSIONS[version]
-    if py_version is None:
-        py_version = pythons[-1]
-    elif py_version not in pythons:
-        raise SpecError(
-            "py_version",
-            f"{py_version!r} is not available for PyTorch {version}; allowed: {', '.join(pythons)}",
-        )
-    region = region or DEFAULT_REGION
-    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
-        raise SpecError("region", f"{region!r} is not an AWS region name like us-east-1")
-    device = "gpu" if gpu else "cpu"
-    registry = f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com"
-    return f"{registry}/pytorch-training:{version}-{device}-{py_version}"
-
-
-def resolve_framework_version(framework_version: str) -> str:
-    """'2.3' -> '2.3.0' (the table's entry); a SpecError naming the supported ones otherwise."""
-    if framework_version in FRAMEWORK_VERSIONS:
-        return framework_version
-    matches = [v for v in FRAMEWORK_VERSIONS if v.startswith(f"{framework_version}.")]
-    if len(matches) == 1:
-        return matches[0]
-    raise SpecError(
-        "framework_version",
-        f"PyTorch {framework_version!r} has no training image; supported: "
-        f"{', '.join(FRAMEWORK_VERSIONS)}",
-    )
-
-
 # --- planning -----------------------------------------------------------------------------
 
 
-def check_dependencies(dependencies: Sequence[str]) -> list[str]:
-    """Validated pip requirements (raises SpecError('dependencies', ...))."""
-    out = []
-    for dep in dependencies:
-        if not isinstance(dep, str) or not DEPENDENCY_RE.fullmatch(dep.strip()):
-            raise SpecError(
-                "dependencies",
-                f"{dep!r} is not a pip requirement (e.g. 'numpy>=1.26'); options and control "
-                "characters are not allowed",
-            )
-        out.append(dep.strip())
-    return out
-
-
 def _toolkit(s3: bool) -> dict[str, str]:
-    from trainctl.transport.bootstrap import AGENT_DEPENDENCIES, S3_DEPENDENCIES
+    from trainctl.toolkit import AGENT_DEPENDENCIES, S3_DEPENDENCIES
 
     return {**AGENT_DEPENDENCIES, **(S3_DEPENDENCIES if s3 else {})}
 
@@ -234,7 +159,7 @@ def render_dockerfile(
 ) -> str:
     """The Dockerfile. Slow-changing layers first (pip installs), code last, so an edit to
     the training script rebuilds only the last layers."""
-    from trainctl.transport.bootstrap import agent_version
+    from trainctl.toolkit import agent_version
 
     def pip(args: Sequence[str]) -> str:
         return "RUN python3 -m pip install " + " ".join(shlex.quote(a) for a in args)
@@ -300,9 +225,9 @@ def plan_build(
     are installed only if the base image lacks them. `s3=False`: the job uses no s3:// URI,
     so the agent needs no boto3.
     """
-    from trainctl.container.packaging import list_included_files
-    from trainctl.estimator.spec import IMAGE_URI_RE
-    from trainctl.transport.bootstrap import package_dir, package_files
+    from trainctl.packaging import list_included_files
+    from trainctl.spec.job import IMAGE_URI_RE
+    from trainctl.toolkit import package_dir, package_files
 
     source = Path(source_dir).expanduser()
     if not source.is_dir():
@@ -346,8 +271,8 @@ def plan_build(
 
 def plan_for_spec(spec: JobSpec, *, repository: str | None = None) -> BuildPlan:
     """The build plan of a job that builds its image (`spec.builds_image`)."""
-    from trainctl.provisioning.catalog import CATALOG
-    from trainctl.provisioning.ssh import uses_s3
+    from trainctl.spec.catalog import CATALOG
+    from trainctl.spec.job import uses_s3
 
     return plan_build(
         spec.source_dir,
@@ -415,7 +340,7 @@ def build_image(
     `tls_verify`: None checks TLS except for loopback registries (127.0.0.0/8, localhost),
     which are plain http here; False/True force it (podman only; docker's daemon decides).
     """
-    from trainctl.container.engine import require_engine
+    from trainctl.image.engine import require_engine
 
     if engine is None:
         engine = require_engine("building the job's image")

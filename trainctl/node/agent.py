@@ -6,7 +6,7 @@ working directory, streams and saves the node's log, and on success uploads the 
 output data. It talks back to the controller through its output: user lines verbatim,
 control messages as `@@trainctl@@ {json}` lines.
 
-Run as: python -m trainctl.container.agent --store URI --job NAME --attempt K --rank R
+Run as: python -m trainctl.node.agent --store URI --job NAME --attempt K --rank R
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainctl.container.priority import yield_cpu_to_training
+from trainctl.node.priority import yield_cpu_to_training
+from trainctl.node.procs import children, descendants, signal_all
 from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
 from trainctl.protocol import parse as parse_control
-from trainctl.transport.procs import children, descendants, signal_all
 
 
 def _console(text: str) -> None:
@@ -43,7 +43,7 @@ def _console(text: str) -> None:
 
 
 def _yielding(work: Callable[[], None]) -> Callable[[], None]:
-    """`work`, run at the agent's lower priority (see trainctl.container.priority)."""
+    """`work`, run at the agent's lower priority (see trainctl.node.priority)."""
 
     def run() -> None:
         yield_cpu_to_training()
@@ -123,7 +123,8 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def stage_channel(name: str, uri: str, dest: Path, log) -> None:
-    from trainctl.store import open_store, parse_uri
+    from trainctl.spec.uris import parse_uri
+    from trainctl.store import open_store
 
     scheme, rest = parse_uri(uri, field=f"inputs.{name}")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -208,8 +209,8 @@ class LogShipper:
 class Agent:
     def __init__(self, store_uri: str, job: str, attempt: int, rank: int) -> None:
         from trainctl.cluster import ClusterInfo
-        from trainctl.container.layout import Layout
-        from trainctl.controller.record import JobStore
+        from trainctl.launcher.layout import Layout
+        from trainctl.record import JobStore
         from trainctl.settings import get_settings
         from trainctl.store import open_store
 
@@ -247,8 +248,8 @@ class Agent:
 
     # -- staging ------------------------------------------------------------------------
     def stage(self) -> None:
-        from trainctl.container.layout import input_data_config, resource_config
-        from trainctl.container.packaging import safe_extract
+        from trainctl.launcher.layout import input_data_config, resource_config
+        from trainctl.node.extract import safe_extract
         from trainctl.store import open_store
 
         for path in self.layout.all_dirs(self.spec):
@@ -269,8 +270,8 @@ class Agent:
         self.start_checkpoint_sync()
 
     def start_checkpoint_sync(self) -> None:
-        from trainctl.container.checkpoints import CheckpointSync, restore
-        from trainctl.controller.outputs import checkpoint_store
+        from trainctl.node.checkpoints import CheckpointSync, restore
+        from trainctl.record import checkpoint_store
 
         store = checkpoint_store(self.record)
         local = self.layout.checkpoints(self.spec)
@@ -285,12 +286,12 @@ class Agent:
         ).start()
 
     def python(self) -> str:
-        from trainctl.container.pyenv import prepare_python
+        from trainctl.node.pyenv import prepare_python
 
         return prepare_python(self.layout.code, self.settings.home / "envs", self.logs.write)
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]:
-        from trainctl.container.layout import sagemaker_env
+        from trainctl.launcher.layout import sagemaker_env
 
         env = dict(os.environ)
         env.update(self.cluster.network_env)
@@ -365,7 +366,7 @@ class Agent:
 
     def watch_spot_notices(self) -> None:
         """EC2's own notice, IMDSv2 spot/instance-action, polled when the node is on EC2."""
-        from trainctl.container.imds import ImdsClient
+        from trainctl.node.imds import ImdsClient
 
         interval = self.settings.imds_poll_seconds
         try:
@@ -512,7 +513,7 @@ class Agent:
         return self.finish(0, None, None)
 
     def upload_outputs(self) -> None:
-        from trainctl.controller.outputs import output_store
+        from trainctl.record import output_store
 
         out = output_store(self.record)
         with tempfile.TemporaryDirectory(prefix="trainctl-out-") as tmp:

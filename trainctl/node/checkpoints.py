@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trainctl.container.priority import yield_cpu_to_training
 from trainctl.errors import NotFoundError
+from trainctl.node.priority import yield_cpu_to_training
 from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
 

@@ -23,7 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from trainctl.capacity import (
+from trainctl.errors import SpecError
+from trainctl.spec.capacity import (
     POOL_NAME_RE,
     ImageId,
     Region,
@@ -31,7 +32,6 @@ from trainctl.capacity import (
     SshHost,
     SubnetIds,
 )
-from trainctl.errors import SpecError
 
 # SageMaker's job-name rule, so names carry over both ways.
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -128,7 +128,7 @@ class MetricDefinition(_Strict):
 
 
 def _check_uri(value: str, field: str) -> str:
-    from trainctl.store import validate_uri
+    from trainctl.spec.uris import validate_uri
 
     try:
         validate_uri(value, field=field)
@@ -151,7 +151,6 @@ InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
 def _check_channel_envs(channels: dict[str, Any]) -> None:
     """Two channels that map to one variable (`train-a`, `train.a`) would leave the script
     with one of the two directories in SM_CHANNEL_<NAME>, silently."""
-    from trainctl.container.layout import env_suffix  # (layout imports this module)
 
     seen: dict[str, str] = {}
     for name in channels:
@@ -190,7 +189,7 @@ class JobSpec(_Strict):
     job_name: str | None = None
     metric_definitions: list[MetricDefinition] = Field(default_factory=list)
     image_uri: str | None = None
-    # Building the job's image (trainctl.container.image): on base_image, or on the framework
+    # Building the job's image (trainctl.image.build): on base_image, or on the framework
     # image for framework_version/py_version; plus requirements.txt and `dependencies`.
     build_image: bool = Field(default=False, strict=True)
     framework_version: str | None = None
@@ -200,7 +199,7 @@ class JobSpec(_Strict):
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
     max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
     faults: list[str] = Field(default_factory=list)
-    # Capacity (EC2 and SSH providers; see trainctl.capacity). A pool fills those unset.
+    # Capacity (EC2 and SSH providers; see trainctl.spec.capacity). A pool fills those unset.
     pool: str | None = None
     region: Region = None
     use_spot_instances: bool = Field(default=False, strict=True)
@@ -223,7 +222,7 @@ class JobSpec(_Strict):
     @field_validator("fallback_instance_types")
     @classmethod
     def _fallback_types(cls, v: list[str]) -> list[str]:
-        from trainctl.provisioning.catalog import check_instance_type
+        from trainctl.spec.catalog import check_instance_type
 
         for name in v:
             if check_instance_type(name).provider != "aws":
@@ -233,7 +232,7 @@ class JobSpec(_Strict):
     @property
     def provider(self) -> str:
         """'local', 'ssh' or 'aws' (from the instance type)."""
-        from trainctl.provisioning.catalog import CATALOG
+        from trainctl.spec.catalog import CATALOG
 
         return CATALOG[self.instance_type].provider
 
@@ -261,7 +260,7 @@ class JobSpec(_Strict):
     @field_validator("instance_type")
     @classmethod
     def _known_instance_type(cls, v: str) -> str:
-        from trainctl.provisioning.catalog import check_instance_type
+        from trainctl.spec.catalog import check_instance_type
 
         check_instance_type(v)
         return v
@@ -332,7 +331,7 @@ class JobSpec(_Strict):
     @field_validator("framework_version")
     @classmethod
     def _framework_version(cls, v: str | None) -> str | None:
-        from trainctl.container.image import resolve_framework_version
+        from trainctl.spec.frameworks import resolve_framework_version
 
         if v is not None:
             try:
@@ -344,7 +343,7 @@ class JobSpec(_Strict):
     @field_validator("dependencies")
     @classmethod
     def _dependencies(cls, v: list[str]) -> list[str]:
-        from trainctl.container.image import check_dependencies
+        from trainctl.spec.frameworks import check_dependencies
 
         try:
             return check_dependencies(v)
@@ -424,7 +423,7 @@ class JobSpec(_Strict):
                 if getattr(self, name):
                     raise ValueError(f"{name}: only with build_image=True")
         if self.py_version is not None:
-            from trainctl.container.image import FRAMEWORK_VERSIONS, resolve_framework_version
+            from trainctl.spec.frameworks import FRAMEWORK_VERSIONS, resolve_framework_version
 
             if self.framework_version is None:
                 raise ValueError("py_version: only with framework_version")
@@ -529,8 +528,8 @@ def build_spec(**fields: Any) -> JobSpec:
 
 def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:
     """The pool's fields under the job's own: the job wins where it sets a field."""
-    from trainctl.capacity import pool_fields
     from trainctl.settings import get_settings
+    from trainctl.spec.capacity import pool_fields
 
     name = fields["pool"]
     pools = get_settings().pools
@@ -559,3 +558,17 @@ def parse_distribution(name: str) -> dict[str, Any] | None:
     if name not in table:
         raise SpecError("distribution", f"unknown {name!r}; allowed: {', '.join(table)}")
     return table[name]
+
+
+def uses_s3(spec: JobSpec) -> bool:
+    """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
+    from trainctl.settings import get_settings
+
+    uris = [get_settings().store_uri, spec.output_path, spec.checkpoint_s3_uri]
+    uris += list(spec.inputs.values())
+    return any(u and u.startswith("s3://") for u in uris)
+
+
+def env_suffix(name: str) -> str:
+    """Upper-case name usable in a shell variable: 'batch-size' -> 'BATCH_SIZE'."""
+    return re.sub(r"[^A-Z0-9_]", "_", name.upper())

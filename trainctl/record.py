@@ -1,4 +1,5 @@
-"""A job's record in the store: job.json (atomic replace), events.jsonl, lease, stop marker.
+"""A job's record in the store: job.json (atomic replace), events.jsonl, lease, stop marker,
+and where its outputs and checkpoints go. Read by clients, controllers and node agents alike.
 
 The controller that holds the lease is the only writer of job.json and events.jsonl; other
 processes (status, stop, logs) read them, and ask for a stop by writing a marker.
@@ -16,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainctl.errors import JobNotFoundError, NotFoundError
-from trainctl.estimator.spec import JobSpec
+from trainctl.spec.job import JobSpec
 from trainctl.state import JobState, can_transition
-from trainctl.store import Store
+from trainctl.store import Store, open_store
 
 
 def now_iso() -> str:
@@ -236,7 +237,7 @@ class JobStore:
             raw = self.store.get_text(self.keys.record)
         except NotFoundError:
             raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
-        from trainctl.estimator.spec import RECORDED
+        from trainctl.spec.job import RECORDED
 
         return JobRecord.model_validate_json(raw, context={RECORDED: True})
 
@@ -304,3 +305,20 @@ def list_jobs(store: Store) -> list[JobRecord]:
         except (JobNotFoundError, ValueError):
             continue  # a job being created, or an unreadable record: skip, don't fail the list
     return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+
+# Where a job's outputs go: `output_path/<job>/output/` if given, else the job's store dir.
+
+
+def output_store(record: JobRecord) -> Store:
+    if record.spec.output_path:
+        base = open_store(record.spec.output_path, field="output_path")
+        return base.child(f"{record.name}/output")
+    return open_store(record.store_uri).child(JobKeys(record.name).output)
+
+
+def checkpoint_store(record: JobRecord) -> Store:
+    """The job's checkpoint URI: checkpoint_s3_uri, else jobs/<job>/checkpoints/."""
+    if record.spec.checkpoint_s3_uri:
+        return open_store(record.spec.checkpoint_s3_uri, field="checkpoint_s3_uri")
+    return open_store(record.store_uri).child(JobKeys(record.name).checkpoints)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainctl.container.engine import Engine
 from trainctl.errors import SpecError, one_line
+from trainctl.image.engine import Engine
 
 JOB_LABEL = "trainctl.job"
 ATTEMPT_LABEL = "trainctl.attempt"
@@ -36,7 +36,7 @@ RANK_LABEL = "trainctl.rank"
 # Every image trainctl builds carries it (value: the agent version baked in).
 TOOLKIT_LABEL = "trainctl.version"
 # What the agent needs of an image: python3 that imports it (with its dependencies).
-TOOLKIT_PROBE = "import trainctl.container.agent"
+TOOLKIT_PROBE = "import trainctl.node.agent"
 CONTAINER_OPT_ML = "/opt/ml"
 # Used only with a private IPC namespace (ipc_host=False); see the module docstring.
 DEFAULT_SHM_SIZE = "16g"
@@ -125,7 +125,7 @@ def ensure_image(engine: Engine, image: str, *, timeout: float = PULL_TIMEOUT_SE
 
     True when it was pulled. A failed pull is a SpecError("image_uri", one line).
     """
-    from trainctl.container.image import ImageBuildError, pull_image
+    from trainctl.image.build import ImageBuildError, pull_image
 
     if engine.image_exists(image):
         return False

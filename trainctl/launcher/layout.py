@@ -8,13 +8,12 @@ cloud it is a per-node directory and every variable points there.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
-from trainctl.estimator.spec import JobSpec
+from trainctl.spec.job import JobSpec, env_suffix
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,6 @@ class Layout:
             self.output_data,
             self.checkpoints(spec),
         ]
-
-
-def env_suffix(name: str) -> str:
-    """Upper-case name usable in a shell variable: 'batch-size' -> 'BATCH_SIZE'."""
-    return re.sub(r"[^A-Z0-9_]", "_", name.upper())
 
 
 def hyperparameter_args(hyperparameters: dict[str, Any]) -> list[str]:

@@ -87,7 +87,7 @@ def check_ids(values: list[str], pattern: re.Pattern[str], what: str) -> list[st
 
 
 def _instance_types(values: list[str]) -> list[str]:
-    from trainctl.provisioning.catalog import check_instance_type
+    from trainctl.spec.catalog import check_instance_type
 
     for name in values:
         check_instance_type(name)

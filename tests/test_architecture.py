@@ -1,0 +1,240 @@
+"""The package's layering, checked from its source: no import cycles, one-way layers.
+
+Data flows spec -> plan -> provision -> launch -> watch; each layer may import the layers
+below it and never one above. The graph is read with `ast`, so an import inside a function
+(the lazy imports that keep `trainctl --help` instant) counts like one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trainctl"
+
+# Client-side packages: what runs on the user's machine (or a controller host).
+CLIENT = (
+    "trainctl.cli",
+    "trainctl.controller",
+    "trainctl.estimator",
+    "trainctl.image",
+    "trainctl.packaging",
+    "trainctl.provisioning",
+    "trainctl.transport",
+)
+# layer (module or package) -> what it may import of trainctl (modules or packages).
+FOUNDATION = ("trainctl.errors", "trainctl.version", "trainctl.protocol", "trainctl.state")
+ALLOWED: dict[str, tuple[str, ...]] = {
+    # The user's validated input: errors and settings-level helpers only.
+    "trainctl.spec": (*FOUNDATION, "trainctl.spec", "trainctl.settings"),
+    "trainctl.settings": (*FOUNDATION, "trainctl.spec.capacity", "trainctl.spec.catalog"),
+    "trainctl.store": (*FOUNDATION, "trainctl.store", "trainctl.spec.uris"),
+    "trainctl.record": (*FOUNDATION, "trainctl.spec", "trainctl.store"),
+    "trainctl.launcher": (*FOUNDATION, "trainctl.launcher", "trainctl.spec", "trainctl.cluster"),
+    # What a node imports: never a client-side package.
+    "trainctl.node": (
+        *FOUNDATION,
+        "trainctl.node",
+        "trainctl.spec",
+        "trainctl.settings",
+        "trainctl.store",
+        "trainctl.record",
+        "trainctl.launcher",
+        "trainctl.cluster",
+    ),
+    # Imported by training scripts: nothing of the job machinery.
+    "trainctl.train": ("trainctl.train", "trainctl.protocol"),
+    "trainctl.toolkit": ("trainctl.version",),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The trainctl modules `name` imports at run time (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod.
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
+        for target in targets:
+            while target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_layers_import_only_downwards() -> None:
+    graph = _graph()
+    wrong = []
+    for name, deps in sorted(graph.items()):
+        layer = max((p for p in ALLOWED if _within(name, (p,))), key=len, default=None)
+        if layer is None:
+            continue
+        allowed = ALLOWED[layer]
+        # A package's own __init__ re-exports its modules.
+        wrong += [f"{name} -> {d}" for d in sorted(deps) if not _within(d, allowed)]
+    assert wrong == []
+
+
+def test_node_imports_no_client_package() -> None:
+    graph = _graph()
+    wrong = [
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        if _within(name, ("trainctl.node",))
+        for dep in deps
+        if _within(dep, CLIENT)
+    ]
+    assert wrong == []
+
+
+def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter() -> None:
+    graph = _graph()
+    order: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        done.add(name)
+        for dep in sorted(graph[name]):
+            visit(dep)
+        order.append(name)
+
+    for name in sorted(graph):
+        visit(name)
+    order = [n for n in order if not n.endswith("__main__")]
+    script = (
+        "import importlib, json, sys\n"
+        "for m in json.loads(sys.argv[1]):\n"
+        "    importlib.import_module(m)"
+    )
+    done_proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(order)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done_proc.returncode == 0, done_proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["trainctl.node.agent", "trainctl.node.checkpoints", "trainctl.node.imds", "trainctl.train"],
+)
+def test_node_side_imports_stay_small(module: str) -> None:
+    """What a node (or a training script) imports loads no client code and no heavy SDK."""
+    heavy = ["boto3", "botocore", "paramiko", "fabric", "typer", "rich"]
+    if module != "trainctl.train":  # the training helpers are for torch scripts
+        heavy.append("torch")
+    script = f"import json, sys, {module}\nmods = sorted(sys.modules)\nprint(json.dumps(mods))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = json.loads(out.stdout)
+    assert [m for m in loaded if m.split(".")[0] in heavy] == []
+    assert [m for m in loaded if _within(m, CLIENT)] == []

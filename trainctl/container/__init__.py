@@ -1,1 +1,0 @@
-"""What runs on a node: the source archive and the in-container layout."""
