@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from trainctl.image import engine as engine_module
 
 from tests.conftest import EXAMPLES
 from tests.dockerd import Dockerd, dockerd  # noqa: F401  (the session's daemon)
@@ -24,6 +23,7 @@ from tests.test_container_run import (
     digits,
     import_node_image,
 )
+from trainctl.image import engine as engine_module
 from trainctl.image.container import job_containers
 from trainctl.image.engine import Engine, find_engine
 

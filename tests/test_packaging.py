@@ -9,8 +9,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from trainctl import packaging
 
+from trainctl import packaging
 from trainctl.errors import PackagingError, SpecError
 from trainctl.node.extract import safe_extract
 from trainctl.packaging import PackagedSource, list_included_files, package_source
