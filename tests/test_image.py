@@ -17,17 +17,14 @@ from tests.sshd import free_port
 from trainctl.cli import EXIT_BAD_INPUT, app
 from trainctl.errors import SpecError
 from trainctl.image.build import (
-    ImageBuildError,
     build_image,
-    ecr_login,
-    ensure_ecr_repository,
     job_image,
     plan_build,
     plan_for_spec,
-    pull_image,
     render_dockerfile,
 )
-from trainctl.image.engine import Engine, EngineMissingError
+from trainctl.image.engine import Engine, EngineMissingError, ImageBuildError
+from trainctl.image.registry import ecr_login, ensure_ecr_repository, pull_image
 from trainctl.spec.frameworks import framework_image
 from trainctl.spec.job import build_spec
 from trainctl.toolkit import agent_version, package_files

@@ -453,7 +453,7 @@ the job to be terminated. The first process to do so was:
 
 
 def test_mpi_failure_reason_is_the_traceback_else_mpiruns_report() -> None:
-    from trainctl.node.agent import failure_from_output
+    from trainctl.node.output import failure_from_output
 
     traceback = ["Traceback (most recent call last):", '  File "t.py", line 1', "KeyError: 'x'"]
     assert failure_from_output([*traceback, *MPIRUN_REPORT])[0] == "KeyError: 'x'"

@@ -1,5 +1,6 @@
 """The job's container image: a Dockerfile rendered from a base image, the user's requirements
-and the trainctl toolkit; a content-addressed tag; build, push (any registry, or ECR).
+and the trainctl toolkit; a content-addressed tag; build and push
+(registries and ECR: `image.registry`).
 
 The image holds everything a node needs to run the job without downloading anything: the
 trainctl package (the node agent) under /opt/trainctl and the user's source directory (the
@@ -17,21 +18,30 @@ inside the ECR functions.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 import shlex
 import shutil
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainctl.cluster import is_loopback
-from trainctl.errors import SpecError, TrainctlError, one_line
+from trainctl.errors import SpecError
+from trainctl.image.engine import ImageBuildError, engine_output, last_line, run_engine
+from trainctl.image.registry import (
+    ECR_RE,
+    PUSH_TIMEOUT,
+    REPOSITORY_RE,
+    ecr_login,
+    ensure_ecr_repository,
+    pull_image,
+    registry_has,
+    registry_host,
+    tls_args,
+)
 from trainctl.spec.frameworks import DEFAULT_FRAMEWORK_VERSION, check_dependencies, framework_image
 
 if TYPE_CHECKING:
@@ -43,9 +53,6 @@ __all__ = [
     "ImageBuildError",
     "ImageRef",
     "build_image",
-    "ecr_login",
-    "ecr_registry",
-    "ensure_ecr_repository",
     "job_image",
     "plan_build",
     "plan_for_spec",
@@ -56,26 +63,6 @@ CODE_DIR = "/opt/ml/code"  # SageMaker's: the script's working directory
 TOOLKIT_DIR = "/opt/trainctl"  # on PYTHONPATH: `python -m trainctl.node.agent` works
 DEFAULT_REPOSITORY_PREFIX = "localhost/trainctl"
 BUILD_TIMEOUT = 3600.0
-PUSH_TIMEOUT = 1800.0
-OUTPUT_TAIL_LINES = 40
-
-ECR_RE = re.compile(
-    r"^(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
-    r"/(?P<name>[^:@]+)$"
-)
-ECR_HOST_RE = re.compile(r"^[0-9]{12}\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
-REPOSITORY_RE = re.compile(r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*$")
-
-
-class ImageBuildError(TrainctlError):
-    """Building, pulling or pushing an image failed. The first line says what; the engine's
-    output (its last lines) follows when there is any."""
-
-    def __init__(self, summary: str, output: str = "", *, reason: str = "") -> None:
-        self.summary = one_line(summary)
-        self.reason = one_line(reason) or self.summary  # why, for a caller's own summary
-        self.output = _tail(output)
-        super().__init__(self.summary + (f"\n{self.output}" if self.output else ""))
 
 
 @dataclass(frozen=True)
@@ -358,7 +345,7 @@ def build_image(
         if ecr:
             ensure_ecr_repository(ecr["name"], ecr["region"])
             commands.append(ecr_login(engine, ecr["region"], tls_verify=tls_verify))
-        if _registry_has(plan, engine, verify):
+        if registry_has(plan.repository, plan.tag, verify):
             return ImageRef(
                 plan.image, plan.repository, plan.tag, False, False, "in the registry", commands
             )
@@ -373,57 +360,27 @@ def build_image(
                 args.append("--pull=never")  # the base is local now (_ensure_base)
             args.append(str(context))
             commands.append(engine.command(*args))
-            done = _run(engine, args, timeout, f"building {plan.image}")
+            done = run_engine(engine, args, timeout, f"building {plan.image}")
             if done.returncode != 0:
                 raise ImageBuildError(
                     f"building {plan.image} from {plan.base_image} failed "
                     f"(exit {done.returncode}); {engine.name} build output follows",
-                    _text(done.stdout, done.stderr),
+                    engine_output(done.stdout, done.stderr),
                 )
         built, reason = True, ""
     pushed = False
     if push:
-        args = ["push", *_tls_args(engine, verify), plan.image]
+        args = ["push", *tls_args(engine, verify), plan.image]
         commands.append(engine.command(*args))
-        done = _run(engine, args, PUSH_TIMEOUT, f"pushing {plan.image}")
+        done = run_engine(engine, args, PUSH_TIMEOUT, f"pushing {plan.image}")
         if done.returncode != 0:
             raise ImageBuildError(
                 f"pushing {plan.image} to {host} failed (exit {done.returncode}): "
-                f"{_last_line(done.stderr or done.stdout)}",
-                _text(done.stdout, done.stderr),
+                f"{last_line(done.stderr or done.stdout)}",
+                engine_output(done.stdout, done.stderr),
             )
         pushed = True
     return ImageRef(plan.image, plan.repository, plan.tag, built, pushed, reason, commands)
-
-
-def pull_image(
-    engine: Engine,
-    image: str,
-    *,
-    tls_verify: bool | None = None,
-    commands: list[list[str]] | None = None,
-) -> None:
-    """Pull `image`; for an ECR image a refused pull logs in to its registry and tries once
-    more (ImageBuildError when it still fails). The commands run are added to `commands`."""
-    verify = tls_verify if tls_verify is not None else not is_loopback(registry_host(image) or "")
-    args = ["pull", *_tls_args(engine, verify), image]
-    ran = commands if commands is not None else []
-    ran.append(engine.command(*args))
-    done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
-    ecr = ecr_registry(image)
-    if done.returncode != 0 and ecr:
-        # Not logged in to that registry, or the 12-hour token ran out. One token serves
-        # every registry the caller may read, AWS's framework images (763104351884) too.
-        ran.append(ecr_login(engine, ecr[1], registry=ecr[0], tls_verify=tls_verify))
-        ran.append(engine.command(*args))
-        done = _run(engine, args, PUSH_TIMEOUT, f"pulling {image}")
-    if done.returncode != 0:
-        reason = _last_line(done.stderr or done.stdout)
-        raise ImageBuildError(
-            f"pulling {image} failed (exit {done.returncode}): {reason}",
-            _text(done.stdout, done.stderr),
-            reason=reason,
-        )
 
 
 def _ensure_base(
@@ -438,164 +395,3 @@ def _ensure_base(
         raise ImageBuildError(
             f"base image {base} is not on this machine and cannot be pulled: {exc.reason}"
         ) from None
-
-
-def _run(engine: Engine, args: list[str], timeout: float, what: str) -> Any:
-    import subprocess
-
-    try:
-        return engine.run(*args, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise ImageBuildError(
-            f"{what} took longer than {timeout:g} s", _text(exc.stdout, exc.stderr)
-        ) from None
-    except OSError as exc:
-        raise ImageBuildError(f"{what}: cannot run {engine.path}: {exc.strerror or exc}") from None
-
-
-def _tls_args(engine: Engine, verify: bool) -> list[str]:
-    return ["--tls-verify=false"] if engine.name == "podman" and not verify else []
-
-
-def registry_host(reference: str) -> str | None:
-    """The registry part of an image reference or repository, None for a bare name."""
-    first, sep, _ = reference.partition("/")
-    if not sep:
-        return None
-    if "." in first or ":" in first or first == "localhost":
-        return first
-    return None
-
-
-def ecr_registry(reference: str) -> tuple[str, str] | None:
-    """(registry host, region) when `reference` names an image or repository in ECR."""
-    host = registry_host(reference) or ""
-    found = ECR_HOST_RE.fullmatch(host)
-    return (host, found["region"]) if found else None
-
-
-def _registry_has(plan: BuildPlan, engine: Engine, verify: bool) -> bool:
-    """Whether the registry already holds plan.image (False when it cannot tell)."""
-    ecr = ECR_RE.fullmatch(plan.repository)
-    if ecr:
-        return _ecr_has_tag(ecr["name"], ecr["region"], plan.tag)
-    host = registry_host(plan.repository) or ""
-    name = plan.repository[len(host) + 1 :]
-    scheme = "https" if verify else "http"
-    request = urllib.request.Request(
-        f"{scheme}://{host}/v2/{name}/manifests/{plan.tag}",
-        method="HEAD",
-        headers={
-            "Accept": ", ".join(
-                [
-                    "application/vnd.oci.image.manifest.v1+json",
-                    "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.oci.image.index.v1+json",
-                    "application/vnd.docker.distribution.manifest.list.v2+json",
-                ]
-            )
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        # refused, 404, or a registry that wants credentials: build and let push tell
-        return False
-
-
-# --- ECR ------------------------------------------------------------------------------------
-
-
-def _ecr_client(region: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("ecr", region_name=region, config=Config(retries={"mode": "adaptive"}))
-
-
-def ensure_ecr_repository(name: str, region: str) -> str:
-    """The repository's URI, creating the repository if it does not exist."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    client = _ecr_client(region)
-    try:
-        try:
-            found = client.describe_repositories(repositoryNames=[name])["repositories"][0]
-            return str(found["repositoryUri"])
-        except client.exceptions.RepositoryNotFoundException:
-            pass
-        created = client.create_repository(
-            repositoryName=name,
-            imageTagMutability="IMMUTABLE",  # a content-hash tag never names other content
-            imageScanningConfiguration={"scanOnPush": True},
-        )
-    except (ClientError, BotoCoreError) as exc:
-        raise ImageBuildError(f"ECR repository {name} in {region}: {exc}") from None
-    return str(created["repository"]["repositoryUri"])
-
-
-def _ecr_has_tag(name: str, region: str, tag: str) -> bool:
-    client = _ecr_client(region)
-    try:
-        found = client.describe_images(repositoryName=name, imageIds=[{"imageTag": tag}])
-    except client.exceptions.ImageNotFoundException:
-        return False
-    except client.exceptions.RepositoryNotFoundException:
-        return False
-    return bool(found.get("imageDetails"))
-
-
-def ecr_login(
-    engine: Engine,
-    region: str,
-    *,
-    registry: str | None = None,
-    tls_verify: bool | None = None,
-) -> list[str]:
-    """Log the engine in to ECR with a fresh token; the password goes through stdin only.
-
-    `registry`: the registry host to log in to, when not the caller's own (the token is
-    good for any registry the caller may read). Returns the login command that ran (it
-    holds no secret)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        data = _ecr_client(region).get_authorization_token()["authorizationData"][0]
-    except (ClientError, BotoCoreError) as exc:
-        raise ImageBuildError(
-            f"cannot get an ECR login token in {region}: {one_line(str(exc))}"
-        ) from None
-    user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
-    endpoint = registry or data["proxyEndpoint"].removeprefix("https://").removeprefix("http://")
-    verify = tls_verify if tls_verify is not None else not is_loopback(endpoint)
-    args = ["login", *_tls_args(engine, verify), "--username", user, "--password-stdin", endpoint]
-    done = engine.run(*args, input=password.encode(), timeout=120)
-    if done.returncode != 0:
-        # the engine's message, never the token
-        raise ImageBuildError(
-            f"{engine.name} login to {endpoint} failed (exit {done.returncode}): "
-            f"{_last_line(done.stderr or done.stdout).replace(password, '***')}"
-        )
-    return engine.command(*args)
-
-
-# --- output helpers -------------------------------------------------------------------------
-
-
-def _text(*parts: bytes | str | None) -> str:
-    out = []
-    for part in parts:
-        if part:
-            out.append(part.decode(errors="replace") if isinstance(part, bytes) else part)
-    return "\n".join(p.rstrip("\n") for p in out)
-
-
-def _tail(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "\n".join(lines[-OUTPUT_TAIL_LINES:])
-
-
-def _last_line(text: bytes | str | None) -> str:
-    lines = _text(text).strip().splitlines()
-    return one_line(lines[-1].strip()) if lines else "no output"

@@ -125,7 +125,8 @@ def ensure_image(engine: Engine, image: str, *, timeout: float = PULL_TIMEOUT_SE
 
     True when it was pulled. A failed pull is a SpecError("image_uri", one line).
     """
-    from trainctl.image.build import ImageBuildError, pull_image
+    from trainctl.image.engine import ImageBuildError
+    from trainctl.image.registry import pull_image
 
     if engine.image_exists(image):
         return False

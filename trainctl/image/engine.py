@@ -1,4 +1,5 @@
-"""The container engine on this machine (or a node): docker or podman, found on PATH.
+"""The container engine on this machine (or a node): docker or podman, found on PATH; running
+it, and the error its failures raise (ImageBuildError, with the last lines of its output).
 
 Both take the same command line for what trainctl does (build, push, pull, run, rm), so one
 `Engine` drives either. `TRAINCTL_CONTAINER_ENGINE` (setting `container_engine`) picks one
@@ -12,8 +13,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from trainctl.errors import TrainctlError
+from trainctl.errors import TrainctlError, one_line
 
 ENGINES = ("docker", "podman")
 
@@ -84,3 +86,47 @@ def require_engine(why: str, preferred: str | None = None) -> Engine:
         wanted = preferred or " or ".join(ENGINES)
         raise EngineMissingError(f"{why} needs a container engine ({wanted}); none is installed")
     return engine
+
+
+OUTPUT_TAIL_LINES = 40
+
+
+class ImageBuildError(TrainctlError):
+    """Building, pulling or pushing an image failed. The first line says what; the engine's
+    output (its last lines) follows when there is any."""
+
+    def __init__(self, summary: str, output: str = "", *, reason: str = "") -> None:
+        self.summary = one_line(summary)
+        self.reason = one_line(reason) or self.summary  # why, for a caller's own summary
+        self.output = tail_lines(output)
+        super().__init__(self.summary + (f"\n{self.output}" if self.output else ""))
+
+
+def run_engine(engine: Engine, args: list[str], timeout: float, what: str) -> Any:
+
+    try:
+        return engine.run(*args, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ImageBuildError(
+            f"{what} took longer than {timeout:g} s", engine_output(exc.stdout, exc.stderr)
+        ) from None
+    except OSError as exc:
+        raise ImageBuildError(f"{what}: cannot run {engine.path}: {exc.strerror or exc}") from None
+
+
+def engine_output(*parts: bytes | str | None) -> str:
+    out = []
+    for part in parts:
+        if part:
+            out.append(part.decode(errors="replace") if isinstance(part, bytes) else part)
+    return "\n".join(p.rstrip("\n") for p in out)
+
+
+def tail_lines(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-OUTPUT_TAIL_LINES:])
+
+
+def last_line(text: bytes | str | None) -> str:
+    lines = engine_output(text).strip().splitlines()
+    return one_line(lines[-1].strip()) if lines else "no output"

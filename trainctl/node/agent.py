@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -27,183 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainctl.node.output import LogShipper, console, emit, failure_from_output, yielding
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.node.procs import children, descendants, signal_all
+from trainctl.node.staging import pack_directory, stage_channel, write_json
 from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
 from trainctl.protocol import parse as parse_control
-
-
-def _console(text: str) -> None:
-    """Write to the controller's pipe; once the controller is gone, the log file still has it."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError, OSError):
-        pass
-
-
-def _yielding(work: Callable[[], None]) -> Callable[[], None]:
-    """`work`, run at the agent's lower priority (see trainctl.node.priority)."""
-
-    def run() -> None:
-        yield_cpu_to_training()
-        work()
-
-    return run
-
-
-def emit(event: str, **fields: Any) -> None:
-    """A control message for the controller, on the agent's own output."""
-    _console(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
-
-
-# --- failure reasons -------------------------------------------------------------------
-
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
-_LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
-
-
-def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
-    """(one-line reason, last traceback lines) from a worker's output.
-
-    Under torchrun the user's traceback is followed by torchrun's own (ChildFailedError);
-    the user's is the one worth showing, so launcher tracebacks are skipped.
-    """
-    clean = [_RANK_PREFIX.sub("", line) for line in lines]
-    blocks: list[list[str]] = []
-    i = 0
-    while i < len(clean):
-        if clean[i].lstrip().startswith("Traceback (most recent call last):"):
-            indent = len(clean[i]) - len(clean[i].lstrip())
-            block = [clean[i]]
-            i += 1
-            while i < len(clean):
-                block.append(clean[i])
-                body = clean[i][indent:] if len(clean[i]) > indent else clean[i].strip()
-                if body and not body[0].isspace() and not body.startswith("Traceback"):
-                    if not body.startswith(("During handling", "The above exception")):
-                        break
-                i += 1
-            blocks.append(block)
-        i += 1
-    user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
-    chosen = (user_blocks or blocks or [None])[-1]
-    if chosen is None:
-        # Lines with words in them: mpirun frames its reports in rules of dashes.
-        tail = [line for line in clean if any(c.isalnum() for c in line)][-12:]
-        reason = _mpirun_report(clean) or (tail[-1].strip()[:500] if tail else None)
-        return reason, "\n".join(tail) or None
-    return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
-
-
-_MPI_PROCESS = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")
-_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(-?\d+)")
-
-
-def _mpirun_report(lines: list[str]) -> str | None:
-    """Open MPI's own account of the first process that failed, when the process's output
-    (its traceback) did not make it through: mpirun may abort before it forwards it all."""
-    rank = code = None
-    for line in lines:
-        if found := _MPI_PROCESS.match(line):
-            rank = found[1]
-        elif rank is not None and (found := _MPI_EXIT.match(line)):
-            code = found[1]
-    if rank is None or code is None:
-        return None
-    return f"mpirun: MPI rank {rank} exited with code {code} (its error output did not arrive)"
-
-
-# --- staging ---------------------------------------------------------------------------
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
-
-
-def stage_channel(name: str, uri: str, dest: Path, log) -> None:
-    from trainctl.spec.uris import parse_uri
-    from trainctl.store import open_store
-
-    scheme, rest = parse_uri(uri, field=f"inputs.{name}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if scheme == "file":
-        src = Path(rest)
-        if not src.exists():
-            raise FileNotFoundError(f"input channel {name!r}: {uri} does not exist")
-        if src.is_dir():
-            dest.symlink_to(src, target_is_directory=True)
-        else:
-            dest.mkdir(exist_ok=True)
-            (dest / src.name).symlink_to(src)
-        log(f"channel {name}: linked {src}")
-        return
-    store = open_store(uri, field=f"inputs.{name}")
-    dest.mkdir(exist_ok=True)
-    count = 0
-    for info in store.list(""):
-        store.get_file(info.key, dest / info.key)
-        count += 1
-    if count == 0:  # the URI may name a single object rather than a prefix
-        parent_uri, _, leaf = uri.rstrip("/").rpartition("/")
-        open_store(parent_uri).get_file(leaf, dest / leaf)
-        count = 1
-    log(f"channel {name}: downloaded {count} file(s) from {uri}")
-
-
-def pack_directory(src: Path, dest: Path) -> bool:
-    """tar.gz of everything under src (names relative to it); False if src is empty."""
-    files = sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink())
-    if not files:
-        return False
-    with tarfile.open(dest, "w:gz") as tar:
-        for path in files:
-            tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
-    return True
-
-
-class LogShipper:
-    """Tees lines to the console and a log file, copying the file to the store now and then."""
-
-    def __init__(self, path: Path, store, key: str, interval: float) -> None:
-        self.path = path
-        self.store = store
-        self.key = key
-        self.interval = interval
-        self._file = path.open("a", encoding="utf-8", buffering=1)
-        self._lock = threading.Lock()
-        self._shipped = -1
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
-        self._thread.start()
-
-    def write(self, line: str) -> None:
-        with self._lock:
-            _console(line + "\n")
-            self._file.write(line + "\n")
-
-    def ship(self) -> None:
-        with self._lock:
-            self._file.flush()
-            size = self.path.stat().st_size
-        if size != self._shipped:
-            try:
-                self.store.put_file(self.key, self.path)
-                self._shipped = size
-            except Exception as exc:  # the store retries; a log copy must never kill training
-                sys.stderr.write(f"[trainctl] log upload failed: {exc}\n")
-
-    def _run(self) -> None:
-        yield_cpu_to_training()
-        while not self._stop.wait(self.interval):
-            self.ship()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.ship()
-        self._file.close()
 
 
 class Agent:
@@ -260,11 +87,11 @@ class Agent:
             open_store(parent_uri).get_file(leaf, archive)
             members = safe_extract(archive, self.layout.code)
         self.log(f"code: {len(members)} entries from {self.record.source_uri}")
-        _write_json(self.layout.config / "hyperparameters.json", self.spec.hyperparameters)
-        _write_json(
+        write_json(self.layout.config / "hyperparameters.json", self.spec.hyperparameters)
+        write_json(
             self.layout.config / "resourceconfig.json", resource_config(self.cluster, self.rank)
         )
-        _write_json(self.layout.config / "inputdataconfig.json", input_data_config(self.spec))
+        write_json(self.layout.config / "inputdataconfig.json", input_data_config(self.spec))
         for name, uri in sorted(self.spec.inputs.items()):
             stage_channel(name, uri, self.layout.channel(name), self.log)
         self.start_checkpoint_sync()
@@ -437,7 +264,7 @@ class Agent:
             background.append((self.watch_spot_notices, "imds"))
         background.append((self.heartbeat, "heartbeat"))
         for work, name in background:
-            threading.Thread(target=_yielding(work), name=name, daemon=True).start()
+            threading.Thread(target=yielding(work), name=name, daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
             self.stage()
@@ -481,7 +308,7 @@ class Agent:
                     self.preempted_at = int(msg.get("step", 0))
                 if msg.get("event") in ("checkpoint", "preempted") and self.sync is not None:
                     self.sync.wake()
-                _console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
+                console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
                 continue
             self.tail.append(line)
             self.logs.write(line)

@@ -583,7 +583,7 @@ def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
     """Log the host's engine in to the ECR registry of `image` with the node's own
     instance-profile credentials (the AWS CLI on the node), so no credential of the
     submitter's travels; nothing to do for other registries."""
-    from trainctl.image.build import ecr_registry
+    from trainctl.image.registry import ecr_registry
 
     ecr = ecr_registry(image)
     if ecr is None:
@@ -618,7 +618,7 @@ def remote_engine(conn: Any) -> str:
 def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
     """Pull `image` on the host unless it is there (plain http only for loopback
     registries, as on this machine), and check that it can run the agent."""
-    from trainctl.image.build import registry_host
+    from trainctl.image.registry import registry_host
 
     if conn.run([engine, "image", "inspect", image], timeout=60).code != 0:
         tls = []

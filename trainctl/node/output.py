@@ -1,0 +1,142 @@
+"""What a node says: lines to the controller's pipe (user lines verbatim, control messages as
+`@@trainctl@@ {json}`), the node's log file shipped to the store, and the failure reason
+read from a worker's output."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainctl.node.priority import yield_cpu_to_training
+from trainctl.protocol import CONTROL_PREFIX
+
+
+def console(text: str) -> None:
+    """Write to the controller's pipe; once the controller is gone, the log file still has it."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
+
+
+def yielding(work: Callable[[], None]) -> Callable[[], None]:
+    """`work`, run at the agent's lower priority (see trainctl.node.priority)."""
+
+    def run() -> None:
+        yield_cpu_to_training()
+        work()
+
+    return run
+
+
+def emit(event: str, **fields: Any) -> None:
+    """A control message for the controller, on the agent's own output."""
+    console(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+
+
+_LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
+
+
+def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
+    """(one-line reason, last traceback lines) from a worker's output.
+
+    Under torchrun the user's traceback is followed by torchrun's own (ChildFailedError);
+    the user's is the one worth showing, so launcher tracebacks are skipped.
+    """
+    clean = [_RANK_PREFIX.sub("", line) for line in lines]
+    blocks: list[list[str]] = []
+    i = 0
+    while i < len(clean):
+        if clean[i].lstrip().startswith("Traceback (most recent call last):"):
+            indent = len(clean[i]) - len(clean[i].lstrip())
+            block = [clean[i]]
+            i += 1
+            while i < len(clean):
+                block.append(clean[i])
+                body = clean[i][indent:] if len(clean[i]) > indent else clean[i].strip()
+                if body and not body[0].isspace() and not body.startswith("Traceback"):
+                    if not body.startswith(("During handling", "The above exception")):
+                        break
+                i += 1
+            blocks.append(block)
+        i += 1
+    user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
+    chosen = (user_blocks or blocks or [None])[-1]
+    if chosen is None:
+        # Lines with words in them: mpirun frames its reports in rules of dashes.
+        tail = [line for line in clean if any(c.isalnum() for c in line)][-12:]
+        reason = _mpirun_report(clean) or (tail[-1].strip()[:500] if tail else None)
+        return reason, "\n".join(tail) or None
+    return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
+
+
+_MPI_PROCESS = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+
+
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+
+
+def _mpirun_report(lines: list[str]) -> str | None:
+    """Open MPI's own account of the first process that failed, when the process's output
+    (its traceback) did not make it through: mpirun may abort before it forwards it all."""
+    rank = code = None
+    for line in lines:
+        if found := _MPI_PROCESS.match(line):
+            rank = found[1]
+        elif rank is not None and (found := _MPI_EXIT.match(line)):
+            code = found[1]
+    if rank is None or code is None:
+        return None
+    return f"mpirun: MPI rank {rank} exited with code {code} (its error output did not arrive)"
+
+
+class LogShipper:
+    """Tees lines to the console and a log file, copying the file to the store now and then."""
+
+    def __init__(self, path: Path, store, key: str, interval: float) -> None:
+        self.path = path
+        self.store = store
+        self.key = key
+        self.interval = interval
+        self._file = path.open("a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+        self._shipped = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._thread.start()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            console(line + "\n")
+            self._file.write(line + "\n")
+
+    def ship(self) -> None:
+        with self._lock:
+            self._file.flush()
+            size = self.path.stat().st_size
+        if size != self._shipped:
+            try:
+                self.store.put_file(self.key, self.path)
+                self._shipped = size
+            except Exception as exc:  # the store retries; a log copy must never kill training
+                sys.stderr.write(f"[trainctl] log upload failed: {exc}\n")
+
+    def _run(self) -> None:
+        yield_cpu_to_training()
+        while not self._stop.wait(self.interval):
+            self.ship()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.ship()
+        self._file.close()
