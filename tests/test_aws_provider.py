@@ -888,7 +888,7 @@ def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
         started.append((host, rank, argv, env, kw))
         return "process"
 
-    import trainctl.provisioning.ssh as ssh_module
+    import trainctl.provisioning.remote as ssh_module
 
     monkeypatch.setattr(ssh_module, "start_agent_on", start_agent_on)
     assert provider.start_agent(again, 0, ["python", "-m", "agent"], {"X": "1"}) == "process"

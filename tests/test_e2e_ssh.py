@@ -23,7 +23,8 @@ from tests.sshd import SshdServer, free_port, job_processes
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.protocol import EXIT_INFRA
-from trainctl.provisioning.ssh import SshProvider, SshProvisionError, SshTeardownError
+from trainctl.provisioning.remote import SshProvisionError
+from trainctl.provisioning.ssh import SshProvider, SshTeardownError
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.job import build_spec
 

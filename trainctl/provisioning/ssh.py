@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +22,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name, is_loopback, loopback_network_env
-from trainctl.errors import SpecError, TrainctlError, UnrunnableJobError
+from trainctl.errors import SpecError, TrainctlError
 from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.provisioning.local import IMAGE_PYTHON
+from trainctl.provisioning.remote import (
+    AGENT_RUN_DIR,
+    SshProvisionError,
+    ensure_remote_image,
+    remote_engine,
+    start_in_container,
+)
 from trainctl.settings import get_settings
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.job import JOB_NAME_RE, JobSpec, uses_s3
@@ -35,7 +41,7 @@ from trainctl.transport import RunningProcess
 T = TypeVar("T")
 
 NODES_DIR = ".trainctl/nodes"  # under the remote home
-AGENT_RUN_DIR = ".agent"  # in a node's root: the agent's log, pid and exit files
+
 # Per rank, at provision: make the node dir and (rank 0) find a free port for the master.
 PREPARE = r"""
 import json, os, socket, sys
@@ -116,14 +122,6 @@ if remove:
         pass
 print("trainctl-end %d %d" % (ended, len(left)))
 """
-
-
-class SshProvisionError(TrainctlError):
-    """One or more SSH hosts could not be used; nothing was started."""
-
-
-class ImageCannotRunAgentError(SshProvisionError, UnrunnableJobError):
-    """The job's image, on a host, cannot run the agent: no new host would do better."""
 
 
 class SshTeardownError(TrainctlError):
@@ -445,200 +443,3 @@ class SshProvider(Provider):
                 f"{job}` again once they are reachable): {detail}"
             )
         self.job_file(job).unlink(missing_ok=True)
-
-
-# Written by the EC2 nodes' user data when the node is ready (see provisioning.aws.requests).
-NODE_PREPARED_MARKER = "/opt/trainctl/node-prepared"
-
-
-def start_agent_on(
-    host: SshHost,
-    cluster: ClusterInfo,
-    rank: int,
-    argv: list[str],
-    env: dict[str, str],
-    *,
-    known_hosts: Path,
-    connect_timeout: float,
-    wait_for_marker: bool,
-    spec: JobSpec | None = None,
-    host_root: str | None = None,
-    efa_devices: int = 0,
-) -> RunningProcess:
-    """Start the node agent of `rank` on a machine trainctl launched (EC2): connect as soon
-    as the instance accepts its key, wait for its user data to finish (`wait_for_marker`),
-    make the node's root, make sure the agent of this trainctl version is there, and start
-    it detached (an SshProcess), as the static SSH provider does for its hosts."""
-    import time
-
-    from trainctl.transport.bootstrap import ensure_agent
-    from trainctl.transport.ssh import SshConnector, SshProcess
-
-    connector = SshConnector(host, known_hosts=known_hosts)
-    deadline = time.monotonic() + connect_timeout
-    conn = connector.connect(timeout=connect_timeout, retry_auth=True)
-    root = cluster.node(rank).root
-    try:
-        while wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code != 0:
-            if time.monotonic() > deadline:
-                raise SshProvisionError(
-                    f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did not "
-                    f"finish within {connect_timeout:.0f} s"
-                )
-            time.sleep(2.0)
-        host_root = host_root or root  # differs from root when the agent runs in an image
-        run_dir = (
-            f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
-            if host_root == "/"
-            else f"{host_root}/{AGENT_RUN_DIR}"
-        )
-        if spec is not None and spec.image_uri:
-            # The agent runs in the job's image: the host needs its engine and the image.
-            engine_path = remote_engine(conn)
-            ecr_login_on_host(conn, engine_path, spec.image_uri)
-            ensure_remote_image(conn, engine_path, spec.image_uri)
-            conn.makedirs(f"{host_root.rstrip('/')}/opt/ml")
-            conn.makedirs(run_dir)
-        else:
-            conn.makedirs(root)
-            conn.makedirs(run_dir)
-            runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
-    finally:
-        conn.close()
-    if spec is not None and spec.image_uri:
-        return start_in_container(
-            connector,
-            spec,
-            cluster,
-            rank,
-            argv,
-            env,
-            engine_path=engine_path,
-            host_root=host_root,
-            run_dir=run_dir,
-            gpus=host.gpus,
-            efa_devices=efa_devices,
-            connect_timeout=connect_timeout,
-        )
-    tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-    return SshProcess(
-        connector,
-        argv,
-        {**runtime_env, **env, **tags},
-        cwd=root,
-        run_dir=run_dir,
-        connect_timeout=connect_timeout,
-    )
-
-
-def start_in_container(
-    connector: Any,
-    spec: JobSpec,
-    cluster: ClusterInfo,
-    rank: int,
-    argv: list[str],
-    env: dict[str, str],
-    *,
-    engine_path: str,
-    host_root: str,
-    run_dir: str,
-    gpus: int,
-    efa_devices: int,
-    connect_timeout: float,
-) -> RunningProcess:
-    """The node agent `argv` in the job's image on a host, through the host's engine: the
-    same per-node container command as the local provider's, run detached over SSH."""
-    from trainctl.image.container import container_command, container_labels, container_name
-    from trainctl.image.engine import Engine
-    from trainctl.provisioning.local import container_mounts
-    from trainctl.transport.ssh import SshProcess
-
-    assert spec.image_uri is not None
-    tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-    full_env = {**env, **tags}
-    command = container_command(
-        Engine(Path(engine_path).name, engine_path),
-        spec.image_uri,
-        name=container_name(cluster.job, cluster.attempt, rank),
-        labels=container_labels(cluster.job, cluster.attempt, rank),
-        env=set(full_env),
-        node_root=host_root,
-        agent_argv=argv,
-        gpus=gpus,
-        efa_devices=efa_devices,
-        # file:// locations exist only where the controller is: on a loopback host
-        mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
-    )
-    return SshProcess(
-        connector,
-        command,
-        full_env,
-        cwd=host_root,
-        run_dir=run_dir,
-        connect_timeout=connect_timeout,
-    )
-
-
-def ecr_login_on_host(conn: Any, engine: str, image: str) -> None:
-    """Log the host's engine in to the ECR registry of `image` with the node's own
-    instance-profile credentials (the AWS CLI on the node), so no credential of the
-    submitter's travels; nothing to do for other registries."""
-    from trainctl.image.registry import ecr_registry
-
-    ecr = ecr_registry(image)
-    if ecr is None:
-        return
-    registry, region = ecr
-    script = (
-        f"aws ecr get-login-password --region {shlex.quote(region)} | "
-        f"{shlex.quote(engine)} login --username AWS --password-stdin {shlex.quote(registry)}"
-    )
-    done = conn.run(script, timeout=120)
-    if done.code != 0:
-        raise SshProvisionError(f"{conn.label}: cannot log in to {registry}: {done.tail(1)}")
-
-
-def remote_engine(conn: Any) -> str:
-    """The path of a container engine that answers on the host (the `container_engine`
-    setting's, else docker, else podman); SshProvisionError if there is none."""
-    from trainctl.image.engine import ENGINES
-
-    preferred = get_settings().container_engine
-    for name in [preferred] if preferred else ENGINES:
-        found = conn.run(f"command -v {name}", timeout=30)
-        path = found.stdout.strip() if found.code == 0 else ""
-        if path and conn.run([path, "info"], timeout=60).code == 0:
-            return path
-    wanted = preferred or " or ".join(ENGINES)
-    raise SshProvisionError(
-        f"{conn.label}: the job runs in an image and the host has no {wanted} that answers"
-    )
-
-
-def ensure_remote_image(conn: Any, engine: str, image: str) -> None:
-    """Pull `image` on the host unless it is there (plain http only for loopback
-    registries, as on this machine), and check that it can run the agent."""
-    from trainctl.image.registry import registry_host
-
-    if conn.run([engine, "image", "inspect", image], timeout=60).code != 0:
-        tls = []
-        if Path(engine).name == "podman" and is_loopback(registry_host(image) or ""):
-            tls = ["--tls-verify=false"]
-        pulled = conn.run([engine, "pull", *tls, image], timeout=3600)
-        if pulled.code != 0:
-            raise SshProvisionError(f"{conn.label}: cannot pull {image}: {pulled.tail(1)}")
-    check_remote_toolkit(conn, engine, image)
-
-
-def check_remote_toolkit(conn: Any, engine: str, image: str) -> None:
-    """SshProvisionError unless the image can run the agent on the host (see check_toolkit)."""
-    from trainctl.image.container import check_toolkit
-
-    def run(argv: list[str]) -> tuple[int, str]:
-        done = conn.run(argv, timeout=300)
-        return done.code, done.stdout + done.stderr
-
-    try:
-        check_toolkit(run, engine, image, where=conn.label)
-    except SpecError as exc:
-        raise ImageCannotRunAgentError(f"{conn.label}: {exc.message}") from None

@@ -365,7 +365,7 @@ class AwsProvider(Provider):
     def start_agent(
         self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
     ) -> RunningProcess:
-        from trainctl.provisioning.ssh import start_agent_on
+        from trainctl.provisioning.remote import start_agent_on
 
         settings = get_settings()
         host = self.ssh_target(cluster, rank)
