@@ -13,7 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trainctl import Estimator
-from trainctl.cli import EXIT_BAD_INPUT, app, parse_host
+from trainctl.cli import app
+from trainctl.cli.app import EXIT_BAD_INPUT
+from trainctl.cli.submit import parse_host
 from trainctl.errors import SpecError
 from trainctl.spec.job import build_spec
 
@@ -235,7 +237,7 @@ def test_cli_dry_run_and_estimate(cap_home, script) -> None:
 
 
 def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
-    from trainctl.cli import _cost_text
+    from trainctl.cli.jobs import _cost_text
     from trainctl.record import InstanceCost, cost_summary
 
     spot = dict(instance_type="p3.2xlarge", market="spot", seconds=3600.0)

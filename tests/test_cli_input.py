@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from trainctl.cli import EXIT_BAD_INPUT, _load_job_file, app, parse_pairs
+from trainctl.cli import app
+from trainctl.cli.app import EXIT_BAD_INPUT, parse_pairs
+from trainctl.cli.submit import _load_job_file
 from trainctl.errors import SpecError
 from trainctl.spec.job import JobSpec
 

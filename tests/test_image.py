@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from tests.registry import Registry, import_busybox_image
 from tests.sshd import free_port
-from trainctl.cli import EXIT_BAD_INPUT, app
+from trainctl.cli import app
+from trainctl.cli.app import EXIT_BAD_INPUT
 from trainctl.errors import SpecError
 from trainctl.image.build import (
     build_image,

@@ -1,0 +1,250 @@
+"""Jobs after submit: `jobs`, `status`, `logs`, `stop`, `artifacts`, and `ls` of a store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trainctl.cli.app import (
+    OutputOpt,
+    app,
+    check_output,
+    handle_errors,
+    print_json,
+)
+
+
+@app.command()
+@handle_errors
+def jobs(output: str = OutputOpt) -> None:
+    """List jobs, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainctl.controller.submit import default_store
+    from trainctl.record import list_jobs
+
+    check_output(output)
+    records = list_jobs(default_store())
+    if output == "json":
+        print_json([r.describe() for r in records])
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
+        table.add_column(col, no_wrap=True)
+    for r in records:
+        table.add_row(
+            r.name,
+            _state_text(r.state.value),
+            f"{r.spec.instance_count} x {r.spec.instance_type}",
+            r.created_at.replace("T", " ")[:19],
+            _duration(r.duration_s),
+            str(len(r.attempts)),
+        )
+    Console().print(table)
+
+
+def _state_text(state: str) -> Any:
+    from rich.text import Text
+
+    colour = {"Completed": "green", "Failed": "red", "Stopped": "yellow"}.get(state, "cyan")
+    return Text(state, style=colour)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
+
+
+@app.command()
+@handle_errors
+def status(job: str = typer.Argument(..., help="Job name."), output: str = OutputOpt) -> None:
+    """Show a job's state, attempts, failure reason and model."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainctl.controller.submit import default_store
+    from trainctl.record import JobStore
+
+    check_output(output)
+    record = JobStore(default_store(), job).load()
+    info = record.describe()
+    if output == "json":
+        print_json(info)
+        return
+    console = Console(highlight=False)
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    rows = [
+        ("name", record.name),
+        ("state", _state_text(record.state.value)),
+        ("instances", f"{record.spec.instance_count} x {record.spec.instance_type}"),
+        ("launcher", record.spec.launcher),
+        ("entry point", f"{record.spec.entry_point} (in {record.spec.source_dir})"),
+        ("created", record.created_at),
+        ("duration", _duration(record.duration_s)),
+        ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
+        ("model", record.model_data or "-"),
+        ("store", info["store"]),
+    ]
+    if record.metrics:
+        rows.append(("metrics", ", ".join(f"{k}={v:g}" for k, v in record.metrics.items())))
+    if record.stop_reason:
+        rows.append(("stopped", record.stop_reason))
+    if record.failure_reason:
+        rows.append(("failure", record.failure_reason))
+    if (cost := info["cost"]) is not None:
+        rows.append(("cost", _cost_text(cost)))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if record.failure_detail:
+        console.print(record.failure_detail, markup=False)
+    if record.attempts:
+        attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
+        for col in ("#", "STARTED", "ENDED", "OUTCOME", "RESUMED", "LAST STEP", "LOST"):
+            attempts.add_column(col, no_wrap=True)
+        attempts.add_column("CAUSE", overflow="fold")
+
+        def num(value: int | None) -> str:
+            return "-" if value is None else str(value)
+
+        for a in record.attempts:
+            attempts.add_row(
+                str(a.number),
+                a.started_at[11:19],
+                (a.ended_at or "")[11:19] or "-",
+                a.outcome or "running",
+                num(a.resumed_from_step),
+                num(a.last_step),
+                num(a.steps_lost),
+                a.cause or "-",
+            )
+        console.print(attempts)
+
+
+def _cost_text(cost: dict[str, Any]) -> str:
+    hours = cost["instance_seconds"] / 3600
+    if cost["usd"] is None:
+        return f"{hours:.2f} instance-hours (no price known)"
+    text = f"${cost['usd']:.2f} for {hours:.2f} instance-hours"
+    if cost["spot_savings_usd"]:
+        text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
+    if cost["unpriced_instances"]:
+        text += f" ({cost['unpriced_instances']} instance(s) without a price not counted)"
+    return text
+
+
+@app.command()
+@handle_errors
+def logs(
+    job: str = typer.Argument(..., help="Job name."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
+) -> None:
+    """Print every node's log (all attempts) from the store."""
+    from trainctl.estimator import TrainingJob
+
+    TrainingJob.attach(job).logs(follow=follow)
+
+
+@app.command()
+@handle_errors
+def stop(job: str = typer.Argument(..., help="Job name.")) -> None:
+    """Stop a running job: every node's processes are ended."""
+    from trainctl.estimator import TrainingJob
+
+    info = TrainingJob.attach(job).stop(wait=True)
+    sys.stdout.write(f"{job}: {info['state']}\n")
+
+
+@app.command()
+@handle_errors
+def artifacts(
+    job: str = typer.Argument(..., help="Job name."),
+    action: str | None = typer.Argument(None, help="'get' to download one file."),
+    path: str | None = typer.Argument(None, help="With get: the file, relative to the job."),
+    dest: str | None = typer.Argument(None, help="With get: where to save it."),
+    output: str = OutputOpt,
+) -> None:
+    """Browse a job's files in the store (model, outputs, logs, checkpoints); `get` one."""
+    from trainctl.controller.artifacts import download_artifact, job_artifacts
+    from trainctl.controller.submit import default_store
+    from trainctl.errors import SpecError
+
+    check_output(output)
+    store = default_store()
+    if action is None:
+        groups = job_artifacts(store, job)
+        if output == "json":
+            print_json(
+                [
+                    {"root": root, "files": [{"path": i.key, "size": i.size} for i in infos]}
+                    for root, infos in groups
+                ]
+            )
+            return
+        _print_tree(groups)
+        return
+    if action != "get":
+        raise SpecError("action", f"unknown {action!r}; allowed: get")
+    if not path:
+        raise SpecError("PATH", "give the file to download, e.g. output/model.tar.gz")
+    saved = download_artifact(store, job, path, Path(dest) if dest else None)
+    sys.stdout.write(f"{saved}\n")
+
+
+def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:
+    from rich.console import Console
+    from rich.tree import Tree
+
+    console = Console(highlight=False)
+    for root, infos in groups:
+        tree = Tree(f"[bold]{root}[/]")
+        branches: dict[str, Tree] = {"": tree}
+        for info in infos:
+            parts = info.key.split("/")
+            for depth in range(1, len(parts)):
+                prefix = "/".join(parts[:depth])
+                if prefix not in branches:
+                    branches[prefix] = branches["/".join(parts[: depth - 1])].add(
+                        f"[bold blue]{parts[depth - 1]}/[/]"
+                    )
+            branches["/".join(parts[:-1])].add(f"{parts[-1]}  [dim]{_size(info.size)}[/]")
+        console.print(tree)
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+@app.command("ls")
+@handle_errors
+def ls_(
+    uri: str = typer.Argument(..., help="file:// or s3:// URI."), output: str = OutputOpt
+) -> None:
+    """List the objects under a store URI with sizes."""
+    from datetime import datetime
+
+    from trainctl.store import open_store
+
+    check_output(output)
+    store = open_store(uri, field="URI")
+    infos = list(store.list(""))
+    if output == "json":
+        print_json([{"key": i.key, "size": i.size, "mtime": i.mtime} for i in infos])
+        return
+    for info in infos:
+        stamp = datetime.fromtimestamp(info.mtime).strftime("%Y-%m-%d %H:%M:%S")
+        sys.stdout.write(f"{stamp}  {info.size:>12}  {store.url(info.key)}\n")
