@@ -204,7 +204,8 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     """A node of attempt 1 whose stream still drains after attempt 2 began (its emergency
     checkpoint's step, say) must not be taken for attempt 2's node of the same rank: that
     made attempt 2 look as if it trained from scratch, and attempt 1 lose every step."""
-    from trainctl.controller.controller import Controller, _Node
+    from trainctl.controller.attempts import LiveNode
+    from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job, default_store
     from trainctl.protocol import CONTROL_PREFIX
     from trainctl.record import Attempt, now_iso
@@ -216,7 +217,7 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     first = Attempt(number=1, started_at=now_iso(), last_step=40)
     second = Attempt(number=2, started_at=now_iso())
     ctl.record.attempts = [first, second]
-    nodes = {0: _Node(0, proc=None)}  # type: ignore[arg-type]  (no process is read here)
+    nodes = {0: LiveNode(0, proc=None)}  # type: ignore[arg-type]  (no process is read here)
 
     ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "preempted", "step": 59}'))
     ctl._lines.put((1, 0, None))  # attempt 1's stream ends: not attempt 2's node

@@ -8,21 +8,20 @@ process that `status`, `logs -f` and `stop` reach through the store.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
+from trainctl.controller.attempts import AttemptEnd, LiveNode, count_step, settle_steps_lost
+from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.plan import agent_argv, agent_env
-from trainctl.errors import TrainctlError, UnrunnableJobError
+from trainctl.errors import UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
@@ -42,79 +41,6 @@ SETTLE_SECONDS = 3.0
 MAX_ATTEMPTS_NEVER_STARTED = 3
 # How often the provider is asked whether machines are gone (EC2: DescribeInstances).
 MACHINE_CHECK_SECONDS = 5.0
-
-
-@dataclass
-class _Node:
-    rank: int
-    proc: RunningProcess
-    launched: bool = False
-    idle: bool = False
-    exit_code: int | None = None
-    result: dict[str, Any] = field(default_factory=dict)
-    exited_at: float | None = None
-    last_seen: float = 0.0
-    lost: str | None = None  # why this node counts as lost (infrastructure, not user code)
-
-
-@dataclass(frozen=True)
-class AttemptEnd:
-    outcome: str  # completed | stopped | failed | interrupted
-    cause: str | None
-    exit_code: int | None = None
-    detail: str | None = None
-
-
-def _count_step(attempt: Attempt, event: str, step: int) -> None:
-    """A step the script reported (progress, a checkpoint, a preemption) in `attempt`."""
-    attempt.last_step = max(step, attempt.last_step or 0)
-    if event == "checkpoint":
-        attempt.last_checkpoint_step = step
-
-
-class LeaseHeld(TrainctlError):
-    pass
-
-
-class Lease:
-    """Renews jobs/<job>/lease.json so other processes can tell a live controller."""
-
-    def __init__(self, jobs: JobStore, seconds: float) -> None:
-        self.jobs = jobs
-        self.seconds = seconds
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
-
-    def acquire(self) -> None:
-        current = self.jobs.read_lease()
-        if current and time.time() - float(current.get("renewed_at", 0)) < self.seconds:
-            if (current.get("host"), current.get("pid")) != (
-                self.holder["host"],
-                self.holder["pid"],
-            ):
-                raise LeaseHeld(
-                    f"job {self.jobs.name!r} is controlled by pid {current.get('pid')} on "
-                    f"{current.get('host')}"
-                )
-        self.jobs.write_lease(self.holder)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.seconds / 3):
-            try:
-                self.jobs.write_lease(self.holder)
-            except Exception:  # a missed renewal is survivable; the next one retries
-                pass
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        try:
-            self.jobs.release_lease()
-        except Exception:
-            pass
 
 
 class Controller:
@@ -137,7 +63,7 @@ class Controller:
         self.settings = get_settings()
         self.stop_reason: str | None = None
         self.interrupted_by_user = False
-        self._nodes: dict[int, _Node] = {}
+        self._nodes: dict[int, LiveNode] = {}
         # (attempt, rank, line or None at the end of a node's stream), from every attempt's
         # pumps: one that still drains after its attempt ended is told apart by its number.
         self._lines: queue.Queue[tuple[int, int, str | None]] = queue.Queue()
@@ -282,13 +208,13 @@ class Controller:
         self.jobs.save(self.record)
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
 
-    def _start_agents(self, cluster: ClusterInfo) -> dict[int, _Node]:
-        nodes: dict[int, _Node] = {}
+    def _start_agents(self, cluster: ClusterInfo) -> dict[int, LiveNode]:
+        nodes: dict[int, LiveNode] = {}
         for node in cluster.nodes:
             python = self.provider.agent_python(cluster, node.rank)
             argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
             proc = self.provider.start_agent(cluster, node.rank, argv, agent_env(self.settings))
-            nodes[node.rank] = _Node(node.rank, proc, last_seen=time.monotonic())
+            nodes[node.rank] = LiveNode(node.rank, proc, last_seen=time.monotonic())
             threading.Thread(
                 target=self._pump,
                 args=(cluster.attempt, node.rank, proc),
@@ -306,7 +232,7 @@ class Controller:
             ).start()
         return nodes
 
-    def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> None:
+    def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> None:
         """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
         its API calls may be slow or retried, and the log stream must not wait for them."""
         machines_lost: dict[int, str] = {}
@@ -347,12 +273,12 @@ class Controller:
         if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
             return
         earlier = self.record.attempts[attempt - 1]
-        _count_step(earlier, msg["event"], step)
+        count_step(earlier, msg["event"], step)
         resumed = self.record.attempts[-1].resumed_from_step
         if earlier.steps_lost is not None and resumed is not None:
             earlier.steps_lost = max(0, earlier.last_step - resumed)
 
-    def _watch(self, cluster: ClusterInfo, nodes: dict[int, _Node]) -> AttemptEnd:
+    def _watch(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """Follow one attempt until it ends, and say how it ended."""
         next_stop_check = 0.0
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
@@ -459,7 +385,7 @@ class Controller:
             return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
         return None
 
-    def _classify_failure(self, nodes: dict[int, _Node]) -> AttemptEnd:
+    def _classify_failure(self, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""
         self._stop_nodes(nodes, self.settings.stop_grace_seconds)
         if any(n.result.get("preempted") for n in nodes.values()):
@@ -477,7 +403,9 @@ class Controller:
             detail=result.get("detail"),
         )
 
-    def _fire_due_faults(self, cluster: ClusterInfo, nodes: dict[int, _Node], now: float) -> None:
+    def _fire_due_faults(
+        self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
+    ) -> None:
         if self._training_started is None or not self._pending_faults:
             return
         elapsed = now - self._training_started
@@ -503,7 +431,7 @@ class Controller:
                 )
                 self._notices.setdefault(fault.rank, now)
 
-    def _on_control(self, node: _Node, msg: dict[str, Any], nodes: dict[int, _Node]) -> None:
+    def _on_control(self, node: LiveNode, msg: dict[str, Any], nodes: dict[int, LiveNode]) -> None:
         event = msg.get("event")
         attempt = self.record.attempts[-1]
         if event in ("launched", "idle"):
@@ -517,7 +445,7 @@ class Controller:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
         elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
-            _count_step(attempt, event, int(msg["step"]))
+            count_step(attempt, event, int(msg["step"]))
             if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
                 self._resumed(attempt, 0)
         elif event == "resumed" and isinstance(msg.get("step"), int):
@@ -534,12 +462,7 @@ class Controller:
         if attempt.resumed_from_step is not None:
             return
         attempt.resumed_from_step = step
-        # Every earlier attempt not yet accounted for (one cut short before it trained, say)
-        # lost what it reached beyond this resume point; one that reached no step lost nothing.
-        for earlier in self.record.attempts[:-1]:
-            if earlier.steps_lost is None:
-                reached = earlier.last_step if earlier.last_step is not None else step
-                earlier.steps_lost = max(0, reached - step)
+        settle_steps_lost(self.record.attempts[:-1], step)
         if step:
             self._info(f"attempt {attempt.number} resumed from the checkpoint of step {step}")
         self.jobs.event("resumed", attempt=attempt.number, step=step)
@@ -554,7 +477,7 @@ class Controller:
                 except (TypeError, ValueError):
                     pass
 
-    def _stop_nodes(self, nodes: dict[int, _Node], grace: float) -> None:
+    def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure."""
         for node in nodes.values():
             if node.exit_code is None:
@@ -566,7 +489,7 @@ class Controller:
             time.sleep(0.1)
         self._drain_lines(nodes)
 
-    def _drain_lines(self, nodes: dict[int, _Node]) -> None:
+    def _drain_lines(self, nodes: dict[int, LiveNode]) -> None:
         while True:
             try:
                 attempt, rank, line = self._lines.get_nowait()

@@ -1,0 +1,48 @@
+"""One attempt as the controller follows it: each node's live state, how an attempt ended,
+and the bookkeeping of steps (reached, checkpointed, resumed from, lost)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainctl.record import Attempt
+from trainctl.transport import RunningProcess
+
+
+@dataclass
+class LiveNode:
+    rank: int
+    proc: RunningProcess
+    launched: bool = False
+    idle: bool = False
+    exit_code: int | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    exited_at: float | None = None
+    last_seen: float = 0.0
+    lost: str | None = None  # why this node counts as lost (infrastructure, not user code)
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    outcome: str  # completed | stopped | failed | interrupted
+    cause: str | None
+    exit_code: int | None = None
+    detail: str | None = None
+
+
+def count_step(attempt: Attempt, event: str, step: int) -> None:
+    """A step the script reported (progress, a checkpoint, a preemption) in `attempt`."""
+    attempt.last_step = max(step, attempt.last_step or 0)
+    if event == "checkpoint":
+        attempt.last_checkpoint_step = step
+
+
+def settle_steps_lost(earlier: list[Attempt], resumed_from: int) -> None:
+    """A new attempt resumed from step `resumed_from`: every earlier attempt not yet accounted
+    for (one cut short before it trained, say) lost what it reached beyond that point; one
+    that reached no step lost nothing."""
+    for attempt in earlier:
+        if attempt.steps_lost is None:
+            reached = attempt.last_step if attempt.last_step is not None else resumed_from
+            attempt.steps_lost = max(0, reached - resumed_from)
