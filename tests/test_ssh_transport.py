@@ -358,6 +358,120 @@ def test_unreachable_and_bad_key_fail_clearly(sshd, tmp_path):
     assert stranger.read_text().splitlines()[1] not in str(raised.value)  # path, not content
 
 
+@pytest.fixture
+def behind_bastion(sshd, monkeypatch):
+    """(bastion, target): the target sshd cannot be reached from this process, only from the
+    bastion's sshd (a separate process), as a node without a public address is reachable only
+    from inside its VPC. The refusal is at this process's `connect`, so nothing can cheat."""
+    import socket
+
+    bastion, target = sshd.servers
+    real_connect = socket.socket.connect
+
+    def no_route(sock, address):  # type: ignore[no-untyped-def]
+        if isinstance(address, tuple) and tuple(address[:2]) == (target.address, target.port):
+            raise ConnectionRefusedError(111, "Connection refused")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", no_route)
+    return bastion, target
+
+
+@pytest.mark.timeout(60)
+def test_a_host_is_reached_through_its_jump_host(behind_bastion, home):
+    bastion, target = behind_bastion
+    with pytest.raises(SshUnreachable, match="Connection refused"):
+        SshConnector(target.host()).connect(timeout=1)  # no route from here
+    jump = f"root@{bastion.address}:{bastion.port}"
+    conn = SshConnector(target.host(proxy_jump=jump)).connect(timeout=10)
+    try:
+        done = conn.run(["sh", "-c", "echo $HOME"])
+        assert (done.code, done.stdout.strip()) == (0, str(target.home))  # the target ran it
+        conn.put_bytes(b"through the bastion", f"{target.home}/note")
+    finally:
+        conn.close()
+    assert (target.home / "note").read_bytes() == b"through the bastion"
+    # Both hosts' keys are pinned, each under its own name.
+    pinned = (home / "known_hosts").read_text().splitlines()
+    assert sorted(line.split()[0] for line in pinned) == sorted(
+        [f"[{bastion.address}]:{bastion.port}", f"[{target.address}]:{target.port}"]
+    )
+
+
+@pytest.mark.timeout(90)
+def test_a_process_behind_a_jump_host_streams_and_survives_a_dropped_bastion_link(
+    behind_bastion, monkeypatch
+):
+    bastion, target = behind_bastion
+    monkeypatch.setenv("TRAINCTL_SSH_PROXY_JUMP", f"root@{bastion.address}:{bastion.port}")
+    proc = SshProcess(
+        SshConnector(target.host()),  # the setting applies to hosts without their own
+        script(
+            """
+            import time
+            for i in range(6):
+                print("line", i, flush=True)
+                time.sleep(0.3)
+            """
+        ),
+        {},
+        cwd=str(target.home),
+        run_dir=str(target.home / "runs" / "behind"),
+    )
+    lines = proc.lines()
+    assert next(lines) == "line 0"
+    bastion.drop_connections()  # the bastion's side of the link goes: reconnect through it
+    assert list(lines) == [f"line {i}" for i in range(1, 6)]
+    assert proc.wait(timeout=10) == 0
+    assert proc.reconnects >= 1
+
+
+@pytest.mark.timeout(60)
+def test_a_changed_jump_host_key_is_refused_and_named(behind_bastion, home):
+    bastion, target = behind_bastion
+    jump = f"root@{bastion.address}:{bastion.port}"
+    SshConnector(target.host(proxy_jump=jump)).connect(timeout=10).close()
+    bastion.stop()
+    bastion.new_host_key()
+    bastion.start()
+    with pytest.raises(SshHostKeyError) as raised:
+        SshConnector(target.host(proxy_jump=jump)).connect(timeout=5)
+    assert f"jump host {bastion.address}" in str(raised.value)
+    assert "host key changed" in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_ssh_config_proxy_jump_and_host_alias_are_honoured(behind_bastion, tmp_path, monkeypatch):
+    """~/.ssh/config, as `ssh` reads it: an alias with HostName, Port and ProxyJump."""
+    import trainctl.transport.ssh.connection as connection
+
+    bastion, target = behind_bastion
+    user_home = tmp_path / "user"
+    (user_home / ".ssh").mkdir(parents=True)
+    (user_home / ".ssh" / "config").write_text(
+        f"Host gpu-box\n  HostName {target.address}\n  Port {target.port}\n"
+        f"  ProxyJump root@{bastion.address}:{bastion.port}\n"
+    )
+    monkeypatch.setenv("HOME", str(user_home))
+    monkeypatch.setattr(connection, "_CONFIG", None)  # read this HOME's config
+    conn = SshConnector(target.host(address="gpu-box", port=22)).connect(timeout=10)
+    try:
+        assert conn.run(["sh", "-c", "echo $HOME"]).stdout.strip() == str(target.home)
+    finally:
+        conn.close()
+        connection._CONFIG = None
+
+
+def test_proxy_jump_values_are_checked() -> None:
+    from pydantic import ValidationError
+
+    assert SshHost(address="a", proxy_jump="u@bastion:2222,other").proxy_jump
+    assert SshHost(address="a", proxy_jump="none").proxy_jump == "none"
+    for bad in ("-oProxyCommand=x", "a b", "u@:22", "bastion:port"):
+        with pytest.raises(ValidationError, match="not a jump host"):
+            SshHost(address="a", proxy_jump=bad)
+
+
 # --- agent bootstrap ---------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -14,7 +14,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from trainctl.spec.capacity import PoolConfig
+from trainctl.spec.capacity import PoolConfig, check_proxy_jump
 
 
 def trainctl_home() -> Path:
@@ -132,6 +132,12 @@ class Settings(BaseSettings):
         pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
         description="Login user on EC2 nodes (the Ubuntu DLAMI's).",
     )
+    ssh_proxy_jump: str | None = Field(
+        default=None,
+        description="Jump host(s) for every node without its own proxy_jump (EC2 nodes, whose "
+        "private addresses are then used): OpenSSH ProxyJump syntax, "
+        "'[user@]bastion[:port][,...]'. Each hop's host key is pinned like a node's.",
+    )
     ssh_address_override: list[str] = Field(
         default_factory=list,
         description="TEST SEAM: 'host[:port]' by node rank, replacing the EC2 nodes' addresses "
@@ -139,6 +145,12 @@ class Settings(BaseSettings):
         "loopback addresses each node's layout root is HOME/nodes/<job>/attempt-<n>/node-<r> "
         "and NCCL/gloo use lo.",
     )
+
+    @field_validator("ssh_proxy_jump")
+    @classmethod
+    def _proxy_jump(cls, v: str | None) -> str | None:
+        return check_proxy_jump(v)
+
     # Config-file-only: named resource pools (trainctl.spec.capacity), typed so typos fail.
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
 

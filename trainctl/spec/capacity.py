@@ -54,6 +54,15 @@ class SshHost(_Strict):
     # Pinned host key ("ssh-ed25519 AAAA..."): without it the first key seen is pinned
     # in $TRAINCTL_HOME/known_hosts and a changed key is refused.
     host_key: str | None = None
+    # Jump host(s), OpenSSH ProxyJump syntax: "[user@]bastion[:port][,[user@]next...]"; each
+    # hop's host key is pinned like the host's. Without it: the ssh_proxy_jump setting, else
+    # ~/.ssh/config's ProxyJump for the address, else a direct connection.
+    proxy_jump: str | None = None
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _proxy_jump(cls, v: str | None) -> str | None:
+        return check_proxy_jump(v)
 
     @field_validator("address")
     @classmethod
@@ -61,6 +70,24 @@ class SshHost(_Strict):
         if any(c.isspace() for c in v) or v.startswith("-"):
             raise ValueError(f"{v!r} is not a host name or IP address")
         return v
+
+
+PROXY_JUMP_HOP_RE = re.compile(
+    r"^(?:[A-Za-z0-9_.-]{1,64}@)?(?:[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:]+\])(?::[0-9]{1,5})?$"
+)
+
+
+def check_proxy_jump(v: str | None) -> str | None:
+    """'[user@]host[:port]' hops joined by commas (OpenSSH's ProxyJump), or 'none'."""
+    if v is None or v.strip().lower() == "none":
+        return v
+    for hop in v.split(","):
+        if not PROXY_JUMP_HOP_RE.fullmatch(hop.strip()) or hop.strip().startswith("-"):
+            raise ValueError(
+                f"{hop.strip()!r} is not a jump host; use [user@]host[:port], several "
+                "joined by commas"
+            )
+    return v
 
 
 def check_region(v: str | None) -> str | None:

@@ -335,8 +335,8 @@ class AwsProvider(Provider):
 
     def ssh_target(self, cluster: ClusterInfo, rank: int) -> SshHost:
         """How the controller reaches the node of `rank` over SSH: its public address if it
-        has one, else its private one (from inside the VPC); trainctl's key; the DLAMI's
-        interpreter. `ssh_address_override` (a test seam) replaces the address."""
+        has one, else (or through the ssh_proxy_jump jump host) its private one; trainctl's
+        key; the DLAMI's interpreter. `ssh_address_override` (a test seam) replaces the address."""
         settings = get_settings()
         overrides = settings.ssh_address_override
         port = 22
@@ -349,7 +349,10 @@ class AwsProvider(Provider):
                     f"job {cluster.job} attempt {cluster.attempt}: no running instance of rank "
                     f"{rank}"
                 )
-            address = str(instance.get("PublicIpAddress") or instance.get("PrivateIpAddress"))
+            # Through a jump host (ssh_proxy_jump) the node's private address is the one
+            # to reach (EFA instances with several interfaces get no public one).
+            public = None if settings.ssh_proxy_jump else instance.get("PublicIpAddress")
+            address = str(public or instance.get("PrivateIpAddress"))
         return SshHost(
             address=address,
             port=port,

@@ -1,0 +1,484 @@
+"""SSH connections through fabric: one `Connection` per host, with trainctl's host-key pinning.
+
+- `SshConnector(host).connect(timeout)` retries until the host accepts (a booting instance
+  refuses connections for a while) and checks its host key: the one given in the host's
+  config, else the one pinned in `$TRAINCTL_HOME/known_hosts` on first use (`hostkeys`). A
+  changed key is refused, never silently accepted.
+- fabric does the rest: `~/.ssh/config` is honoured (HostName, User, IdentityFile,
+  ProxyJump), a host is reached through a jump host (`proxy_jump` on the host, the
+  `ssh_proxy_jump` setting, or the config's ProxyJump; every hop pinned like the host), and
+  commands and files go through fabric's `run`, `put` and SFTP.
+
+Remote commands are built with shlex. fabric and paramiko are imported lazily: `trainctl
+--help` never loads them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import getpass
+import io
+import logging
+import math
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainctl.transport.ssh.errors import (
+    RemoteCommandError,
+    SshAuthError,
+    SshError,
+    SshHostKeyError,
+    SshUnreachable,
+)
+from trainctl.transport.ssh.hostkeys import (
+    PinOnFirstUse,
+    key_changed_message,
+    known_hosts_name,
+    known_hosts_path,
+    pinned_from_config,
+    read_known_keys,
+)
+
+if TYPE_CHECKING:
+    import fabric
+    import paramiko
+
+    from trainctl.spec.capacity import SshHost
+
+__all__ = [
+    "RemoteCommandError",
+    "RemoteResult",
+    "SshAuthError",
+    "SshConnection",
+    "SshConnector",
+    "SshError",
+    "SshHostKeyError",
+    "SshUnreachable",
+    "default_user",
+    "host_label",
+]
+
+log = logging.getLogger("trainctl.ssh")
+
+DEFAULT_ATTEMPT_TIMEOUT = 10.0  # one TCP connect + SSH handshake + authentication
+IO_TIMEOUT = 20.0  # a remote read or command that hangs this long means the link is down
+
+
+def default_user() -> str:
+    return getpass.getuser()
+
+
+def host_label(host: SshHost) -> str:
+    """user@address:port, as errors and logs name a host."""
+    return f"{host.user or default_user()}@{host.address}:{host.port}"
+
+
+def _quiet_paramiko() -> None:
+    # paramiko logs every refused or dropped connection at ERROR; without a handler Python
+    # prints those to stderr. Retries and reconnects are expected here: our errors say it.
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+
+
+def describe(exc: BaseException) -> str:
+    """A short reason: 'Connection refused', 'timed out', 'Name or service not known'..."""
+    per_address = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
+    if isinstance(per_address, dict) and per_address:
+        exc = next(iter(per_address.values()))
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, TimeoutError) or text == "timed out":
+        return "timed out"
+    return text.splitlines()[0][:300]
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def tail(self, lines: int = 5) -> str:
+        text = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return " | ".join(text[-lines:])[:600]
+
+
+class SshConnection:
+    """One authenticated SSH connection to a host (a fabric Connection): run commands, read
+    and write files."""
+
+    def __init__(self, host: SshHost, connection: fabric.Connection, label: str) -> None:
+        self.host = host
+        self.label = label
+        self.fabric = connection
+        self._home: str | None = None
+
+    @property
+    def client(self) -> paramiko.SSHClient:
+        return self.fabric.client
+
+    @property
+    def active(self) -> bool:
+        transport = self.fabric.transport
+        return transport is not None and transport.is_active()
+
+    def run(
+        self,
+        argv: list[str] | str,
+        *,
+        input: bytes | None = None,
+        timeout: float = 120.0,
+    ) -> RemoteResult:
+        """Run a command (argv is quoted with shlex) and collect its output and exit code.
+
+        `input` goes to the command's stdin, which is closed after it (and at once without
+        it): nothing is read from this process's own stdin. Raises OSError, EOFError,
+        paramiko.SSHException or invoke's ThreadException when the connection fails.
+        """
+        from invoke.exceptions import CommandTimedOut
+
+        command = argv if isinstance(argv, str) else shlex.join(argv)
+        if not self.active:
+            raise EOFError("connection closed")
+        try:
+            result = self.fabric.run(
+                command,
+                hide=True,
+                warn=True,
+                pty=False,
+                in_stream=io.BytesIO(input or b""),
+                timeout=max(1, math.ceil(timeout)),
+                encoding="utf-8",
+            )
+        except CommandTimedOut:
+            raise TimeoutError(f"command on {self.label} still running after {timeout} s") from None
+        code = result.exited if result.exited is not None else -1
+        return RemoteResult(code, result.stdout, result.stderr)
+
+    def python(
+        self,
+        script: str,
+        *args: str,
+        input: bytes | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> RemoteResult:
+        """Run a Python snippet with the host's interpreter (`env` must hold no secret)."""
+        prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+        return self.run(
+            [*prefix, self.host.python, "-c", script, *args], input=input, timeout=timeout
+        )
+
+    def check_python(self, script: str, *args: str, what: str, marker: str, **kwargs: Any) -> str:
+        """Run a snippet that prints `marker` + payload; the payload, or RemoteCommandError."""
+        result = self.python(script, *args, **kwargs)
+        for line in result.stdout.splitlines():
+            if line.startswith(marker + " "):
+                if result.code == 0:
+                    return line[len(marker) + 1 :]
+        if result.code == 127 or ("not found" in result.stderr and result.code != 0):
+            raise RemoteCommandError(
+                f"{self.label}: cannot run python {self.host.python!r} to {what}: "
+                f"{result.tail()}; set the host's python to an interpreter that exists there"
+            )
+        raise RemoteCommandError(
+            f"{self.label}: {what} failed (exit code {result.code}): {result.tail()}"
+        )
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """fabric's SFTP session of this connection (opened once)."""
+        fresh = getattr(self.fabric, "_sftp", None) is None
+        sftp = self.fabric.sftp()
+        if fresh:
+            sftp.get_channel().settimeout(IO_TIMEOUT)  # type: ignore[union-attr]
+        return sftp
+
+    @property
+    def home(self) -> str:
+        """The remote user's home directory ($HOME, as the host's python expands `~`)."""
+        if self._home is None:
+            self._home = self.check_python(
+                "import os; print('trainctl-home ' + os.path.expanduser('~'))",
+                what="find the home directory",
+                marker="trainctl-home",
+                timeout=60,
+            )
+        return self._home
+
+    def makedirs(self, path: str) -> None:
+        sftp = self.sftp()
+        parts = [p for p in path.split("/") if p]
+        current = "" if path.startswith("/") else "."
+        for part in parts:
+            current = f"{current}/{part}"
+            try:
+                sftp.stat(current)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):  # made meanwhile by another process
+                    sftp.mkdir(current)
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        self.sftp()  # with its timeout set
+        self.fabric.put(io.BytesIO(data), remote=path, preserve_mode=False)
+        self.sftp().chmod(path, mode)
+
+    def close(self) -> None:
+        gateway = self.fabric.gateway
+        with contextlib.suppress(Exception):
+            self.fabric.close()
+        # fabric leaves a jump host's connection open: close every hop too.
+        while gateway is not None and not isinstance(gateway, (str, bool)):
+            with contextlib.suppress(Exception):
+                gateway.close()
+            gateway = gateway.gateway
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """What a broken connection raises (invoke wraps errors of its reader threads)."""
+    import paramiko
+    from invoke.exceptions import ThreadException
+
+    return (OSError, EOFError, paramiko.SSHException, ThreadException)
+
+
+def is_remote_file_error(exc: BaseException) -> bool:
+    """An SFTP status (no such file, permission denied), not a broken connection."""
+    return isinstance(exc, (FileNotFoundError, PermissionError)) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM)
+    )
+
+
+class SshConnector:
+    """How to reach one host: makes (and re-makes) authenticated, host-key-checked fabric
+    connections, through the host's jump hosts when it has any."""
+
+    def __init__(
+        self,
+        host: SshHost,
+        *,
+        known_hosts: Path | None = None,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+    ) -> None:
+        self.host = host
+        self.known_hosts = known_hosts or known_hosts_path()
+        self.attempt_timeout = attempt_timeout
+        self._ssh_config: dict[str, Any] | None = None
+        self._hop_names: dict[str, str] = {}  # a jump host's address -> its known_hosts name
+        self._target_name = known_hosts_name(host.address, host.port)
+        self.user = host.user or self.ssh_config.get("user") or default_user()
+        # 22 is also the field's default: a Port that ~/.ssh/config gives the name applies.
+        self.port = host.port if host.port != 22 else int(self.ssh_config.get("port", 22))
+        self.label = f"{self.user}@{host.address}:{self.port}"
+        self.proxy_jump = self._proxy_jump()
+
+    @property
+    def ssh_config(self) -> dict[str, Any]:
+        """What `~/.ssh/config` (and /etc/ssh/ssh_config) say about this host."""
+        if self._ssh_config is None:
+            self._ssh_config = dict(_fabric_config().base_ssh_config.lookup(self.host.address))
+        return self._ssh_config
+
+    def _proxy_jump(self) -> str | None:
+        """The host's own proxy_jump, else the `ssh_proxy_jump` setting, else the config's
+        ProxyJump; None (or OpenSSH's 'none') for a direct connection."""
+        from trainctl.settings import get_settings
+
+        jump = self.host.proxy_jump or get_settings().ssh_proxy_jump
+        jump = jump or self.ssh_config.get("proxyjump")
+        return None if jump is None or jump.strip().lower() == "none" else jump.strip()
+
+    def key_file(self) -> str | None:
+        if self.host.key_file is None:
+            return None
+        path = Path(self.host.key_file).expanduser()
+        if not path.is_file():
+            raise SshAuthError(f"{self.label}: key_file {self.host.key_file} not found")
+        if not os.access(path, os.R_OK):
+            raise SshAuthError(f"{self.label}: key_file {self.host.key_file} is not readable")
+        return str(path)
+
+    def connect(self, timeout: float = 0.0, *, retry_auth: bool = False) -> SshConnection:
+        """Connect, retrying refused or failed attempts for up to `timeout` seconds.
+
+        A host key mismatch is never retried. An authentication failure is retried only with
+        `retry_auth` (a booting cloud instance installs its key after sshd starts).
+        """
+        import paramiko
+
+        _quiet_paramiko()
+        key_file = self.key_file()
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._connect_once(key_file, deadline)
+            except (SshHostKeyError, SshAuthError) as exc:
+                if not (retry_auth and isinstance(exc, SshAuthError)):
+                    raise
+                last: BaseException = exc
+            except paramiko.AuthenticationException as exc:
+                message = self._auth_message(exc)
+                if not retry_auth:
+                    raise SshAuthError(message) from None
+                last = SshAuthError(message)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                last = exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waited = f" (tried {attempts} times in {timeout:g} s)" if timeout > 0 else ""
+                if isinstance(last, SshAuthError):
+                    raise SshAuthError(f"{last}{waited}") from None
+                via = f" through {self.proxy_jump}" if self.proxy_jump else ""
+                raise SshUnreachable(
+                    f"{self.label}: cannot connect{via}: {describe(last)}{waited}"
+                ) from None
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 2.0)
+
+    def _auth_message(self, exc: BaseException) -> str:
+        import paramiko
+
+        if isinstance(exc, paramiko.PasswordRequiredException):
+            return (
+                f"{self.label}: key_file {self.host.key_file} is encrypted; use a key without "
+                "a passphrase or load it into ssh-agent"
+            )
+        how = f"key_file {self.host.key_file}" if self.host.key_file else "your default keys"
+        return f"{self.label}: authentication as {self.user!r} with {how} failed"
+
+    def _connect_once(self, key_file: str | None, deadline: float) -> SshConnection:
+        import paramiko
+
+        host = self.host
+        wait = max(1.0, min(self.attempt_timeout, deadline - time.monotonic()))
+        pinned = pinned_from_config(self.label, host.host_key) if host.host_key else None
+        gateway: Any = False  # never fabric's own (unpinned) ProxyJump chain
+        if self.proxy_jump:
+            gateway = self._jump_chain(self.proxy_jump, key_file, wait)
+        elif "proxycommand" in self.ssh_config:
+            gateway = str(self.ssh_config["proxycommand"])
+        connection = self._connection(
+            host.address, self.port, host.user, key_file, wait, gateway, pinned=pinned
+        )
+        self._target_name = known_hosts_name(connection.host, connection.port)  # HostName
+        try:
+            connection.open()
+        except paramiko.BadHostKeyException as exc:
+            _close_chain(connection)
+            raise SshHostKeyError(self._key_changed(exc, pinned)) from None
+        except BaseException:
+            _close_chain(connection)
+            raise
+        if connection.transport is not None:
+            connection.transport.set_keepalive(5)
+        return SshConnection(host, connection, self.label)
+
+    def _key_changed(self, exc: Any, pinned: dict[str, str] | None) -> str:
+        """The refusal of a key that is not the pinned one: the host's, or a jump host's."""
+        offered = (exc.key.get_name(), exc.key.get_base64())
+        # paramiko names the host as it connected to it: its address, without the port
+        name = self._hop_names.get(exc.hostname)
+        is_target = name is None
+        if is_target and pinned is not None:
+            return key_changed_message(self.label, pinned, *offered, "hosts[].host_key")
+        name = name or self._target_name
+        expected = read_known_keys(self.known_hosts, name)
+        label = self.label if is_target else f"{self.label}: jump host {exc.hostname}"
+        return key_changed_message(label, expected, *offered, self.known_hosts)
+
+    def _jump_chain(self, proxy_jump: str, key_file: str | None, wait: float) -> Any:
+        """fabric Connections for 'user@bastion:22[,user@next...]', each hop through the one
+        before it and each with its host key pinned (fabric's own chain would accept any)."""
+        previous: Any = False
+        self._hop_names = {}
+        for hop in proxy_jump.split(","):
+            user, _, rest = hop.strip().rpartition("@")
+            address, _, port = rest.partition(":")
+            if address.startswith("["):  # [ipv6]:port
+                address, _, port = rest[1:].partition("]:")
+            previous = self._connection(
+                address, int(port or 22), user or None, key_file, wait, previous, pinned=None
+            )
+            self._hop_names[previous.host] = known_hosts_name(previous.host, previous.port)
+        return previous
+
+    def _connection(
+        self,
+        address: str,
+        port: int,
+        user: str | None,
+        key_file: str | None,
+        wait: float,
+        gateway: Any,
+        *,
+        pinned: dict[str, str] | None,
+    ) -> fabric.Connection:
+        """A fabric Connection (not yet open) whose host key is checked as trainctl pins them:
+        `pinned` from the host's config (anything else refused), else known_hosts with
+        pinning on first use."""
+        import fabric
+        import paramiko
+
+        auth: dict[str, Any] = (
+            {"key_filename": [key_file], "look_for_keys": False, "allow_agent": False}
+            if key_file
+            else {"look_for_keys": True, "allow_agent": True}
+        )
+        connection = fabric.Connection(
+            address,
+            user=user,
+            port=port,
+            config=_fabric_config(),
+            gateway=gateway,
+            connect_timeout=max(1, math.ceil(wait)),
+            connect_kwargs={
+                **auth,
+                "banner_timeout": wait,
+                "auth_timeout": wait,
+                "channel_timeout": IO_TIMEOUT,
+            },
+        )
+        name = known_hosts_name(connection.host, connection.port)
+        label = f"{connection.user}@{connection.host}:{connection.port}"
+        client = connection.client
+        if pinned is not None:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        else:
+            pinned = read_known_keys(self.known_hosts, name)
+            client.set_missing_host_key_policy(PinOnFirstUse(self.known_hosts, label))
+        for key_type, key_b64 in pinned.items():
+            client.get_host_keys().add(
+                name, key_type, paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
+            )
+        return connection
+
+
+def _close_chain(connection: Any) -> None:
+    while connection is not None and not isinstance(connection, (str, bool)):
+        with contextlib.suppress(Exception):
+            connection.close()
+        connection = connection.gateway
+
+
+_CONFIG: Any = None
+
+
+def _fabric_config() -> Any:
+    """fabric's configuration (with ~/.ssh/config and /etc/ssh/ssh_config read once), shared
+    by every connection of this process."""
+    global _CONFIG
+    if _CONFIG is None:
+        import fabric
+
+        _CONFIG = fabric.Config()
+    return _CONFIG
