@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cloud import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from tests.conftest import EXAMPLES, FIXTURES
-from tests.test_e2e_aws import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.estimator import JobFailedError
@@ -621,7 +621,7 @@ def test_ec2_job_in_its_image_on_stand_in_instances(in_podman, node_image, cloud
     """An EC2 job with image_uri: moto launches the instances, the sshd stand-ins run each
     node's agent in the image through their engine, the store is S3 (moto), and the
     nodes' credentials come from the IMDS stand-in."""
-    from tests.test_e2e_aws import digits as ec2_digits
+    from tests.cloud import ec2_digits
 
     est = ec2_digits(cloud, job_name=f"{JOB_PREFIX}-ec2", image_uri=node_image, max_wait=180)
     job = est.fit(logs=False)
@@ -643,8 +643,8 @@ def test_ec2_job_in_an_image_without_the_agent_fails_at_once_and_leaves_nothing(
     """EC2 hosts exist only once paid for: the image is checked on each as its node starts,
     and an image that cannot run the agent fails the job then (no relaunch), with every
     instance and resource gone."""
-    from tests.test_e2e_aws import _job_resources
-    from tests.test_e2e_aws import digits as ec2_digits
+    from tests.cloud import ec2_digits
+    from tests.cloud import job_resources as _job_resources
 
     est = ec2_digits(cloud, job_name=f"{JOB_PREFIX}-ec2-noagent", image_uri=image_without_agent)
     with pytest.raises(JobFailedError) as raised:

@@ -548,7 +548,7 @@ def test_bootstrap_uploads_once_when_host_cannot_import_this_trainctl(sshd, tmp_
     target = server.home / ".trainctl" / "agent" / agent_version()
     assert first.uploaded and first.installed == []
     assert first.pythonpath == f"{target}:{target}/deps"
-    assert (target / "trainctl" / "container" / "agent.py").is_file()
+    assert (target / "trainctl" / "node" / "agent.py").is_file()
     assert agent_version(target / "trainctl") == agent_version()
     assert not list(target.parent.glob(".upload-*"))  # the tarball is removed once unpacked
 
@@ -574,7 +574,7 @@ def test_bootstrap_uploads_once_when_host_cannot_import_this_trainctl(sshd, tmp_
     )
     lines = list(proc.lines())
     assert proc.wait(timeout=10) == 0
-    assert lines == [str(target / "trainctl" / "container" / "agent.py"), agent_version()]
+    assert lines == [str(target / "trainctl" / "node" / "agent.py"), agent_version()]
 
 
 @pytest.mark.timeout(90)

@@ -7,7 +7,8 @@
 - fabric does the rest: `~/.ssh/config` is honoured (HostName, User, IdentityFile,
   ProxyJump), a host is reached through a jump host (`proxy_jump` on the host, the
   `ssh_proxy_jump` setting, or the config's ProxyJump; every hop pinned like the host), and
-  commands and files go through fabric's `run`, `put` and SFTP.
+  files go through fabric's `put` and SFTP. Commands run on a session of fabric's
+  connection (see `SshConnection.run` for why not through fabric's `run`).
 
 Remote commands are built with shlex. fabric and paramiko are imported lazily: `trainctl
 --help` never loads them.
@@ -68,6 +69,7 @@ log = logging.getLogger("trainctl.ssh")
 
 DEFAULT_ATTEMPT_TIMEOUT = 10.0  # one TCP connect + SSH handshake + authentication
 IO_TIMEOUT = 20.0  # a remote read or command that hangs this long means the link is down
+READ_CHUNK = 256 * 1024
 
 
 def default_user() -> str:
@@ -139,29 +141,55 @@ class SshConnection:
     ) -> RemoteResult:
         """Run a command (argv is quoted with shlex) and collect its output and exit code.
 
-        `input` goes to the command's stdin, which is closed after it (and at once without
-        it): nothing is read from this process's own stdin. Raises OSError, EOFError,
-        paramiko.SSHException or invoke's ThreadException when the connection fails.
+        `input` goes to the command's stdin, which is closed after it (at once without it).
+        Not fabric's `run`: invoke pumps a non-terminal stdin one byte per 10 ms (a 2 KB
+        request took 14 s), and waits for the end of output that a daemon the command
+        started may hold open; this session comes from fabric's connection all the same.
+        Raises OSError/EOFError/paramiko.SSHException when the connection fails.
         """
-        from invoke.exceptions import CommandTimedOut
-
         command = argv if isinstance(argv, str) else shlex.join(argv)
         if not self.active:
             raise EOFError("connection closed")
+        channel = self.fabric.create_session()
         try:
-            result = self.fabric.run(
-                command,
-                hide=True,
-                warn=True,
-                pty=False,
-                in_stream=io.BytesIO(input or b""),
-                timeout=max(1, math.ceil(timeout)),
-                encoding="utf-8",
-            )
-        except CommandTimedOut:
-            raise TimeoutError(f"command on {self.label} still running after {timeout} s") from None
-        code = result.exited if result.exited is not None else -1
-        return RemoteResult(code, result.stdout, result.stderr)
+            channel.settimeout(IO_TIMEOUT)
+            channel.exec_command(command)
+            if input:
+                channel.sendall(input)
+            channel.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            exited_at: float | None = None
+            while True:
+                busy = False
+                if channel.recv_ready():
+                    out += channel.recv(READ_CHUNK)
+                    busy = True
+                if channel.recv_stderr_ready():
+                    err += channel.recv_stderr(READ_CHUNK)
+                    busy = True
+                if busy:
+                    continue
+                if channel.closed or (channel.exit_status_ready() and channel.eof_received):
+                    break
+                now = time.monotonic()
+                if channel.exit_status_ready():
+                    # Exited, but something it started still holds the output open: what
+                    # the command itself wrote has arrived by now.
+                    exited_at = exited_at or now
+                    if now - exited_at > 1.0:
+                        break
+                    time.sleep(0.01)
+                    continue
+                if now > deadline:
+                    raise TimeoutError(f"command on {self.label} still running after {timeout} s")
+                channel.status_event.wait(0.02)
+            code = channel.recv_exit_status() if channel.exit_status_ready() else -1
+        finally:
+            channel.close()
+        return RemoteResult(
+            code, out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+        )
 
     def python(
         self,
@@ -242,11 +270,9 @@ class SshConnection:
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
-    """What a broken connection raises (invoke wraps errors of its reader threads)."""
     import paramiko
-    from invoke.exceptions import ThreadException
 
-    return (OSError, EOFError, paramiko.SSHException, ThreadException)
+    return (OSError, EOFError, paramiko.SSHException)
 
 
 def is_remote_file_error(exc: BaseException) -> bool:

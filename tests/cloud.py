@@ -1,0 +1,151 @@
+"""A cloud on this machine for EC2 jobs: moto (EC2, IAM, SSM, STS, S3) on 127.0.0.1 that the
+real boto3 and s3transfer code paths talk to, two sshd "instances" standing in for what moto
+launches (`ssh_address_override`, the documented test seam), and an IMDSv2 stand-in serving
+instance-profile credentials and spot notices. Used by the EC2 end-to-end tests and the
+provider conformance suite."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import pytest
+
+from tests.conftest import EXAMPLES, free_port, point_aws_at
+from tests.imds_server import ImdsStandIn
+from trainctl import Estimator
+
+USER_SECRET = "submitter-secret-key-never-on-a-node"
+REGION = "us-east-1"
+PROFILE = "trainctl-node"
+HPS = {"epochs": 6, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+TRUST_EC2 = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ],
+}
+# moto's us-east-1 offerings include the g5 family (not p3); one GPU: one worker per node.
+INSTANCE_TYPE = "g5.2xlarge"
+
+
+@pytest.fixture
+def cloud(home, sshd, monkeypatch, tmp_path):
+    """moto (EC2, IAM, SSM, STS, S3) + two sshd "instances" + an IMDS stand-in."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from trainctl.provisioning.aws.keys import default_key_path, ensure_key
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    point_aws_at(monkeypatch, endpoint, key="AKIASUBMITTER0000000", secret=USER_SECRET)
+
+    s3 = boto3.client("s3")
+    bucket = f"trainctl-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    iam = boto3.client("iam")
+    # moto keeps its state per process, not per server: names of its own per test.
+    profile = f"{PROFILE}-{uuid.uuid4().hex[:8]}"
+    iam.create_role(RoleName=profile, AssumeRolePolicyDocument=json.dumps(TRUST_EC2))
+    iam.create_instance_profile(InstanceProfileName=profile)
+    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=profile)
+    ec2 = boto3.client("ec2")
+    image = next(
+        i
+        for i in ec2.describe_images(Owners=["amazon"])["Images"]
+        if i.get("Architecture") == "x86_64" and i.get("RootDeviceName")
+    )
+
+    # trainctl's own key pair is what EC2 would install on the instances: the sshd
+    # stand-ins authorize it.
+    public_key = ensure_key(default_key_path())
+    hosts = sshd.servers[:2]
+    for host in hosts:
+        authorized = host.root / "authorized_keys"
+        authorized.write_text(authorized.read_text() + public_key.strip() + "\n")
+
+    imds = ImdsStandIn("127.0.0.4", role=profile)
+    imds.__enter__()
+    overrides = [f"{h.address}:{h.port}" for h in hosts]
+    node_env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }
+    for key, value in {
+        "TRAINCTL_STORE": f"s3://{bucket}/store",
+        "TRAINCTL_SSH_ADDRESS_OVERRIDE": json.dumps(overrides),
+        "TRAINCTL_NODE_ENVIRONMENT": json.dumps(node_env),
+        "TRAINCTL_SSH_USER": "root",
+        "TRAINCTL_AWS_NODE_PYTHON": sys.executable,
+        "TRAINCTL_AWS_SSH_CIDR": "127.0.0.1/32",
+        "TRAINCTL_IMDS_POLL_SECONDS": "0.5",
+        "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "20",
+        # moto has no placement-group API (2-node jobs ask for a cluster placement group;
+        # tests/test_aws_provider.py covers it with an in-test stand-in).
+        "TRAINCTL_AWS_CLUSTER_PLACEMENT_GROUP": "false",
+        # An orphaned EC2 node halts itself; the stand-in hosts are this machine.
+        "TRAINCTL_POWEROFF_WHEN_ORPHANED": "false",
+    }.items():
+        monkeypatch.setenv(key, value)
+
+    class Cloud:
+        pass
+
+    c = Cloud()
+    c.endpoint, c.bucket, c.s3, c.ec2, c.imds, c.hosts = endpoint, bucket, s3, ec2, imds, hosts
+    c.image_id, c.profile = image["ImageId"], profile
+    try:
+        yield c
+    finally:
+        imds.__exit__(None, None, None)
+        server.stop()
+
+
+def ec2_fields(cloud) -> dict:
+    """The Estimator fields that put a job on the cloud's EC2, its data in its S3."""
+    return {
+        "instance_type": INSTANCE_TYPE,
+        "region": REGION,
+        "instance_profile": cloud.profile,
+        "image_id": cloud.image_id,
+        "checkpoint_s3_uri": f"s3://{cloud.bucket}/checkpoints",
+        "output_path": f"s3://{cloud.bucket}/models",
+    }
+
+
+def ec2_digits(cloud, **kwargs) -> Estimator:
+    fields = {
+        "entry_point": "train.py",
+        "source_dir": str(EXAMPLES / "digits"),
+        "instance_count": 2,
+        "hyperparameters": HPS,
+        "distribution": TORCHRUN,
+        **ec2_fields(cloud),
+    }
+    return Estimator(**{**fields, **kwargs})
+
+
+def job_resources(ec2, job: str) -> dict[str, list[str]]:
+    """What of `job` still exists in EC2 (found by its tag, as gc would)."""
+    tag = [{"Name": "tag:trainctl:job", "Values": [job]}]
+    live = [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping"]}]
+    reservations = ec2.describe_instances(Filters=[*tag, *live])["Reservations"]
+    return {
+        "instances": [i["InstanceId"] for r in reservations for i in r["Instances"]],
+        "security_groups": [
+            g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
+        ],
+        "key_pairs": [k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]],
+    }
