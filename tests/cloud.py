@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import uuid
 
 import pytest
 
 from tests.conftest import EXAMPLES, free_port, point_aws_at
 from tests.imds_server import ImdsStandIn
+from tests.sshd import _environ, job_processes, kill_all
 from trainctl import Estimator
+from trainctl.node.procs import ATTEMPT_TAG
 
 USER_SECRET = "submitter-secret-key-never-on-a-node"
 REGION = "us-east-1"
@@ -106,11 +109,54 @@ def cloud(home, sshd, monkeypatch, tmp_path):
     c = Cloud()
     c.endpoint, c.bucket, c.s3, c.ec2, c.imds, c.hosts = endpoint, bucket, s3, ec2, imds, hosts
     c.image_id, c.profile = image["ImageId"], profile
+    machines = TerminationEndsProcesses(boto3.client("ec2"), hosts)
+    machines.start()
     try:
         yield c
     finally:
+        machines.stop()
         imds.__exit__(None, None, None)
         server.stop()
+
+
+class TerminationEndsProcesses(threading.Thread):
+    """What EC2 does and the stand-ins cannot: a terminated instance's processes end with
+    it. Whenever moto says an instance of a job is shutting down or terminated, the
+    processes of that job on the stand-in host of the instance's rank are killed."""
+
+    def __init__(self, ec2, hosts) -> None:
+        super().__init__(name="ec2-termination", daemon=True)
+        self.ec2, self.hosts = ec2, hosts
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.3):
+            try:
+                self.end_terminated()
+            except Exception:  # the moto server is stopping: nothing more to emulate
+                pass
+
+    def end_terminated(self) -> None:
+        gone = [{"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}]
+        reservations = self.ec2.describe_instances(Filters=gone)["Reservations"]
+        for instance in (i for r in reservations for i in r["Instances"]):
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            job, rank = tags.get("trainctl:job"), tags.get("trainctl:rank", "")
+            if job and rank.isdigit() and int(rank) < len(self.hosts):
+                home = str(self.hosts[int(rank)].home)
+                attempt = tags.get("trainctl:attempt")
+                kill_all(
+                    [
+                        pid
+                        for pid in job_processes(job)
+                        if _environ(pid).get(b"HOME", b"").decode() == home
+                        and _environ(pid).get(ATTEMPT_TAG.encode(), b"").decode() == attempt
+                    ]
+                )
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
 
 
 def ec2_fields(cloud) -> dict:
