@@ -29,7 +29,8 @@ from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.capacity import Backoff, CapacityError
 from trainctl.provisioning.aws.clients import AwsError
 from trainctl.provisioning.aws.keys import ensure_key
-from trainctl.spec.job import JobSpec, build_spec
+from trainctl.spec.build import build_spec
+from trainctl.spec.job import JobSpec
 
 
 def _require(module: str) -> Any:

@@ -18,8 +18,8 @@ from trainctl.provisioning.aws import AwsProvider
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.pricing import on_demand_price
 from trainctl.provisioning.aws.provider import parse_override
+from trainctl.spec.build import build_spec
 from trainctl.spec.catalog import CATALOG
-from trainctl.spec.job import build_spec
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ACCESS_KEY = "AKIAIOSFODNN7EXAMPLE"

@@ -17,7 +17,7 @@ from trainctl.cli import app
 from trainctl.cli.app import EXIT_BAD_INPUT
 from trainctl.cli.submit import parse_host
 from trainctl.errors import SpecError
-from trainctl.spec.job import build_spec
+from trainctl.spec.build import build_spec
 
 POOLS = """
 pools:
@@ -151,6 +151,7 @@ def test_pools_command_lists_the_configured_pools(cap_home) -> None:
         "gpus": 0,
         "python": "python3",
         "host_key": None,
+        "proxy_jump": None,
     }
     table = CliRunner().invoke(app, ["pools"], env={"COLUMNS": "200"})
     assert table.exit_code == 0

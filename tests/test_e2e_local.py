@@ -463,7 +463,7 @@ def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     from trainctl.controller.controller import MAX_ATTEMPTS_NEVER_STARTED, Controller
     from trainctl.controller.submit import create_job, default_store
     from trainctl.provisioning.local import LocalProvider
-    from trainctl.spec.job import build_spec
+    from trainctl.spec.build import build_spec
 
     class BrokenNodes(LocalProvider):
         def agent_python(self, cluster, rank):

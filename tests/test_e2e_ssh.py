@@ -24,8 +24,8 @@ from trainctl.errors import SpecError
 from trainctl.protocol import EXIT_INFRA
 from trainctl.provisioning.remote import SshProvisionError
 from trainctl.provisioning.ssh import SshProvider, SshTeardownError
+from trainctl.spec.build import build_spec
 from trainctl.spec.capacity import SshHost
-from trainctl.spec.job import build_spec
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import EXAMPLES
 from trainctl import Estimator
 from trainctl.estimator import JobFailedError
-from trainctl.spec.job import Fault
+from trainctl.spec.parts import Fault
 
 pytestmark = pytest.mark.e2e
 
@@ -209,7 +209,7 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     from trainctl.controller.submit import create_job, default_store
     from trainctl.protocol import CONTROL_PREFIX
     from trainctl.record import Attempt, now_iso
-    from trainctl.spec.job import build_spec
+    from trainctl.spec.build import build_spec
 
     store = default_store()
     record = create_job(build_spec(entry_point="probe.py", source_dir=str(source("probe"))), store)

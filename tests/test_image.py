@@ -26,8 +26,8 @@ from trainctl.image.build import (
 )
 from trainctl.image.engine import Engine, EngineMissingError, ImageBuildError
 from trainctl.image.registry import ecr_login, ensure_ecr_repository, pull_image
+from trainctl.spec.build import build_spec
 from trainctl.spec.frameworks import framework_image
-from trainctl.spec.job import build_spec
 from trainctl.toolkit import agent_version, package_files
 
 DLC = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"
@@ -282,7 +282,7 @@ def test_cli_build_dry_run_prints_dockerfile_then_context(home: Path, source: Pa
 def test_cli_submit_passes_build_fields(
     home: Path, source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainctl.spec.job as spec_module
+    import trainctl.spec.build as spec_module
 
     seen: dict[str, object] = {}
     real = spec_module.build_spec

@@ -17,7 +17,8 @@ from trainctl.launcher.layout import (
     resource_config,
     sagemaker_env,
 )
-from trainctl.spec.job import JobSpec, build_spec, env_suffix
+from trainctl.spec.build import build_spec
+from trainctl.spec.job import JobSpec, env_suffix
 
 PY = "/usr/bin/python3"
 HPS: dict[str, Any] = {

@@ -13,8 +13,10 @@ import pytest
 
 from trainctl.errors import SpecError
 from trainctl.estimator import Estimator
+from trainctl.spec.build import build_spec
 from trainctl.spec.catalog import CATALOG
-from trainctl.spec.job import JobSpec, build_spec, parse_distribution
+from trainctl.spec.job import JobSpec
+from trainctl.spec.parts import parse_distribution
 
 
 @pytest.fixture

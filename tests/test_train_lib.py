@@ -137,7 +137,7 @@ def test_context_reads_what_the_agent_sets(clean_env: Path) -> None:
     """Contract: context() of the environment trainctl.launcher.layout gives a node."""
     from trainctl.cluster import ClusterInfo, NodeInfo, host_name
     from trainctl.launcher.layout import Layout, sagemaker_env
-    from trainctl.spec.job import build_spec
+    from trainctl.spec.build import build_spec
 
     (clean_env / "src").mkdir()
     (clean_env / "src" / "train.py").write_text("")

@@ -130,7 +130,8 @@ def submit(
     from trainctl.controller.logs import LogPrinter
     from trainctl.controller.submit import create_job, default_store, spawn_controller
     from trainctl.estimator import _print_summary
-    from trainctl.spec.job import build_spec, parse_distribution
+    from trainctl.spec.build import build_spec
+    from trainctl.spec.parts import parse_distribution
     from trainctl.state import JobState
 
     check_output(output)

@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.spec.job import JobSpec, build_spec
+from trainctl.spec.build import build_spec
+from trainctl.spec.job import JobSpec
 from trainctl.state import JobState
 
 __all__ = ["Estimator", "JobFailedError", "JobSpec", "TrainingJob"]

@@ -14,10 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -32,6 +29,7 @@ from trainctl.spec.capacity import (
     SshHost,
     SubnetIds,
 )
+from trainctl.spec.parts import Distribution, Fault, MetricDefinition, StrictModel
 
 # SageMaker's job-name rule, so names carry over both ways.
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -45,86 +43,6 @@ IMAGE_URI_RE = re.compile(
 SUPPORTED_URI_SCHEMES = ("file", "s3")
 # Validation context key: the spec is read back from a job record (see `_files_exist`).
 RECORDED = "recorded"
-FAULT_RE = re.compile(r"(kill|notice):(algo-[1-9][0-9]*|[0-9]+)@([0-9]+(?:\.[0-9]+)?)")
-FAULT_FORMAT = "KIND:NODE@SECONDS with KIND kill or notice, NODE a rank (0, 1, ...) or algo-N"
-
-
-class Fault(BaseModel):
-    """An injected fault: at `at` seconds into training of the current attempt."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: str
-    rank: int
-    at: float
-
-    @classmethod
-    def parse(cls, text: str) -> Fault:
-        m = FAULT_RE.fullmatch(text.strip())
-        if not m:
-            raise ValueError(f"{text!r} is not {FAULT_FORMAT} (e.g. kill:1@30, notice:algo-2@12.5)")
-        node = m.group(2)
-        rank = int(node[5:]) - 1 if node.startswith("algo-") else int(node)
-        return cls(kind=m.group(1), rank=rank, at=float(m.group(3)))
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.rank}@{self.at:g}"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TorchDistributed(_Strict):
-    enabled: bool = True
-
-
-class MPIDistribution(_Strict):
-    enabled: bool = True
-    processes_per_host: int | None = Field(default=None, ge=1)
-    custom_mpi_options: str = ""
-
-
-class Distribution(_Strict):
-    """Which launcher runs the entry point on each host. Absent: plain `python`, once per host."""
-
-    torch_distributed: TorchDistributed | None = None
-    mpi: MPIDistribution | None = None
-
-    @model_validator(mode="after")
-    def _one_launcher(self) -> Distribution:
-        if (
-            self.torch_distributed
-            and self.torch_distributed.enabled
-            and self.mpi
-            and self.mpi.enabled
-        ):
-            raise ValueError("enable either torch_distributed or mpi, not both")
-        return self
-
-    @property
-    def launcher(self) -> str:
-        """'torchrun', 'mpi' or 'python'."""
-        if self.torch_distributed and self.torch_distributed.enabled:
-            return "torchrun"
-        if self.mpi and self.mpi.enabled:
-            return "mpi"
-        return "python"
-
-
-class MetricDefinition(_Strict):
-    Name: str = Field(min_length=1, max_length=255)
-    Regex: str = Field(min_length=1, max_length=500)
-
-    @field_validator("Regex")
-    @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            pattern = re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-        if pattern.groups < 1:
-            raise ValueError("needs one capture group for the metric's value")
-        return v
 
 
 def _check_uri(value: str, field: str) -> str:
@@ -169,7 +87,7 @@ def _check_json_value(value: Any, path: str) -> None:
         raise ValueError(f"{path} is not JSON-serialisable ({exc})") from None
 
 
-class JobSpec(_Strict):
+class JobSpec(StrictModel):
     """Everything needed to run a job; stored as `spec` in the job's job.json."""
 
     entry_point: str
@@ -444,120 +362,6 @@ class JobSpec(_Strict):
     @property
     def launcher(self) -> str:
         return self.distribution.launcher if self.distribution else "python"
-
-
-def _format_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        for prefix in ("Value error, ", "Assertion failed, "):
-            msg = msg.removeprefix(prefix)
-        if err["type"] == "extra_forbidden":
-            parent = ".".join(str(p) for p in err["loc"][:-1])
-            allowed = _allowed_keys(parent)
-            msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        elif err["type"] == "missing":
-            msg = "is required"
-        elif err["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "int_type"):
-            msg = f"{msg[0].lower()}{msg[1:]} (got {err.get('input')!r})"
-        parts.append(f"{loc}: {msg}" if err["loc"] else msg)
-    return "; ".join(parts)
-
-
-def _allowed_keys(parent: str) -> list[str]:
-    models: dict[str, type[BaseModel]] = {
-        "": JobSpec,
-        "distribution": Distribution,
-        "distribution.torch_distributed": TorchDistributed,
-        "distribution.mpi": MPIDistribution,
-    }
-    model = models.get(parent)
-    if model is None and parent.startswith("metric_definitions"):
-        model = MetricDefinition
-    return sorted(model.model_fields) if model else []
-
-
-def build_spec(**fields: Any) -> JobSpec:
-    """Validate user fields into a JobSpec, raising SpecError with one line on bad input.
-
-    Resolves source_dir (default: the entry point's directory) before validation so the
-    stored spec is independent of the submitter's working directory.
-    """
-    fields = {k: v for k, v in fields.items() if v is not None}
-    entry = fields.get("entry_point")
-    if not entry:
-        raise SpecError("entry_point", "is required (the script to run, e.g. train.py)")
-    if not isinstance(entry, str):
-        raise SpecError("entry_point", f"must be a path string, got {type(entry).__name__}")
-    source_dir = fields.get("source_dir")
-    if source_dir is None:
-        entry_path = Path(entry).expanduser()
-        if not entry_path.is_file():
-            raise SpecError("entry_point", f"{entry} not found")
-        fields["source_dir"] = str(entry_path.resolve().parent)
-        fields["entry_point"] = entry_path.name
-    else:
-        src = Path(str(source_dir)).expanduser()
-        if not src.is_dir():
-            raise SpecError("source_dir", f"{source_dir} is not a directory")
-        fields["source_dir"] = str(src.resolve())
-        entry_path = Path(entry).expanduser()
-        if entry_path.is_absolute() and entry_path.resolve().is_relative_to(src.resolve()):
-            # an absolute path that lies inside source_dir means the same script
-            fields["entry_point"] = str(entry_path.resolve().relative_to(src.resolve()))
-    if fields.get("build_image") and fields.get("image_uri") is not None:
-        raise SpecError("image_uri", "give either image_uri or build_image=True, not both")
-    if fields.get("pool") is not None:
-        fields = _merge_pool(fields)
-    if fields.get("max_wait") is not None and fields.get("max_run") is None:
-        # max_run's default (a day) would exceed a shorter max_wait: the wait bounds it.
-        fields["max_run"] = fields["max_wait"]
-    dist = fields.get("distribution")
-    if isinstance(dist, str):
-        fields["distribution"] = parse_distribution(dist)
-    try:
-        return JobSpec(**fields)
-    except ValidationError as exc:
-        errors = exc.errors()
-        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
-        if not field and errors:  # model-level checks name their field in the text
-            field = str(errors[0]["msg"]).removeprefix("Value error, ").split(":", 1)[0]
-        raise SpecError(field, _format_error(exc), prefixed=True) from None
-
-
-def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:
-    """The pool's fields under the job's own: the job wins where it sets a field."""
-    from trainctl.settings import get_settings
-    from trainctl.spec.capacity import pool_fields
-
-    name = fields["pool"]
-    pools = get_settings().pools
-    if name not in pools:
-        configured = ", ".join(sorted(pools)) or "none; add a 'pools:' section to config.yaml"
-        raise SpecError("pool", f"{name!r} not found; configured pools: {configured}")
-    pool = pools[name]
-    merged = {**pool_fields(pool), **fields}
-    count = merged.get("instance_count", 1)
-    if pool.max_instances is not None and isinstance(count, int) and count > pool.max_instances:
-        raise SpecError(
-            "instance_count",
-            f"{count} exceeds pool {name!r}'s max_instances ({pool.max_instances})",
-        )
-    return merged
-
-
-def parse_distribution(name: str) -> dict[str, Any] | None:
-    """The CLI's `--distribution NAME` shorthand."""
-    table: dict[str, dict[str, Any] | None] = {
-        "torch_distributed": {"torch_distributed": {"enabled": True}},
-        "torchrun": {"torch_distributed": {"enabled": True}},
-        "mpi": {"mpi": {"enabled": True}},
-        "none": None,
-    }
-    if name not in table:
-        raise SpecError("distribution", f"unknown {name!r}; allowed: {', '.join(table)}")
-    return table[name]
 
 
 def uses_s3(spec: JobSpec) -> bool:

@@ -1,0 +1,107 @@
+"""The parts of a job spec that are models of their own: distribution (the launcher),
+metric definitions, injected faults."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainctl.errors import SpecError
+
+FAULT_RE = re.compile(r"(kill|notice):(algo-[1-9][0-9]*|[0-9]+)@([0-9]+(?:\.[0-9]+)?)")
+
+
+FAULT_FORMAT = "KIND:NODE@SECONDS with KIND kill or notice, NODE a rank (0, 1, ...) or algo-N"
+
+
+class Fault(BaseModel):
+    """An injected fault: at `at` seconds into training of the current attempt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+    rank: int
+    at: float
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        m = FAULT_RE.fullmatch(text.strip())
+        if not m:
+            raise ValueError(f"{text!r} is not {FAULT_FORMAT} (e.g. kill:1@30, notice:algo-2@12.5)")
+        node = m.group(2)
+        rank = int(node[5:]) - 1 if node.startswith("algo-") else int(node)
+        return cls(kind=m.group(1), rank=rank, at=float(m.group(3)))
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.rank}@{self.at:g}"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TorchDistributed(StrictModel):
+    enabled: bool = True
+
+
+class MPIDistribution(StrictModel):
+    enabled: bool = True
+    processes_per_host: int | None = Field(default=None, ge=1)
+    custom_mpi_options: str = ""
+
+
+class Distribution(StrictModel):
+    """Which launcher runs the entry point on each host. Absent: plain `python`, once per host."""
+
+    torch_distributed: TorchDistributed | None = None
+    mpi: MPIDistribution | None = None
+
+    @model_validator(mode="after")
+    def _one_launcher(self) -> Distribution:
+        if (
+            self.torch_distributed
+            and self.torch_distributed.enabled
+            and self.mpi
+            and self.mpi.enabled
+        ):
+            raise ValueError("enable either torch_distributed or mpi, not both")
+        return self
+
+    @property
+    def launcher(self) -> str:
+        """'torchrun', 'mpi' or 'python'."""
+        if self.torch_distributed and self.torch_distributed.enabled:
+            return "torchrun"
+        if self.mpi and self.mpi.enabled:
+            return "mpi"
+        return "python"
+
+
+class MetricDefinition(StrictModel):
+    Name: str = Field(min_length=1, max_length=255)
+    Regex: str = Field(min_length=1, max_length=500)
+
+    @field_validator("Regex")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            pattern = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        if pattern.groups < 1:
+            raise ValueError("needs one capture group for the metric's value")
+        return v
+
+
+def parse_distribution(name: str) -> dict[str, Any] | None:
+    """The CLI's `--distribution NAME` shorthand."""
+    table: dict[str, dict[str, Any] | None] = {
+        "torch_distributed": {"torch_distributed": {"enabled": True}},
+        "torchrun": {"torch_distributed": {"enabled": True}},
+        "mpi": {"mpi": {"enabled": True}},
+        "none": None,
+    }
+    if name not in table:
+        raise SpecError("distribution", f"unknown {name!r}; allowed: {', '.join(table)}")
+    return table[name]
