@@ -38,55 +38,15 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
     """The checks that need no cloud call (a dry run makes these and no others)."""
     from trainctl.provisioning import get_provider
 
-    get_provider(spec.instance_type, spec.region)
-    if spec.provider == "aws":
-        # EC2 nodes reach the store with their instance profile: only S3 is reachable.
-        uris = {"TRAINCTL_STORE": store_uri, "output_path": spec.output_path}
-        uris["checkpoint_s3_uri"] = spec.checkpoint_s3_uri
-        uris.update({f"inputs.{name}": uri for name, uri in spec.inputs.items()})
-        for field, uri in uris.items():
-            if uri and not uri.startswith("s3://"):
-                raise SpecError(
-                    field,
-                    f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
-                    + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
-                )
+    get_provider(spec.instance_type, spec.region).check_offline(spec, store_uri)
     if spec.image_uri or spec.build_image or spec.framework_version:
+        from trainctl.image.preflight import check_container_runtime
+
         check_container_runtime(spec)
     for name, uri in spec.inputs.items():
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file" and not Path(rest).exists():
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
-
-
-def check_container_runtime(spec: JobSpec) -> None:
-    """A job with an image needs an engine where its nodes run: on this machine for the
-    local provider (checked now); on each host for ssh and EC2 (checked there when it is
-    provisioned, with the image pulled). An image built here reaches remote hosts only
-    through a registry."""
-    from trainctl.image.engine import find_engine
-
-    # the field that asked for the image
-    field = "image_uri" if spec.image_uri else "build_image" if spec.build_image else ""
-    field = field or "framework_version"
-    if spec.provider in ("ssh", "aws"):
-        if spec.builds_image and not get_settings().image_repository:
-            raise SpecError(
-                field,
-                f"{spec.provider} hosts pull the job's image, built here, from a registry: set "
-                "image_repository (TRAINCTL_IMAGE_REPOSITORY) to one they can reach, or build "
-                "and push it yourself (`trainctl build --push REPO`) and give image_uri",
-            )
-        if not spec.builds_image:
-            return  # each host's engine is checked (and the image pulled) at provision
-
-    if find_engine() is None:
-        raise SpecError(
-            field,
-            "running in a container image needs docker or podman on this machine and none "
-            "is installed and answering; install one, or leave image_uri unset to run the "
-            "entry point as processes",
-        )
 
 
 def preflight(spec: JobSpec, store_uri: str) -> None:

@@ -42,6 +42,11 @@ class InstanceUsage:
 class Provider(ABC):
     name: str
 
+    def check_offline(self, spec: JobSpec, store_uri: str) -> None:
+        """Check `spec` against what this provider's nodes can do, with no call at all (a
+        dry run makes these checks and no others); SpecError if it cannot run here."""
+        return None
+
     def preflight(self, spec: JobSpec) -> None:
         """Check that `spec` can be provisioned, with read-only calls; SpecError if not.
 

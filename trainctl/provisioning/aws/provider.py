@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.cluster import LOOPBACK_ENV, ClusterInfo, NodeInfo, host_name, is_loopback
-from trainctl.errors import TrainctlError
+from trainctl.errors import SpecError, TrainctlError
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws import resources
 from trainctl.provisioning.aws.capacity import Backoff, BootFailed, launch, wait_running
@@ -134,6 +134,19 @@ class AwsProvider(Provider):
         return self.clients(service, region)
 
     # -- checks and plans -----------------------------------------------------------------
+    def check_offline(self, spec: JobSpec, store_uri: str) -> None:
+        """EC2 nodes reach the store with their instance profile: only S3 is reachable."""
+        uris = {"TRAINCTL_STORE": store_uri, "output_path": spec.output_path}
+        uris["checkpoint_s3_uri"] = spec.checkpoint_s3_uri
+        uris.update({f"inputs.{name}": uri for name, uri in spec.inputs.items()})
+        for field, uri in uris.items():
+            if uri and not uri.startswith("s3://"):
+                raise SpecError(
+                    field,
+                    f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
+                    + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
+                )
+
     def preflight(self, spec: JobSpec) -> None:
         from trainctl.provisioning.aws.preflight import preflight
 
