@@ -461,3 +461,33 @@ def test_mpi_failure_reason_is_the_traceback_else_mpiruns_report() -> None:
     reason, detail = failure_from_output(MPIRUN_REPORT)
     assert reason == "mpirun: MPI rank 1 exited with code 3 (its error output did not arrive)"
     assert detail is not None and "-----" not in detail and "Process name" in detail
+
+
+def test_a_traceback_interleaved_with_another_process_output_still_names_the_error() -> None:
+    """mpirun forwards a process's stdout and stderr apart: a line printed before the error
+    can land inside its traceback (seen in CI). The exception line is still the reason."""
+    from trainctl.node.output import failure_from_output
+
+    interleaved = [
+        "Traceback (most recent call last):",
+        "MPI rank 1/2 local 1",
+        '  File "/code/allreduce.py", line 18, in <module>',
+        '    raise ValueError(f"rank {rank} was told to fail")',
+        "ValueError: rank 1 was told to fail",
+        *MPIRUN_REPORT,
+    ]
+    reason, detail = failure_from_output(interleaved)
+    assert reason == "ValueError: rank 1 was told to fail"
+    assert detail is not None and "MPI rank 1/2" not in detail and "line 18" in detail
+    chained = [
+        "Traceback (most recent call last):",
+        '  File "t.py", line 1',
+        "KeyError: 'a'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "t.py", line 3',
+        "RuntimeError: b",
+    ]
+    assert failure_from_output(chained)[0] == "RuntimeError: b"

@@ -44,6 +44,9 @@ _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 
 
 _LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
+_CHAINED = ("During handling", "The above exception")
+# The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
 
 def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
@@ -61,11 +64,17 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
             block = [clean[i]]
             i += 1
             while i < len(clean):
-                block.append(clean[i])
                 body = clean[i][indent:] if len(clean[i]) > indent else clean[i].strip()
-                if body and not body[0].isspace() and not body.startswith("Traceback"):
-                    if not body.startswith(("During handling", "The above exception")):
+                at_margin = bool(body) and not body[0].isspace()
+                if at_margin and not body.startswith(("Traceback", *_CHAINED)):
+                    if _EXCEPTION_LINE.match(body.rstrip()):
+                        block.append(clean[i])
                         break
+                    # Not the exception: another process's output, interleaved with this
+                    # traceback (mpirun forwards each process's stdout and stderr apart).
+                    i += 1
+                    continue
+                block.append(clean[i])
                 i += 1
             blocks.append(block)
         i += 1
