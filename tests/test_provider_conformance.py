@@ -38,8 +38,11 @@ __all__ = ["cloud"]  # the fixture behind the EC2 rig
 
 PROVIDERS = ["local", "ssh", "aws"]
 TORCHRUN = {"torch_distributed": {"enabled": True}}
-# ~23 steps an epoch; the step delay only stretches time, so faults land mid-training.
-HPS = {"epochs": 4, "lr": 0.1, "seed": 0, "checkpoint-every": 10, "step-delay": 0.05}
+# ~23 steps an epoch; the step delay only stretches time (~8 s of training), so a fault
+# sent after the first checkpoint lands mid-training even on a loaded machine. (A notice
+# that lands after the workers finished still ends the attempt as preempted: the job then
+# relaunches from its last checkpoint and the notice test would count lost steps.)
+HPS = {"epochs": 6, "lr": 0.1, "seed": 0, "checkpoint-every": 10, "step-delay": 0.06}
 
 
 @dataclass
@@ -64,15 +67,21 @@ class Rig:
     def assert_nothing_left(self, job: str) -> None:
         """Nothing of the job anywhere (a detached controller tears down just after it
         records the end: give it a moment)."""
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # EC2's teardown waits for terminations
         while self.left(job) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self.left(job) == [], f"left behind by {job} on {self.provider}"
 
 
 def _processes(job: str) -> list[str]:
+    """The job's processes, and its detached controller (done once it has torn down)."""
+    from trainctl.node.procs import CONTROLLER_TAG, find_tagged
+
     found = job_processes(job)
-    return [f"processes {found}"] if found else []
+    controller = find_tagged(CONTROLLER_TAG, job)
+    return ([f"processes {found}"] if found else []) + (
+        [f"controller {controller}"] if controller else []
+    )
 
 
 @pytest.fixture(params=PROVIDERS)
@@ -185,7 +194,12 @@ def test_a_notice_ends_the_attempt_at_an_emergency_checkpoint_losing_no_step(rig
     assert info["state"] == "Completed", info
     first, second = info["attempts"]
     assert first["outcome"] == "interrupted" and "notice" in first["cause"], first
-    assert first["steps_lost"] == 0, first
+    logs = "\n".join(
+        job.store.get_text(f"jobs/{job.name}/logs/attempt-{a}/node-{r}.log")[-3000:]
+        for a in (1, 2)
+        for r in (0, 1)
+    )
+    assert first["steps_lost"] == 0, (info["attempts"], logs)
     assert second["resumed_from_step"] == first["last_step"], info["attempts"]
     rig.assert_nothing_left(job.name)
 
