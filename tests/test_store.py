@@ -231,6 +231,42 @@ def test_missing_raises_not_found(store: Store, tmp_path: Path) -> None:
     assert not (tmp_path / "dl" / "f").exists()
 
 
+def test_put_if_is_a_compare_and_swap(store: Store) -> None:
+    """Create only if absent; replace only at the version read; a stale version loses."""
+    first = store.put_if("jobs/j/lease.json", b"one", version=None)
+    assert first is not None
+    assert store.put_if("jobs/j/lease.json", b"two", version=None) is None  # exists
+    data, version = store.get_versioned("jobs/j/lease.json")
+    assert (data, version) == (b"one", first)
+    second = store.put_if("jobs/j/lease.json", b"two", version=version)
+    assert second is not None and second != first
+    assert store.put_if("jobs/j/lease.json", b"three", version=first) is None  # stale
+    assert store.get_bytes("jobs/j/lease.json") == b"two"
+    assert _keys(store, "jobs") == ["jobs/j/lease.json"]  # no lock file listed
+
+
+def test_put_if_lets_exactly_one_of_racing_writers_win(store: Store) -> None:
+    import threading
+
+    store.put_bytes("race.json", b"stale")
+    _, version = store.get_versioned("race.json")
+    wins: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def take(n: int) -> None:
+        barrier.wait()
+        if store.put_if("race.json", f"writer {n}".encode(), version=version):
+            wins.append(f"writer {n}")
+
+    threads = [threading.Thread(target=take, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1
+    assert store.get_text("race.json") == wins[0]
+
+
 def test_child(store: Store) -> None:
     child = store.child("jobs/j1")
     assert child.uri == store.url("jobs/j1")

@@ -73,6 +73,10 @@ class JobKeys:
     def node_result(self, attempt: int, rank: int) -> str:
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.result.json"
 
+    def node_status(self, attempt: int, rank: int) -> str:
+        """The node's heartbeat and progress, written by its agent (see node.output)."""
+        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.status.json"
+
     def notice(self, attempt: int, rank: int) -> str:
         """An interruption notice for one node (fault injection, or any provider's relay)."""
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.notice.json"
@@ -284,17 +288,11 @@ class JobStore:
             return None
 
     # -- lease ---------------------------------------------------------------------------
-    def write_lease(self, holder: dict[str, Any]) -> None:
-        self.store.put_text(self.keys.lease, json.dumps({**holder, "renewed_at": time.time()}))
-
     def read_lease(self) -> dict[str, Any] | None:
         try:
             return dict(json.loads(self.store.get_text(self.keys.lease)))
         except NotFoundError:
             return None
-
-    def release_lease(self) -> None:
-        self.store.delete(self.keys.lease)
 
 
 def list_jobs(store: Store) -> list[JobRecord]:

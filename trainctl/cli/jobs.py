@@ -9,9 +9,11 @@ from typing import Any
 import typer
 
 from trainctl.cli.app import (
+    EXIT_FAILED,
     OutputOpt,
     app,
     check_output,
+    err,
     handle_errors,
     print_json,
 )
@@ -25,12 +27,15 @@ def jobs(output: str = OutputOpt) -> None:
     from rich.table import Table
 
     from trainctl.controller.submit import default_store
-    from trainctl.record import list_jobs
+    from trainctl.controller.supervise import controller_view
+    from trainctl.record import JobStore, list_jobs
 
     check_output(output)
-    records = list_jobs(default_store())
+    store = default_store()
+    records = list_jobs(store)
+    views = {r.name: controller_view(JobStore(store, r.name), r) for r in records}
     if output == "json":
-        print_json([r.describe() for r in records])
+        print_json([{**r.describe(), "controller": views[r.name]} for r in records])
         return
     table = Table(box=None, header_style="bold")
     for col in ("NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
@@ -38,7 +43,7 @@ def jobs(output: str = OutputOpt) -> None:
     for r in records:
         table.add_row(
             r.name,
-            _state_text(r.state.value),
+            _state_text(r.state.value, views[r.name]),
             f"{r.spec.instance_count} x {r.spec.instance_type}",
             r.created_at.replace("T", " ")[:19],
             _duration(r.duration_s),
@@ -47,11 +52,16 @@ def jobs(output: str = OutputOpt) -> None:
     Console().print(table)
 
 
-def _state_text(state: str) -> Any:
+def _state_text(state: str, controller: dict[str, Any] | None = None) -> Any:
+    """The state; for a job whose controller is lost, how long ago it went silent (the
+    record says Training, but nobody is watching it: `trainctl attach` takes it over)."""
     from rich.text import Text
 
     colour = {"Completed": "green", "Failed": "red", "Stopped": "yellow"}.get(state, "cyan")
-    return Text(state, style=colour)
+    text = Text(state, style=colour)
+    if controller and controller.get("lost"):
+        text.append(f" — controller lost {controller['silent_seconds']:.0f} s ago", style="red")
+    return text
 
 
 def _duration(seconds: float | None) -> str:
@@ -70,11 +80,14 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
     from rich.table import Table
 
     from trainctl.controller.submit import default_store
+    from trainctl.controller.supervise import controller_view
     from trainctl.record import JobStore
 
     check_output(output)
-    record = JobStore(default_store(), job).load()
-    info = record.describe()
+    jobs = JobStore(default_store(), job)
+    record = jobs.load()
+    controller = controller_view(jobs, record)
+    info = {**record.describe(), "controller": controller}
     if output == "json":
         print_json(info)
         return
@@ -84,7 +97,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
     table.add_column(overflow="fold")
     rows = [
         ("name", record.name),
-        ("state", _state_text(record.state.value)),
+        ("state", _state_text(record.state.value, controller)),
         ("instances", f"{record.spec.instance_count} x {record.spec.instance_type}"),
         ("launcher", record.spec.launcher),
         ("entry point", f"{record.spec.entry_point} (in {record.spec.source_dir})"),
@@ -148,10 +161,38 @@ def logs(
     job: str = typer.Argument(..., help="Job name."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
 ) -> None:
-    """Print every node's log (all attempts) from the store."""
+    """Print every node's log (all attempts) from the store; -f follows until the job ends
+    (or its controller is lost: `trainctl attach` then takes it over)."""
     from trainctl.estimator import TrainingJob
 
-    TrainingJob.attach(job).logs(follow=follow)
+    handle = TrainingJob.attach(job)
+    handle.logs(follow=follow)
+    if follow and (controller := handle.describe()["controller"]) and controller["lost"]:
+        err(
+            f"job {job}'s controller is lost ({controller['silent_seconds']:.0f} s silent); "
+            f"`trainctl attach {job}` takes it over"
+        )
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@handle_errors
+def attach(job: str = typer.Argument(..., help="Job name.")) -> None:
+    """Follow a job's logs to its end, like submit; if its controller is lost (killed, a
+    closed laptop), take the job over: adopt its running nodes, or finish or relaunch it."""
+    from trainctl.controller.logs import LogPrinter
+    from trainctl.controller.submit import default_store
+    from trainctl.controller.supervise import supervise
+    from trainctl.estimator import TrainingJob, _print_summary
+    from trainctl.state import JobState
+
+    store = default_store()
+    TrainingJob.attach(job)  # one line if there is no such job
+    printer = LogPrinter(sys.stdout)
+    final = supervise(store, job, printer=printer)
+    _print_summary(printer, final)
+    if final.state is not JobState.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()

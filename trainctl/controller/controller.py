@@ -21,7 +21,7 @@ from trainctl.controller.attempts import AttemptEnd, LiveNode, count_step, settl
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.plan import agent_argv, agent_env
-from trainctl.errors import UnrunnableJobError
+from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
@@ -43,6 +43,10 @@ MAX_ATTEMPTS_NEVER_STARTED = 3
 MACHINE_CHECK_SECONDS = 5.0
 
 
+class LeaseLost(Exception):
+    """Another controller took the job over while this one ran it."""
+
+
 class Controller:
     def __init__(
         self,
@@ -51,8 +55,12 @@ class Controller:
         *,
         printer: LogPrinter | None = None,
         provider: Provider | None = None,
+        log_offsets: dict[tuple[int, int], int] | None = None,
     ) -> None:
+        """`log_offsets`: (attempt, rank) -> bytes of a node's log already printed by this
+        process (it followed the job before taking it over): adopted nodes go on from there."""
         self.store = store
+        self.log_offsets = dict(log_offsets or {})
         self.jobs = JobStore(store, name)
         self.name = name
         self.printer = printer
@@ -76,6 +84,7 @@ class Controller:
         self._machines_lost: dict[int, str] = {}
         # Each fault fires once, in the first attempt that trains long enough.
         self._pending_faults = list(self.record.spec.parsed_faults)
+        self._lease: Lease | None = None
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
         ]
@@ -110,17 +119,24 @@ class Controller:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             raise
+        self._lease = lease
+        taken_over = False
         try:
             self._run_attempts()
+        except LeaseLost:
+            # Another controller runs the job now: its nodes, its record. Touch nothing.
+            taken_over = True
+            self._info(f"job {self.name}: taken over by another controller; following it")
         except Exception as exc:
             self._end(JobState.FAILED, reason=f"controller error: {exc}")
             raise
         finally:
-            self._teardown()
+            if not taken_over:
+                self._teardown()
             lease.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return self.record
+        return self.jobs.load() if taken_over else self.record
 
     def _info(self, message: str) -> None:
         if self.printer:
@@ -131,18 +147,27 @@ class Controller:
         spec = self.record.spec
         user_failures = sum(1 for a in self.record.attempts if a.outcome == "failed")
         never_started = 0  # attempts in a row whose nodes never all started training
+        # A job whose last attempt never ended lost its controller: this one takes it over.
+        adopted = (
+            self._take_over()
+            if self.record.attempts and (self.record.attempts[-1].ended_at is None)
+            else None
+        )
         while True:
-            if reason := self.jobs.stop_requested() or self._time_limit_reached():
-                self._end(JobState.STOPPED, stop_reason=reason)
-                return
-            attempt = len(self.record.attempts) + 1
-            try:
-                end = self._run_attempt(attempt)
-            except UnrunnableJobError as exc:
-                if len(self.record.attempts) == attempt:  # recorded: close it
-                    self._close_attempt(AttemptEnd("failed", str(exc)))
-                self._end(JobState.FAILED, reason=str(exc))
-                return
+            if adopted is not None:
+                attempt, end, adopted = self.record.attempts[-1].number, adopted, None
+            else:
+                if reason := self.jobs.stop_requested() or self._time_limit_reached():
+                    self._end(JobState.STOPPED, stop_reason=reason)
+                    return
+                attempt = len(self.record.attempts) + 1
+                try:
+                    end = self._run_attempt(attempt)
+                except UnrunnableJobError as exc:
+                    if len(self.record.attempts) == attempt:  # recorded: close it
+                        self._close_attempt(AttemptEnd("failed", str(exc)))
+                    self._end(JobState.FAILED, reason=str(exc))
+                    return
             self._close_attempt(end)
             if end.outcome == "completed":
                 self._complete()
@@ -209,19 +234,76 @@ class Controller:
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
 
     def _start_agents(self, cluster: ClusterInfo) -> dict[int, LiveNode]:
-        nodes: dict[int, LiveNode] = {}
+        procs: dict[int, RunningProcess] = {}
         for node in cluster.nodes:
             python = self.provider.agent_python(cluster, node.rank)
             argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
-            proc = self.provider.start_agent(cluster, node.rank, argv, agent_env(self.settings))
-            nodes[node.rank] = LiveNode(node.rank, proc, last_seen=time.monotonic())
+            procs[node.rank] = self.provider.start_agent(
+                cluster, node.rank, argv, agent_env(self.settings)
+            )
+        self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(procs))
+        return self._follow(cluster, procs)
+
+    def _take_over(self) -> AttemptEnd:
+        """The unfinished attempt of a controller that died, reconciled from the store: nodes
+        that finished are recorded from their results, nodes still alive are adopted (their
+        logs, progress and results followed through the store: no step lost, no relaunch),
+        and when every node is gone the attempt ends with cause "controller lost"."""
+        from trainctl.transport.store import StoreFollower
+
+        current = self.record.attempts[-1]
+        self.jobs.event("takeover", attempt=current.number, **self._lease_holder())
+        self._info(f"job {self.name}: taking over attempt {current.number} from a lost controller")
+        try:
+            cluster = ClusterInfo.model_validate_json(
+                self.store.get_text(self.jobs.keys.cluster(current.number))
+            )
+        except NotFoundError:  # it died before its nodes were started
+            return AttemptEnd("interrupted", "controller lost")
+        procs: dict[int, StoreFollower] = {
+            node.rank: StoreFollower(
+                self.store,
+                self.name,
+                cluster.attempt,
+                node.rank,
+                lost_after=self.settings.heartbeat_timeout_seconds,
+                kill=lambda rank=node.rank: self.provider.kill_node(cluster, rank),
+                log_offset=self.log_offsets.get((cluster.attempt, node.rank), 0),
+            )
+            for node in cluster.nodes
+        }
+        states = {rank: proc.state() for rank, proc in procs.items()}
+        for proc in procs.values():  # the progress the dead controller had not saved
+            status = proc.status() or {}
+            if isinstance(status.get("step"), int):
+                count_step(current, "step", status["step"])
+            if isinstance(status.get("checkpoint"), int):
+                count_step(current, "checkpoint", status["checkpoint"])
+        if all(state == "gone" for state in states.values()):
+            return AttemptEnd("interrupted", "controller lost")
+        end = self._watch(cluster, self._follow(cluster, dict(procs)))
+        if end.outcome == "interrupted" and not any(
+            proc.beats_after_adoption or proc.result() for proc in procs.values()
+        ):  # their last heartbeats were still fresh, but they had gone with the controller
+            return AttemptEnd("interrupted", "controller lost")
+        return end
+
+    def _lease_holder(self) -> dict[str, Any]:
+        return {k: self._lease.holder[k] for k in ("host", "pid")} if self._lease else {}
+
+    def _follow(
+        self, cluster: ClusterInfo, procs: dict[int, RunningProcess]
+    ) -> dict[int, LiveNode]:
+        """Follow the nodes of an attempt: a pump per node, and the provider's machines."""
+        nodes: dict[int, LiveNode] = {}
+        for rank, proc in procs.items():
+            nodes[rank] = LiveNode(rank, proc, last_seen=time.monotonic())
             threading.Thread(
                 target=self._pump,
-                args=(cluster.attempt, node.rank, proc),
-                name=f"node-{node.rank}",
+                args=(cluster.attempt, rank, proc),
+                name=f"node-{rank}",
                 daemon=True,
             ).start()
-        self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(nodes))
         self._nodes = nodes
         self._training_started = None
         self._notices = {}
@@ -284,6 +366,8 @@ class Controller:
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
         first_abnormal: float | None = None
         while True:
+            if self._lease is not None and self._lease.lost.is_set():
+                raise LeaseLost(self.name)
             try:
                 attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
             except queue.Empty:

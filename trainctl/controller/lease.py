@@ -1,14 +1,26 @@
 """The controller's lease: jobs/<job>/lease.json, renewed while a controller runs the job, so
-other processes can tell a live controller from a dead one."""
+other processes can tell a live controller from a dead one, and so that exactly one process
+controls a job.
+
+Every write of the lease is a compare and swap on the store (`Store.put_if`: S3's
+If-None-Match/If-Match, a locked compare for file://): a controller takes a missing or stale
+lease only if nobody wrote it since it looked, and renews it only while it is still the one
+it wrote. Two clients that race to take over a job whose controller died: one wins, the other
+gets LeaseHeld. A controller whose renewal finds someone else's lease has been taken over
+(it was too slow, or thought dead): `lost` is set and it stops acting on the job.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
-from trainctl.errors import TrainctlError
+from trainctl.errors import NotFoundError, TrainctlError
 from trainctl.record import JobStore
 
 
@@ -16,42 +28,102 @@ class LeaseHeld(TrainctlError):
     pass
 
 
+@dataclass(frozen=True)
+class LeaseView:
+    """What a reader knows of a job's controller."""
+
+    holder: dict[str, Any] | None  # host, pid, started, renewed_at (None: no lease written)
+    live: bool
+    silent_seconds: float | None  # since the last renewal (None: never renewed)
+
+
+def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
+    """Whether the lease's holder is alive: renewed within `seconds`, not released, and (on
+    this host) its process still exists, so a controller killed here is known dead at once."""
+    if not lease or "renewed_at" not in lease:
+        return LeaseView(lease, False, None)
+    silent = max(0.0, time.time() - float(lease["renewed_at"]))
+    if silent > seconds:
+        return LeaseView(lease, False, silent)
+    if lease.get("host") == socket.gethostname():
+        from trainctl.node.procs import alive
+
+        try:
+            if not alive(int(lease.get("pid", 0))):  # gone, or a zombie nobody reaped yet
+                return LeaseView(lease, False, silent)
+        except ValueError:
+            pass
+    return LeaseView(lease, True, silent)
+
+
 class Lease:
-    """Renews jobs/<job>/lease.json so other processes can tell a live controller."""
+    """Takes and renews jobs/<job>/lease.json for this process (see the module docstring)."""
 
     def __init__(self, jobs: JobStore, seconds: float) -> None:
         self.jobs = jobs
         self.seconds = seconds
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self.holder: dict[str, Any] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+        }
+        self.lost = threading.Event()  # another process took the job over
+        self._version: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
 
+    def _payload(self, **extra: Any) -> bytes:
+        return json.dumps({**self.holder, "renewed_at": time.time(), **extra}).encode()
+
     def acquire(self) -> None:
-        current = self.jobs.read_lease()
-        if current and time.time() - float(current.get("renewed_at", 0)) < self.seconds:
-            if (current.get("host"), current.get("pid")) != (
-                self.holder["host"],
-                self.holder["pid"],
-            ):
-                raise LeaseHeld(
-                    f"job {self.jobs.name!r} is controlled by pid {current.get('pid')} on "
-                    f"{current.get('host')}"
-                )
-        self.jobs.write_lease(self.holder)
+        """Take the lease if nobody holds it (missing, released or stale); else LeaseHeld."""
+        key = self.jobs.keys.lease
+        try:
+            data, version = self.jobs.store.get_versioned(key)
+            current: dict[str, Any] | None = json.loads(data)
+        except NotFoundError:
+            current, version = None, None
+        except ValueError:  # unreadable: treat as stale, the compare still guards the write
+            current, version = None, self.jobs.store.get_versioned(key)[1]
+        view = view_lease(current, self.seconds)
+        ours = current and (current.get("host"), current.get("pid")) == (
+            self.holder["host"],
+            self.holder["pid"],
+        )
+        if view.live and not ours:
+            assert current is not None
+            raise LeaseHeld(
+                f"job {self.jobs.name!r} is controlled by pid {current.get('pid')} on "
+                f"{current.get('host')}"
+            )
+        written = self.jobs.store.put_if(key, self._payload(), version=version)
+        if written is None:
+            raise LeaseHeld(f"job {self.jobs.name!r} was just taken over by another process")
+        self._version = written
         self._thread.start()
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):
             try:
-                self.jobs.write_lease(self.holder)
+                written = self.jobs.store.put_if(
+                    self.jobs.keys.lease, self._payload(), version=self._version
+                )
             except Exception:  # a missed renewal is survivable; the next one retries
-                pass
+                continue
+            if written is None:  # someone took the job over: stop acting on it
+                self.lost.set()
+                return
+            self._version = written
 
     def release(self) -> None:
+        """Mark the lease released (readers and nodes see no controller), if still ours."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self.lost.is_set() or self._version is None:
+            return
+        released = json.dumps({**self.holder, "released_at": time.time()}).encode()
         try:
-            self.jobs.release_lease()
+            self.jobs.store.put_if(self.jobs.keys.lease, released, version=self._version)
         except Exception:
             pass

@@ -42,6 +42,67 @@ class LogPrinter:
         self.console.print(Text(f"[trainctl] {message}", style="bold"))
 
 
+class LogFollower:
+    """Prints every attempt's node logs from the store, each line once, as they grow."""
+
+    def __init__(
+        self, store, name: str, printer: LogPrinter, attempts: list[int] | None = None
+    ) -> None:
+        from trainctl.record import JobKeys
+
+        self.store, self.printer, self.attempts = store, printer, attempts
+        self.keys = JobKeys(name)
+        self._offsets: dict[str, int] = {}
+        self._partial: dict[str, bytes] = {}
+
+    def _attempts_now(self) -> list[int]:
+        found = []
+        for d in self.store.list_dirs(f"{self.keys.prefix}/logs"):
+            if d.startswith("attempt-") and d[8:].isdigit():
+                found.append(int(d[8:]))
+        found.sort()
+        return found if self.attempts is None else [a for a in found if a in self.attempts]
+
+    def drain(self) -> None:
+        from trainctl.errors import NotFoundError
+
+        for attempt in self._attempts_now():
+            for info in self.store.list(self.keys.logs_dir(attempt)):
+                leaf = info.key.rsplit("/", 1)[-1]
+                if not (leaf.startswith("node-") and leaf.endswith(".log")):
+                    continue
+                rank = int(leaf[5:-4])
+                start = self._offsets.get(info.key, 0)
+                if info.size <= start:
+                    continue
+                try:
+                    chunk = self.store.get_range(info.key, start)
+                except NotFoundError:
+                    continue
+                self._offsets[info.key] = start + len(chunk)
+                *lines, rest = (self._partial.pop(info.key, b"") + chunk).split(b"\n")
+                if rest:
+                    self._partial[info.key] = rest
+                for line in lines:
+                    text = line.decode("utf-8", errors="replace")
+                    self.printer.node_line(rank, text, attempt=attempt)
+
+    def line_offsets(self) -> dict[tuple[int, int], int]:
+        """(attempt, rank) -> bytes of that log printed as whole lines so far."""
+        out = {}
+        for key, offset in self._offsets.items():
+            attempt = int(key.split("/logs/attempt-", 1)[1].split("/", 1)[0])
+            rank = int(key.rsplit("/", 1)[-1][5:-4])
+            out[(attempt, rank)] = offset - len(self._partial.get(key, b""))
+        return out
+
+    def flush(self) -> None:
+        for key, rest in self._partial.items():  # a last line without newline
+            rank = int(key.rsplit("/", 1)[-1][5:-4])
+            self.printer.node_line(rank, rest.decode("utf-8", errors="replace"))
+        self._partial.clear()
+
+
 def follow_logs(
     store,
     name: str,
@@ -52,49 +113,12 @@ def follow_logs(
     poll: float = 0.5,
     attempts: list[int] | None = None,
 ) -> None:
-    """Print every attempt's node logs from the store; with `follow`, until the job ends."""
-    from trainctl.errors import NotFoundError
-    from trainctl.record import JobKeys
-
-    keys = JobKeys(name)
-    offsets: dict[str, int] = {}
-    partial: dict[str, str] = {}
-
-    def attempts_now() -> list[int]:
-        found = []
-        for d in store.list_dirs(f"{keys.prefix}/logs"):
-            if d.startswith("attempt-") and d[8:].isdigit():
-                found.append(int(d[8:]))
-        return sorted(found) if attempts is None else [a for a in sorted(found) if a in attempts]
-
-    def drain() -> None:
-        for attempt in attempts_now():
-            for info in store.list(keys.logs_dir(attempt)):
-                leaf = info.key.rsplit("/", 1)[-1]
-                if not (leaf.startswith("node-") and leaf.endswith(".log")):
-                    continue
-                rank = int(leaf[5:-4])
-                start = offsets.get(info.key, 0)
-                if info.size <= start:
-                    continue
-                try:
-                    chunk = store.get_range(info.key, start)
-                except NotFoundError:
-                    continue
-                offsets[info.key] = start + len(chunk)
-                text = partial.pop(info.key, "") + chunk.decode("utf-8", errors="replace")
-                lines = text.split("\n")
-                if lines[-1]:
-                    partial[info.key] = lines[-1]
-                for line in lines[:-1]:
-                    printer.node_line(rank, line, attempt=attempt)
-
+    """Print every attempt's node logs from the store; with `follow`, until `is_done()`."""
+    follower = LogFollower(store, name, printer, attempts)
     while True:
         done = is_done()
-        drain()
+        follower.drain()
         if not follow or done:
             break
         time.sleep(poll)
-    for key, rest in partial.items():  # a last line without newline
-        rank = int(key.rsplit("/", 1)[-1][5:-4])
-        printer.node_line(rank, rest)
+    follower.flush()

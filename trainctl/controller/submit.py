@@ -164,20 +164,9 @@ def spawn_controller(store: Store, name: str) -> int:
 
 
 def lease_is_live(jobs: JobStore) -> bool:
-    lease = jobs.read_lease()
-    if not lease:
-        return False
-    if time.time() - float(lease.get("renewed_at", 0)) > get_settings().lease_seconds:
-        return False
-    if lease.get("host") == socket.gethostname():
-        pid = int(lease.get("pid", 0))
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-    return True
+    from trainctl.controller.lease import view_lease
+
+    return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
 
 
 def job_is_live(store: Store, name: str) -> bool:

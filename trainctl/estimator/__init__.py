@@ -51,7 +51,14 @@ class TrainingJob:
         return JobStore(self.store, self.name).load()
 
     def describe(self) -> dict[str, Any]:
-        return self._record().describe()
+        """The job's record; for a job that has not ended, `controller` says whether its
+        controller is live or lost (and for how long it has been silent)."""
+        from trainctl.controller.supervise import controller_view
+        from trainctl.record import JobStore
+
+        jobs = JobStore(self.store, self.name)
+        record = jobs.load()
+        return {**record.describe(), "controller": controller_view(jobs, record)}
 
     @property
     def state(self) -> JobState:
@@ -67,12 +74,14 @@ class TrainingJob:
         return JobStore(self.store, self.name).events()
 
     def wait(self, logs: bool = False, timeout: float | None = None, raise_on_failure: bool = True):
-        """Block until the job ends; with `logs`, stream its node logs meanwhile."""
-        from trainctl.controller.submit import wait_for
+        """Block until the job ends; with `logs`, stream its node logs meanwhile. A job
+        whose controller is lost (killed, a closed laptop) is taken over by this process,
+        which then runs it to its end: waiting never hangs on a dead controller."""
+        from trainctl.controller.logs import LogPrinter
+        from trainctl.controller.supervise import supervise
 
-        if logs:
-            self.logs(follow=True)
-        record = wait_for(self.store, self.name, timeout=timeout)
+        printer = LogPrinter(sys.stdout) if logs else None
+        record = supervise(self.store, self.name, printer=printer, timeout=timeout)
         if raise_on_failure and record.state is not JobState.COMPLETED:
             raise JobFailedError(self, record)
         return record.describe()
@@ -85,8 +94,18 @@ class TrainingJob:
             self.name,
             LogPrinter(stream or sys.stdout),
             follow=follow,
-            is_done=lambda: self._record().state.is_terminal(),
+            is_done=self._ended_or_unwatched,
         )
+
+    def _ended_or_unwatched(self) -> bool:
+        """Following logs ends with the job, or when nobody controls it any more."""
+        from trainctl.controller.supervise import controller_view
+        from trainctl.record import JobStore
+
+        jobs = JobStore(self.store, self.name)
+        record = jobs.load()
+        view = controller_view(jobs, record)
+        return view is None or bool(view["lost"])
 
     def stop(self, wait: bool = True) -> dict[str, Any]:
         from trainctl.controller.submit import stop_job

@@ -25,7 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainctl.node.output import LogShipper, console, emit, failure_from_output, yielding
+from trainctl.node.output import (
+    LogShipper,
+    NodeStatus,
+    console,
+    emit,
+    failure_from_output,
+    yielding,
+)
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.node.procs import children, descendants, signal_all
 from trainctl.node.staging import pack_directory, stage_channel, write_json
@@ -60,6 +67,8 @@ class Agent:
         self.orphaned = False  # the controller's lease went stale past the orphan timeout
         self._notice_lock = threading.Lock()
         self.preempted_at: int | None = None  # step of the script's emergency checkpoint
+        self.status = NodeStatus(rank)
+        self.finished = False  # the result is being recorded: no more status writes
         self.sync = None
         log_path = self.layout.output / "node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +232,7 @@ class Agent:
             if self.notice is not None:
                 return
             self.notice = detail or "interruption notice"
-        emit("notice", rank=self.rank)
+        self.say("notice")
         self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
         grace = self.settings.notice_grace_seconds
         proc = self.proc
@@ -249,10 +258,29 @@ class Agent:
                 return workers
         return [proc.pid]
 
+    def say(self, event: str, **fields: Any) -> None:
+        """A control message of the agent's own, for the controller and the node's status."""
+        self.status.observe({"event": event})
+        emit(event, rank=self.rank, **fields)
+        if event != "heartbeat":
+            self.write_status()
+
+    def write_status(self) -> None:
+        if self.finished:
+            return
+        try:
+            key = self.jobs.keys.node_status(self.attempt, self.rank)
+            self.store.put_text(key, json.dumps(self.status.snapshot()))
+        except Exception as exc:  # the store retries; a missed beat is not a lost node
+            self.log(f"could not record the node's status: {exc}")
+
     def heartbeat(self) -> None:
-        while not self.stopping:
+        """On the controller's pipe, and in the store for a controller that takes over."""
+        self.write_status()
+        while not self.stopping and not self.finished:
             time.sleep(self.settings.heartbeat_seconds)
             emit("heartbeat", rank=self.rank)
+            self.write_status()
 
     def run(self) -> int:
         from trainctl.launcher import build_node_command
@@ -273,7 +301,7 @@ class Agent:
             return self.finish(EXIT_INFRA, f"node setup failed: {exc}", None)
         command = build_node_command(self.spec, self.cluster, self.rank, python=python)
         if not command.argv:
-            emit("idle", rank=self.rank)
+            self.say("idle")
             self.log("this host runs no launcher of its own; waiting for the job to end")
             while not self.stopping:
                 time.sleep(0.5)
@@ -295,7 +323,7 @@ class Agent:
             )
         except OSError as exc:
             return self.finish(EXIT_INFRA, f"cannot start {command.argv[0]}: {exc}", None)
-        emit("launched", rank=self.rank, pid=self.proc.pid)
+        self.say("launched", pid=self.proc.pid)
         # From here on this thread forwards the workers' output: it yields to them (the
         # launcher, already started, keeps its priority).
         yield_cpu_to_training()
@@ -304,6 +332,7 @@ class Agent:
             line = line.rstrip("\n")
             msg = parse_control(line)
             if msg is not None:  # the script's progress messages: for the controller only
+                self.status.observe(msg)
                 if msg.get("event") == "preempted":
                     self.preempted_at = int(msg.get("step", 0))
                 if msg.get("event") in ("checkpoint", "preempted") and self.sync is not None:
@@ -332,7 +361,7 @@ class Agent:
 
     def succeed(self) -> int:
         if self.rank == 0:
-            emit("uploading", rank=self.rank)
+            self.say("uploading")
             try:
                 self.upload_outputs()
             except Exception as exc:
@@ -354,6 +383,8 @@ class Agent:
                 self.log(f"output data: {out.url('output.tar.gz')}")
 
     def finish(self, code: int, reason: str | None, detail: str | None) -> int:
+        self.write_status()  # the last progress, before the result says the node is done
+        self.finished = True
         if self.sync is not None:
             try:  # the emergency checkpoint, or the last periodic one, goes up before we go
                 self.sync.close()
@@ -371,13 +402,15 @@ class Agent:
             "preempted": code == EXIT_PREEMPTED,
             "notice": self.notice,
         }
+        # The log's last lines go up before the result: whoever reads the result from the
+        # store (a controller that took over) then has the whole log.
+        self.logs.close()
         try:
             self.store.put_text(
                 self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
             )
         except Exception as exc:
             sys.stderr.write(f"[trainctl] could not record the node result: {exc}\n")
-        self.logs.close()
         emit("result", **result)
         return code
 

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,35 @@ def yielding(work: Callable[[], None]) -> Callable[[], None]:
         work()
 
     return run
+
+
+class NodeStatus:
+    """What a node has said so far, kept as one small object that the agent writes to the
+    store with every heartbeat (`attempts/attempt-<k>/node-<r>.status.json`): how a
+    controller that did not start the node (a takeover) knows it is alive and where it is."""
+
+    def __init__(self, rank: int) -> None:
+        self._lock = threading.Lock()
+        self.fields: dict[str, Any] = {"rank": rank}
+
+    def observe(self, msg: dict[str, Any]) -> None:
+        event, step = msg.get("event"), msg.get("step")
+        with self._lock:
+            f = self.fields
+            if event in ("launched", "idle", "uploading", "notice"):
+                f[event] = True
+            elif event == "resumed" and isinstance(step, int):
+                f.setdefault("resumed", step)
+            elif event in ("step", "checkpoint", "preempted") and isinstance(step, int):
+                f["step"] = max(step, f.get("step", step))
+                if event == "checkpoint":
+                    f["checkpoint"] = step
+                if event == "preempted":
+                    f["preempted"] = step
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.fields, "time": time.time()}
 
 
 def emit(event: str, **fields: Any) -> None:

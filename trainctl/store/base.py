@@ -68,6 +68,15 @@ class Store(ABC):
     def append_bytes(self, key: str, data: bytes) -> None:
         """Append to an object (created if missing). One writer per key at a time."""
 
+    @abstractmethod
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """(data, version) of an object: the version `put_if` compares. NotFoundError."""
+
+    @abstractmethod
+    def put_if(self, key: str, data: bytes, *, version: str | None) -> str | None:
+        """Compare and swap: write only if the object is still at `version` (None: only if it
+        does not exist). The new version, or None when another writer got there first."""
+
     def put_text(self, key: str, text: str) -> None:
         self.put_bytes(key, text.encode())
 

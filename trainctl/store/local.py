@@ -7,10 +7,13 @@ one, never a torn write. Temp files are named `.<name>.tmp-<random>` so that `li
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainctl.errors import NotFoundError, StoreError
@@ -117,6 +120,34 @@ class LocalStore(Store):
                 f.write(data)
 
         self._wrap_os(key, lambda: self._in_parent(target, append))
+
+    # -- compare and swap --------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        """An exclusive lock on a lock file beside `path` (every conditional writer of the
+        key takes it, across processes; flock ends with the process that holds it)."""
+        lock = path.with_name(f".{path.name}{_TMP_MARK}lock")  # never listed as an object
+        self._in_parent(lock, lambda: lock.touch(exist_ok=True))
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get_bytes(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, *, version: str | None) -> str | None:
+        path = self._path(key)
+        with self._locked(path):
+            try:
+                current: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                return None
+            self.put_bytes(key, data)
+        return hashlib.sha256(data).hexdigest()
 
     # -- reads ------------------------------------------------------------------------------
 

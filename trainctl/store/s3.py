@@ -178,6 +178,35 @@ class S3Store(Store):
             old = b""
         self.put_bytes(key, old + data)
 
+    # -- compare and swap --------------------------------------------------------------------
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        full = self._key(key)
+        with self._errors(key, "get"):
+            resp = self.client.get_object(Bucket=self.bucket, Key=full)
+            return resp["Body"].read(), str(resp["ETag"])
+
+    def put_if(self, key: str, data: bytes, *, version: str | None) -> str | None:
+        """S3 conditional writes: If-None-Match: * to create, If-Match: <etag> to replace."""
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        with self._errors(key, "put"):
+            try:
+                resp = self.client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, **condition, **_SSE
+                )
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                code = exc.response.get("Error", {}).get("Code")
+                # 412: the condition failed; 409: a concurrent conditional write won; 404:
+                # If-Match on an object that is gone.
+                if status in (409, 412) or code in ("PreconditionFailed", *_NOT_FOUND_CODES):
+                    return None
+                raise
+        return str(resp["ETag"])
+
     # -- reads ------------------------------------------------------------------------------
 
     def get_bytes(self, key: str) -> bytes:
