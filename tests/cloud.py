@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import EXAMPLES, free_port, point_aws_at
+from tests.conftest import digits_estimator, free_port, point_aws_at
 from tests.imds_server import ImdsStandIn
 from tests.sshd import _environ, job_processes, kill_all
 from trainctl import Estimator
@@ -23,7 +23,6 @@ USER_SECRET = "submitter-secret-key-never-on-a-node"
 REGION = "us-east-1"
 PROFILE = "trainctl-node"
 HPS = {"epochs": 6, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
-TORCHRUN = {"torch_distributed": {"enabled": True}}
 TRUST_EC2 = {
     "Version": "2012-10-17",
     "Statement": [
@@ -172,15 +171,7 @@ def ec2_fields(cloud) -> dict:
 
 
 def ec2_digits(cloud, **kwargs) -> Estimator:
-    fields = {
-        "entry_point": "train.py",
-        "source_dir": str(EXAMPLES / "digits"),
-        "instance_count": 2,
-        "hyperparameters": HPS,
-        "distribution": TORCHRUN,
-        **ec2_fields(cloud),
-    }
-    return Estimator(**{**fields, **kwargs})
+    return digits_estimator(HPS, **{**ec2_fields(cloud), **kwargs})
 
 
 def job_resources(ec2, job: str) -> dict[str, list[str]]:

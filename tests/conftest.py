@@ -180,3 +180,18 @@ def sshd(home, tmp_path):
     finally:
         left = farm.stop_all()
     assert not left, f"processes started over ssh left running: {left}"
+
+
+def digits_estimator(hyperparameters: dict, /, **fields):
+    """examples/digits as a 2-node torchrun job, with the given fields on top (those
+    include `hyperparameters` to replace the default ones)."""
+    from trainctl import Estimator
+
+    base = {
+        "entry_point": "train.py",
+        "source_dir": str(EXAMPLES / "digits"),
+        "instance_count": 2,
+        "hyperparameters": hyperparameters,
+        "distribution": {"torch_distributed": {"enabled": True}},
+    }
+    return Estimator(**{**base, **fields})

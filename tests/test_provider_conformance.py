@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.cloud import cloud, ec2_fields, job_resources
-from tests.conftest import EXAMPLES, TRAINCTL
+from tests.conftest import TRAINCTL, digits_estimator
 from tests.sshd import job_processes
 from trainctl import Estimator
 from trainctl.controller.submit import default_store
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.e2e
 __all__ = ["cloud"]  # the fixture behind the EC2 rig
 
 PROVIDERS = ["local", "ssh", "aws"]
-TORCHRUN = {"torch_distributed": {"enabled": True}}
 # ~23 steps an epoch; the step delay only stretches time (~8 s of training), so a fault
 # sent after the first checkpoint lands mid-training even on a loaded machine. (A notice
 # that lands after the workers finished still ends the attempt as preempted: the job then
@@ -53,16 +52,7 @@ class Rig:
     left: Callable[[str], list[str]]  # what of a job is still there
 
     def estimator(self, **overrides: Any) -> Estimator:
-        fields = {
-            "entry_point": "train.py",
-            "source_dir": str(EXAMPLES / "digits"),
-            "instance_count": 2,
-            "hyperparameters": HPS,
-            "distribution": TORCHRUN,
-            **self.fields,
-        }
-        fields.update(overrides)
-        return Estimator(**fields)
+        return digits_estimator(HPS, **{**self.fields, **overrides})
 
     def assert_nothing_left(self, job: str) -> None:
         """Nothing of the job anywhere (a detached controller tears down just after it

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from trainctl.transport.ssh.errors import (
     RemoteCommandError,
     SshAuthError,
-    SshError,
     SshHostKeyError,
     SshUnreachable,
 )
@@ -51,19 +50,6 @@ if TYPE_CHECKING:
     import paramiko
 
     from trainctl.spec.capacity import SshHost
-
-__all__ = [
-    "RemoteCommandError",
-    "RemoteResult",
-    "SshAuthError",
-    "SshConnection",
-    "SshConnector",
-    "SshError",
-    "SshHostKeyError",
-    "SshUnreachable",
-    "default_user",
-    "host_label",
-]
 
 log = logging.getLogger("trainctl.ssh")
 
