@@ -165,9 +165,12 @@ def test_a_lost_node_is_relaunched_from_the_last_checkpoint(rig):
     assert info["state"] == "Completed", info
     first, second = info["attempts"]
     assert first["outcome"] == "interrupted" and first["cause"].startswith("algo-2 lost"), first
-    assert second["resumed_from_step"] >= checkpointed, info["attempts"]
-    assert second["resumed_from_step"] == first["last_checkpoint_step"], info["attempts"]
-    assert 0 <= first["steps_lost"] <= HPS["checkpoint-every"] + 1, first
+    # From the latest checkpoint that every node had uploaded: the newest one a node saved
+    # may not be complete when a node dies without warning (seen under load).
+    resumed = second["resumed_from_step"]
+    assert checkpointed <= resumed <= first["last_checkpoint_step"], info["attempts"]
+    assert resumed % HPS["checkpoint-every"] == 0, info["attempts"]
+    assert 0 <= first["steps_lost"] <= 2 * HPS["checkpoint-every"] + 1, first
     rig.assert_nothing_left(job.name)
 
 
