@@ -144,13 +144,9 @@ class TerminationEndsProcesses(threading.Thread):
             if job and rank.isdigit() and int(rank) < len(self.hosts):
                 home = str(self.hosts[int(rank)].home)
                 attempt = tags.get("trainctl:attempt")
+                wanted = {b"HOME": home.encode(), ATTEMPT_TAG.encode(): (attempt or "").encode()}
                 kill_all(
-                    [
-                        pid
-                        for pid in job_processes(job)
-                        if _environ(pid).get(b"HOME", b"").decode() == home
-                        and _environ(pid).get(ATTEMPT_TAG.encode(), b"").decode() == attempt
-                    ]
+                    [pid for pid in job_processes(job) if wanted.items() <= _environ(pid).items()]
                 )
 
     def stop(self) -> None:

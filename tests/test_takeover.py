@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import TRAINCTL
 from tests.sshd import job_processes, kill_all
 from tests.test_fault_tolerance import assert_bit_identical, digits, model_tensors
+from trainctl.node.procs import alive
 from trainctl.record import JobKeys, JobStore
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +52,9 @@ def _kill_controller(job) -> int:
     lease = json.loads(job.store.get_text(JobKeys(job.name).lease))
     pid = int(lease["pid"])
     os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10  # SIGKILL is sent at once, the process ends a bit later
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return pid
 
 

@@ -37,11 +37,16 @@ def under_trainctl() -> bool:
     return "TRAINCTL_JOB" in os.environ
 
 
+def message(event: str, **fields: Any) -> str:
+    """A control message as one line (without its newline)."""
+    return CONTROL_PREFIX + json.dumps({"event": event, **fields})
+
+
 def send(event: str, **fields: Any) -> None:
     """Send a control message from a training script (a no-op outside trainctl)."""
     if not under_trainctl():
         return
-    line = CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n"
+    line = message(event, **fields) + "\n"
     sys.stdout.write(line)  # one write: lines under PIPE_BUF stay whole between workers
     sys.stdout.flush()
 

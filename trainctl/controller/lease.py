@@ -72,19 +72,22 @@ class Lease:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
 
-    def _payload(self, **extra: Any) -> bytes:
-        return json.dumps({**self.holder, "renewed_at": time.time(), **extra}).encode()
+    def _payload(self) -> bytes:
+        return json.dumps({**self.holder, "renewed_at": time.time()}).encode()
 
     def acquire(self) -> None:
         """Take the lease if nobody holds it (missing, released or stale); else LeaseHeld."""
         key = self.jobs.keys.lease
+        current: dict[str, Any] | None = None
         try:
             data, version = self.jobs.store.get_versioned(key)
-            current: dict[str, Any] | None = json.loads(data)
         except NotFoundError:
-            current, version = None, None
-        except ValueError:  # unreadable: treat as stale, the compare still guards the write
-            current, version = None, self.jobs.store.get_versioned(key)[1]
+            version = None
+        else:
+            try:
+                current = json.loads(data)
+            except ValueError:  # unreadable: stale; the compare still guards the write
+                pass
         view = view_lease(current, self.seconds)
         ours = current and (current.get("host"), current.get("pid")) == (
             self.holder["host"],

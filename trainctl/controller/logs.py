@@ -52,8 +52,9 @@ class LogFollower:
 
         self.store, self.printer, self.attempts = store, printer, attempts
         self.keys = JobKeys(name)
-        self._offsets: dict[str, int] = {}
-        self._partial: dict[str, bytes] = {}
+        # per (attempt, rank): bytes printed as whole lines, and the line still incomplete
+        self._printed: dict[tuple[int, int], int] = {}
+        self._partial: dict[tuple[int, int], bytes] = {}
 
     def _attempts_now(self) -> list[int]:
         found = []
@@ -71,35 +72,30 @@ class LogFollower:
                 leaf = info.key.rsplit("/", 1)[-1]
                 if not (leaf.startswith("node-") and leaf.endswith(".log")):
                     continue
-                rank = int(leaf[5:-4])
-                start = self._offsets.get(info.key, 0)
+                node = (attempt, int(leaf[5:-4]))
+                pending = self._partial.get(node, b"")
+                start = self._printed.get(node, 0) + len(pending)
                 if info.size <= start:
                     continue
                 try:
                     chunk = self.store.get_range(info.key, start)
                 except NotFoundError:
                     continue
-                self._offsets[info.key] = start + len(chunk)
-                *lines, rest = (self._partial.pop(info.key, b"") + chunk).split(b"\n")
-                if rest:
-                    self._partial[info.key] = rest
+                *lines, rest = (pending + chunk).split(b"\n")
+                self._partial[node] = rest
+                self._printed[node] = start + len(chunk) - len(rest)
                 for line in lines:
                     text = line.decode("utf-8", errors="replace")
-                    self.printer.node_line(rank, text, attempt=attempt)
+                    self.printer.node_line(node[1], text, attempt=attempt)
 
     def line_offsets(self) -> dict[tuple[int, int], int]:
         """(attempt, rank) -> bytes of that log printed as whole lines so far."""
-        out = {}
-        for key, offset in self._offsets.items():
-            attempt = int(key.split("/logs/attempt-", 1)[1].split("/", 1)[0])
-            rank = int(key.rsplit("/", 1)[-1][5:-4])
-            out[(attempt, rank)] = offset - len(self._partial.get(key, b""))
-        return out
+        return dict(self._printed)
 
     def flush(self) -> None:
-        for key, rest in self._partial.items():  # a last line without newline
-            rank = int(key.rsplit("/", 1)[-1][5:-4])
-            self.printer.node_line(rank, rest.decode("utf-8", errors="replace"))
+        for (_attempt, rank), rest in self._partial.items():  # a last line without newline
+            if rest:
+                self.printer.node_line(rank, rest.decode("utf-8", errors="replace"))
         self._partial.clear()
 
 

@@ -4,7 +4,6 @@ read from a worker's output."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.node.priority import yield_cpu_to_training
-from trainctl.protocol import CONTROL_PREFIX
+from trainctl.protocol import message
 
 
 def console(text: str) -> None:
@@ -67,7 +66,7 @@ class NodeStatus:
 
 def emit(event: str, **fields: Any) -> None:
     """A control message for the controller, on the agent's own output."""
-    console(CONTROL_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+    console(message(event, **fields) + "\n")
 
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")

@@ -16,15 +16,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainctl.errors import NotFoundError, StoreError
-from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA
+from trainctl.errors import StoreError
+from trainctl.protocol import EXIT_INFRA, message
 from trainctl.record import JobKeys
 from trainctl.store import Store
 from trainctl.transport import RunningProcess
 
-# status field -> the control message a change of it stands for
+# Status fields, each standing for the control message of the same name: flags once set,
+# steps whenever they change.
 _FLAGS = ("launched", "idle", "notice", "uploading")
-_STEPS = (("resumed", "resumed"), ("step", "step"), ("checkpoint", "checkpoint"))
+_STEPS = ("resumed", "step", "checkpoint")
 
 
 class StoreFollower(RunningProcess):
@@ -59,10 +60,8 @@ class StoreFollower(RunningProcess):
     def _json(self, key: str) -> dict[str, Any] | None:
         try:
             return dict(json.loads(self.store.get_text(key)))
-        except NotFoundError:
-            return None
         except (StoreError, ValueError):
-            return None  # unreadable now (a store hiccup, a write in flight): next poll
+            return None  # not there (NotFoundError), or unreadable now: next poll
 
     def status(self) -> dict[str, Any] | None:
         return self._json(self.keys.node_status(self.attempt, self.rank))
@@ -81,9 +80,7 @@ class StoreFollower(RunningProcess):
     def _log_from(self, offset: int) -> bytes:
         try:
             return self.store.get_range(self.keys.log(self.attempt, self.rank), offset)
-        except NotFoundError:
-            return b""
-        except StoreError:
+        except StoreError:  # not shipped yet (NotFoundError), or a hiccup: next poll
             return b""
 
     # -- RunningProcess --------------------------------------------------------------------
@@ -103,14 +100,14 @@ class StoreFollower(RunningProcess):
                 if last_beat is not None:
                     self.beats_after_adoption += 1
                 last_beat = status["time"]
-                yield _control("heartbeat", rank=self.rank)
+                yield message("heartbeat", rank=self.rank)
             result = self.result()
             if result is not None:
                 rest = self._log_from(offset)  # the log's last lines precede the result
                 for raw in rest.split(b"\n"):
                     if raw:
                         yield raw.decode("utf-8", errors="replace").rstrip("\r")
-                yield _control("result", **result)
+                yield message("result", **result)
                 self._code = int(result.get("exit_code", EXIT_INFRA))
                 return
             beat = float(last_beat) if last_beat is not None else self._adopted_at
@@ -128,12 +125,12 @@ class StoreFollower(RunningProcess):
         for flag in _FLAGS:
             if status.get(flag) and not said.get(flag):
                 said[flag] = True
-                yield _control(flag, rank=self.rank)
-        for field, event in _STEPS:
+                yield message(flag, rank=self.rank)
+        for field in _STEPS:
             value = status.get(field)
             if isinstance(value, int) and value != said.get(field):
                 said[field] = value
-                yield _control(event, rank=self.rank, step=value)
+                yield message(field, rank=self.rank, step=value)
 
     def poll(self) -> int | None:
         if self._code is None and (result := self.result()) is not None:
@@ -160,7 +157,3 @@ class StoreFollower(RunningProcess):
     def kill(self) -> None:
         if self._kill is not None:
             self._kill()
-
-
-def _control(event: str, **fields: Any) -> str:
-    return CONTROL_PREFIX + json.dumps({"event": event, **fields})

@@ -108,6 +108,7 @@ class SshConnection:
         self.label = label
         self.fabric = connection
         self._home: str | None = None
+        self._sftp_timeout_set = False
 
     @property
     def client(self) -> paramiko.SSHClient:
@@ -208,11 +209,11 @@ class SshConnection:
         )
 
     def sftp(self) -> paramiko.SFTPClient:
-        """fabric's SFTP session of this connection (opened once)."""
-        fresh = getattr(self.fabric, "_sftp", None) is None
+        """fabric's SFTP session of this connection (opened once), with our I/O timeout."""
         sftp = self.fabric.sftp()
-        if fresh:
+        if not self._sftp_timeout_set:
             sftp.get_channel().settimeout(IO_TIMEOUT)  # type: ignore[union-attr]
+            self._sftp_timeout_set = True
         return sftp
 
     @property
@@ -245,14 +246,7 @@ class SshConnection:
         self.sftp().chmod(path, mode)
 
     def close(self) -> None:
-        gateway = self.fabric.gateway
-        with contextlib.suppress(Exception):
-            self.fabric.close()
-        # fabric leaves a jump host's connection open: close every hop too.
-        while gateway is not None and not isinstance(gateway, (str, bool)):
-            with contextlib.suppress(Exception):
-                gateway.close()
-            gateway = gateway.gateway
+        _close_chain(self.fabric)
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
@@ -476,6 +470,7 @@ class SshConnector:
 
 
 def _close_chain(connection: Any) -> None:
+    """Close a fabric connection and every jump host behind it (fabric leaves those open)."""
     while connection is not None and not isinstance(connection, (str, bool)):
         with contextlib.suppress(Exception):
             connection.close()

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from trainctl.protocol import EXIT_INFRA
 from trainctl.transport import RunningProcess
 from trainctl.transport.ssh.connection import (
+    READ_CHUNK,
     SshConnection,
     SshConnector,
     connection_errors,
@@ -37,7 +38,6 @@ log = logging.getLogger("trainctl.ssh")
 
 T = TypeVar("T")
 
-READ_CHUNK = 256 * 1024
 MAX_LINE = 1024 * 1024  # a "line" longer than this is passed on in pieces
 LIVENESS_SECONDS = 1.0  # how often a quiet process's remote pid is checked
 
