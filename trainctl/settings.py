@@ -151,6 +151,37 @@ class Settings(BaseSettings):
     def _proxy_jump(cls, v: str | None) -> str | None:
         return check_proxy_jump(v)
 
+    # Remote controllers (Estimator(controller=...); trainctl.controller.service).
+    controller_python: str = Field(
+        default="python3",
+        min_length=1,
+        description="Interpreter that runs the controller service on an ssh:// controller "
+        "host (a pool's host uses its own `python`).",
+    )
+    controller_idle_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="A remote controller service with no job to supervise for this long "
+        "exits; an EC2 controller instance then terminates itself.",
+    )
+    controller_start_timeout_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="How long submit waits for a remote controller to take the job's lease "
+        "(an EC2 controller's boot included).",
+    )
+    controller_instance_type: str = Field(
+        default="t3.small",
+        pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
+        description="Instance type of the EC2 controller (on-demand; burstable is plenty).",
+    )
+    controller_instance_profile: str = Field(
+        default="trainctl-controller",
+        min_length=1,
+        description="Instance profile of the EC2 controller: allowed to manage trainctl's EC2 "
+        "resources and the store's S3 prefix (`trainctl controller policy` prints the policy).",
+    )
+
     # Config-file-only: named resource pools (trainctl.spec.capacity), typed so typos fail.
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
 

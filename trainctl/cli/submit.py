@@ -122,13 +122,20 @@ def submit(
         False, "--estimate", help="Print the expected hourly cost; launch nothing."
     ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
+    controller: str | None = typer.Option(
+        None,
+        "--controller",
+        help="Where the job's controller runs: local (this machine), ssh://[user@]host[:port], "
+        "an ssh pool's name, or ec2 (trainctl's own small instance). A remote one keeps the "
+        "job going when this machine goes away.",
+    ),
     file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
 ) -> None:
     """Submit a training job; streams its logs and exits 0 only if it Completed."""
     from trainctl.controller.controller import Controller
     from trainctl.controller.logs import LogPrinter
-    from trainctl.controller.submit import create_job, default_store, spawn_controller
+    from trainctl.controller.submit import create_job, default_store, start_detached
     from trainctl.estimator import _print_summary
     from trainctl.spec.build import build_spec
     from trainctl.spec.parts import parse_distribution
@@ -167,6 +174,7 @@ def submit(
         "instance_profile": instance_profile,
         "volume_size": volume_size,
         "hosts": [parse_host(h, ssh_key) for h in host] if host else None,
+        "controller": controller,
     }
     if host and instance_type is None and "instance_type" not in fields:
         flags["instance_type"] = "ssh"
@@ -191,8 +199,22 @@ def submit(
         _plan(spec, store, output, dry_run=dry_run, estimate=estimate)
         return
     record = create_job(spec, store)
+    if detach or spec.controller != "local":
+        start_detached(store, record)
+    if spec.controller != "local" and not detach:
+        # A remote controller runs the job: follow it here, as `trainctl attach` does.
+        from trainctl.controller.supervise import supervise
+
+        printer = LogPrinter(sys.stderr if output == "json" else sys.stdout)
+        printer.info(f"job {record.name} submitted (controller {spec.controller})")
+        final = supervise(store, record.name, printer=printer)
+        _print_summary(printer, final)
+        if output == "json":
+            print_json(final.describe())
+        if final.state is not JobState.COMPLETED:
+            raise typer.Exit(EXIT_FAILED)
+        return
     if detach:
-        spawn_controller(store, record.name)
         if output == "json":
             print_json(record.describe())
         else:

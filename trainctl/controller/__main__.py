@@ -1,4 +1,9 @@
-"""Detached controller: python -m trainctl.controller --store URI JOB"""
+"""Controllers as processes of their own.
+
+python -m trainctl.controller --store URI JOB      one job's detached controller
+python -m trainctl.controller serve --store URI --id ID [--idle-seconds S]
+                                                   a service for every job assigned to ID
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
     parser = argparse.ArgumentParser(prog="trainctl-controller")
     parser.add_argument("--store", required=True)
     parser.add_argument("job")
@@ -21,6 +29,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     record = controller.run()
     return 0 if record.state.value == "Completed" else 1
+
+
+def serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainctl-controller serve")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--id", required=True, dest="service_id")
+    parser.add_argument("--idle-seconds", type=float, default=None)
+    parser.add_argument(
+        "--on-idle",
+        choices=["terminate-instance"],
+        default=None,
+        help="after the idle period: terminate this EC2 instance (an EC2 controller)",
+    )
+    args = parser.parse_args(argv)
+
+    from trainctl.controller.service import ControllerService
+    from trainctl.settings import get_settings
+    from trainctl.store import open_store
+
+    on_idle = None
+    holder: dict[str, str] = {}
+    if args.on_idle == "terminate-instance":
+        from trainctl.provisioning.aws.controller import own_instance_id, terminate_own_instance
+
+        holder["instance_id"] = own_instance_id()
+        on_idle = terminate_own_instance
+    service = ControllerService(
+        open_store(args.store),
+        args.service_id,
+        idle_seconds=args.idle_seconds or get_settings().controller_idle_seconds,
+        on_idle=on_idle,
+        holder=holder,
+    )
+    return service.run()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
+from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import AttemptEnd, LiveNode, count_step, settle_steps_lost
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
-from trainctl.controller.plan import agent_argv, agent_env
 from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
@@ -109,7 +109,9 @@ class Controller:
         if self.record.state.is_terminal():
             return self.record
         previous = self._install_signals()
-        lease = Lease(self.jobs, self.settings.lease_seconds)
+        lease = Lease(
+            self.store, self.jobs.keys.lease, self.settings.lease_seconds, f"job {self.name!r}"
+        )
         # Only a controller that handles SIGTERM may be woken with it by `stop`; without
         # handlers (fit() in a worker thread) SIGTERM would kill the user's whole process.
         lease.holder["handles_sigterm"] = bool(previous)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import NotFoundError, TrainctlError
-from trainctl.record import JobStore
+from trainctl.store import Store
 
 
 class LeaseHeld(TrainctlError):
@@ -57,10 +57,12 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
 
 
 class Lease:
-    """Takes and renews jobs/<job>/lease.json for this process (see the module docstring)."""
+    """Takes and renews a lease object for this process (see the module docstring): a job's
+    jobs/<job>/lease.json, or a controller service's controllers/<id>/lease.json.
+    `what` names the leased thing in errors ("job 'x'")."""
 
-    def __init__(self, jobs: JobStore, seconds: float) -> None:
-        self.jobs = jobs
+    def __init__(self, store: Store, key: str, seconds: float, what: str) -> None:
+        self.store, self.key, self.what = store, key, what
         self.seconds = seconds
         self.holder: dict[str, Any] = {
             "host": socket.gethostname(),
@@ -77,10 +79,9 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease if nobody holds it (missing, released or stale); else LeaseHeld."""
-        key = self.jobs.keys.lease
         current: dict[str, Any] | None = None
         try:
-            data, version = self.jobs.store.get_versioned(key)
+            data, version = self.store.get_versioned(self.key)
         except NotFoundError:
             version = None
         else:
@@ -96,21 +97,18 @@ class Lease:
         if view.live and not ours:
             assert current is not None
             raise LeaseHeld(
-                f"job {self.jobs.name!r} is controlled by pid {current.get('pid')} on "
-                f"{current.get('host')}"
+                f"{self.what} is held by pid {current.get('pid')} on {current.get('host')}"
             )
-        written = self.jobs.store.put_if(key, self._payload(), version=version)
+        written = self.store.put_if(self.key, self._payload(), version=version)
         if written is None:
-            raise LeaseHeld(f"job {self.jobs.name!r} was just taken over by another process")
+            raise LeaseHeld(f"{self.what} was just taken by another process")
         self._version = written
         self._thread.start()
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):
             try:
-                written = self.jobs.store.put_if(
-                    self.jobs.keys.lease, self._payload(), version=self._version
-                )
+                written = self.store.put_if(self.key, self._payload(), version=self._version)
             except Exception:  # a missed renewal is survivable; the next one retries
                 continue
             if written is None:  # someone took the job over: stop acting on it
@@ -127,6 +125,6 @@ class Lease:
             return
         released = json.dumps({**self.holder, "released_at": time.time()}).encode()
         try:
-            self.jobs.store.put_if(self.jobs.keys.lease, released, version=self._version)
+            self.store.put_if(self.key, released, version=self._version)
         except Exception:
             pass

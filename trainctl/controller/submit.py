@@ -17,6 +17,7 @@ from trainctl.errors import SpecError, TrainctlError
 from trainctl.node.procs import CONTROLLER_TAG
 from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
 from trainctl.settings import get_settings
+from trainctl.spec.controller import ControllerTarget, controller_target
 from trainctl.spec.job import JobSpec
 from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
@@ -39,6 +40,7 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
     from trainctl.provisioning import get_provider
 
     get_provider(spec.instance_type, spec.region).check_offline(spec, store_uri)
+    target_of(spec, store_uri)
     if spec.image_uri or spec.build_image or spec.framework_version:
         from trainctl.image.preflight import check_container_runtime
 
@@ -54,11 +56,27 @@ def preflight(spec: JobSpec, store_uri: str) -> None:
     from trainctl.provisioning import get_provider
 
     validate_offline(spec, store_uri)
+    check_controller_reachable(target_of(spec, store_uri))
     get_provider(spec.instance_type, spec.region).preflight(spec)
     if spec.checkpoint_s3_uri:
         check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
     if spec.output_path:
         check_writable(spec.output_path, "output_path")
+
+
+def target_of(spec: JobSpec, store_uri: str) -> ControllerTarget:
+    """Where the job's controller runs (SpecError naming `controller` when it cannot)."""
+    return controller_target(spec.controller, store_uri=store_uri, region=spec.region)
+
+
+def check_controller_reachable(target: ControllerTarget) -> None:
+    from trainctl.controller.remote import check_reachable
+    from trainctl.errors import StoreError
+
+    try:
+        check_reachable(target)
+    except (OSError, TrainctlError, StoreError) as exc:
+        raise SpecError("controller", f"{target.label}: {exc}") from None
 
 
 def check_writable(uri: str, field: str) -> None:
@@ -161,6 +179,19 @@ def spawn_controller(store: Store, name: str) -> int:
         )
     JobStore(store, name).event("controller_spawned", pid=proc.pid, host=socket.gethostname())
     return proc.pid
+
+
+def start_detached(store: Store, record: JobRecord) -> None:
+    """Start the job's controller away from this process: a detached local process, or the
+    remote controller its spec names; returns once it is started (a remote one: once it
+    holds the job's lease, so this machine may go away)."""
+    target = target_of(record.spec, store.uri)
+    if target.remote:
+        from trainctl.controller.remote import start_remote_controller
+
+        start_remote_controller(store, record.name, target)
+    else:
+        spawn_controller(store, record.name)
 
 
 def lease_is_live(jobs: JobStore) -> bool:

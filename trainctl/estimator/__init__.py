@@ -163,6 +163,7 @@ class Estimator:
         instance_profile: str | None = None,
         volume_size: int | None = None,
         hosts: list[dict[str, Any]] | None = None,
+        controller: str | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
             "entry_point": entry_point,
@@ -199,6 +200,7 @@ class Estimator:
             "instance_profile": instance_profile,
             "volume_size": volume_size,
             "hosts": hosts,
+            "controller": controller,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri
@@ -231,7 +233,7 @@ class Estimator:
         """
         from trainctl.controller.controller import Controller
         from trainctl.controller.logs import LogPrinter
-        from trainctl.controller.submit import create_job, default_store, spawn_controller
+        from trainctl.controller.submit import create_job, default_store, start_detached
         from trainctl.store import open_store
 
         if isinstance(inputs, str):
@@ -254,10 +256,23 @@ class Estimator:
         record = create_job(spec, store)
         job = TrainingJob(record.name, store)
         self.latest_training_job = job
-        if not wait:
-            spawn_controller(store, record.name)
-            return job
         printer = LogPrinter(sys.stdout) if logs else None
+        if not wait or spec.controller != "local":
+            start_detached(store, record)
+            if not wait:
+                return job
+            if printer:
+                printer.info(f"job {record.name} submitted (controller {spec.controller})")
+            # The remote controller runs the job; this process follows it (and takes it
+            # over, should that controller be lost).
+            from trainctl.controller.supervise import supervise
+
+            final = supervise(store, record.name, printer=printer)
+            if printer:
+                _print_summary(printer, final)
+            if final.state is not JobState.COMPLETED:
+                raise JobFailedError(job, final)
+            return job
         controller = Controller(store, record.name, printer=printer)
         if printer:
             printer.info(f"job {record.name} submitted (store {store.uri})")

@@ -129,6 +129,15 @@ class JobSpec(StrictModel):
     instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
     volume_size: int = Field(default=200, ge=8, le=16384, strict=True)
     hosts: list[SshHost] = Field(default_factory=list)
+    # Where the job's controller runs (trainctl.spec.controller): local, ssh://..., a pool, ec2.
+    controller: str = "local"
+
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, v: str) -> str:
+        from trainctl.spec.controller import check_controller
+
+        return check_controller(v)
 
     @field_validator("pool")
     @classmethod

@@ -114,14 +114,18 @@ def _probe(conn: SshConnection, modules: list[str], pythonpath: str | None) -> _
     return _Probe(data["python"], data["version"], data["error"], list(data["missing"]))
 
 
-def ensure_agent(conn: SshConnection, *, s3: bool = False) -> AgentRuntime:
+def ensure_agent(
+    conn: SshConnection, *, s3: bool = False, extra: dict[str, str] | None = None
+) -> AgentRuntime:
     """Make the host run this trainctl's agent; how to run it (PYTHONPATH) is returned.
 
-    `s3`: the job uses an s3:// store or URI, so the agent needs boto3 too.
+    `s3`: the job uses an s3:// store or URI, so the agent needs boto3 too. `extra`: more
+    (import name -> pip requirement) that the host must import (a controller's client
+    packages).
     """
     from trainctl.transport.ssh import RemoteCommandError
 
-    requirements = {**AGENT_DEPENDENCIES, **(S3_DEPENDENCIES if s3 else {})}
+    requirements = {**AGENT_DEPENDENCIES, **(S3_DEPENDENCIES if s3 else {}), **(extra or {})}
     modules = sorted(requirements)
     local = agent_version()
     probe = _probe(conn, modules, None)
