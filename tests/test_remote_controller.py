@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from tests.conftest import EXAMPLES, TRAINCTL, free_port, point_aws_at
-from tests.sshd import _environ, kill_all, processes_with_env
+from tests.sshd import _environ, job_processes, kill_all, processes_with_env
 from trainctl.record import JobKeys, JobStore
 
 pytestmark = pytest.mark.e2e
@@ -247,3 +247,22 @@ def test_bad_controller_fails_before_anything_is_made(
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert SUBMITTER_SECRET not in result.stderr
     assert not list(_store().list("")), "something was written to the store"
+
+
+def test_stop_from_another_process_reaches_the_remote_controller(remote):
+    from tests.conftest import digits_estimator
+
+    est = digits_estimator({**HPS, "epochs": 50, "step-delay": 0.05}, controller=POOL)
+    job = est.fit(wait=False)
+    jobs = JobStore(job.store, job.name)
+    _wait(lambda: jobs.load().state.value == "Training", 90, "the job to train")
+    stopped = subprocess.run(
+        [TRAINCTL, "stop", job.name], capture_output=True, text=True, timeout=120
+    )
+    assert stopped.returncode == 0, stopped.stderr
+    record = jobs.load()
+    assert record.state.value == "Stopped", record.state
+    assert record.stop_reason == "stopped by the user"
+    # Its nodes on the controller host are gone, and so, once idle, is the service.
+    _wait(lambda: not job_processes(job.name), 30, "the job's nodes to end")
+    _wait(lambda: not _service_pids(remote.host), 60, "the idle service to exit")

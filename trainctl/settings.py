@@ -179,7 +179,18 @@ class Settings(BaseSettings):
         default="trainctl-controller",
         min_length=1,
         description="Instance profile of the EC2 controller: allowed to manage trainctl's EC2 "
-        "resources and the store's S3 prefix (`trainctl controller policy` prints the policy).",
+        "resources and the store's S3 prefix (`trainctl controller-policy` prints the policy).",
+    )
+    controller_image: str = Field(
+        default="resolve:ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/"
+        "hvm/ebs-gp3/ami-id",
+        description="Image of the EC2 controller: an AMI id or resolve:ssm:<public parameter> "
+        "(default: Ubuntu 24.04; it needs no GPU driver).",
+    )
+    controller_ssh_address_override: str = Field(
+        default="",
+        description="TEST SEAM: 'host[:port]' replacing the EC2 controller's address, so a "
+        "loopback sshd server can stand in for it.",
     )
 
     # Config-file-only: named resource pools (trainctl.spec.capacity), typed so typos fail.

@@ -104,3 +104,19 @@ def gc(
             sys.stderr.write(f"could not delete {item.get('id')}: {item.get('error')}\n")
     if failed:
         raise typer.Exit(EXIT_FAILED)
+
+
+@app.command("controller-policy")
+@handle_errors
+def controller_policy() -> None:
+    """Print the IAM policy the EC2 controller's role needs (`--controller ec2`): trainctl's
+    EC2 resources and the store's S3 prefix. Attach it to the role of the instance profile
+    named by the controller_instance_profile setting."""
+    from trainctl.controller.submit import default_store
+    from trainctl.errors import SpecError
+    from trainctl.provisioning.aws.controller import controller_policy as policy
+
+    store = default_store()
+    if not store.uri.startswith("s3://"):
+        raise SpecError("TRAINCTL_STORE", f"an EC2 controller needs an s3:// store: {store.uri}")
+    print_json(policy(store.uri))

@@ -40,9 +40,13 @@ def serve(argv: list[str]) -> int:
         "--on-idle",
         choices=["terminate-instance"],
         default=None,
-        help="after the idle period: terminate this EC2 instance (an EC2 controller)",
+        help="after the idle period: terminate --instance-id (an EC2 controller's own)",
     )
+    parser.add_argument("--instance-id", default=None)
+    parser.add_argument("--region", default=None)
     args = parser.parse_args(argv)
+    if args.on_idle and not (args.instance_id and args.region):
+        parser.error("--on-idle terminate-instance needs --instance-id and --region")
 
     from trainctl.controller.service import ControllerService
     from trainctl.settings import get_settings
@@ -51,10 +55,13 @@ def serve(argv: list[str]) -> int:
     on_idle = None
     holder: dict[str, str] = {}
     if args.on_idle == "terminate-instance":
-        from trainctl.provisioning.aws.controller import own_instance_id, terminate_own_instance
+        from trainctl.provisioning.aws.controller import terminate_own_instance
 
-        holder["instance_id"] = own_instance_id()
-        on_idle = terminate_own_instance
+        holder = {"instance_id": args.instance_id, "region": args.region}
+
+        def on_idle() -> None:
+            terminate_own_instance(args.instance_id, args.region)
+
     service = ControllerService(
         open_store(args.store),
         args.service_id,

@@ -12,6 +12,7 @@ credential of the submitter's. It reaches the store and the cloud with the host'
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from trainctl.controller.service import assign, service_is_live
@@ -24,6 +25,7 @@ from trainctl.store import Store
 
 SERVICE_RUN_DIR = ".trainctl/controllers"  # under the remote home: <id>/log, pid, exit
 CONNECT_TIMEOUT = 20.0
+PREPARED_MARKER = "/opt/trainctl/controller-prepared"  # written by the EC2 controller's boot
 # Client packages the service needs beyond the agent's (import name -> pip requirement).
 CONTROLLER_DEPENDENCIES = {"fabric": "fabric>=3.2", "paramiko": "paramiko>=3.4"}
 # What the controller acts on, passed like the agent's settings (trainctl.controller.plan).
@@ -35,7 +37,14 @@ class ControllerStartError(TrainctlError):
 
 
 def check_reachable(target: ControllerTarget) -> None:
-    """Preflight: the controller's host accepts us (before anything is uploaded)."""
+    """Preflight (before anything is uploaded): an SSH controller's host accepts us; an EC2
+    controller's instance profile exists."""
+    if target.kind == "ec2":
+        from trainctl.provisioning.aws.clients import resolve_region
+        from trainctl.provisioning.aws.controller import check_controller_profile
+
+        check_controller_profile(resolve_region(target.region))
+        return
     if target.kind != "ssh":
         return
     assert target.host is not None
@@ -45,17 +54,17 @@ def check_reachable(target: ControllerTarget) -> None:
 
 def start_remote_controller(store: Store, name: str, target: ControllerTarget) -> dict[str, Any]:
     """Assign job `name` to the target's controller service, start that service if none is
-    serving, and wait until it holds the job's lease; returns the lease's holder."""
+    serving (an EC2 controller: launch or reuse its instance first), and wait until it holds
+    the job's lease; returns the lease's holder."""
     from trainctl.controller.lease import view_lease
 
     settings = get_settings()
-    host = _controller_host(store, target)
     jobs = JobStore(store, name)
     assign(store, target.service_id, name, by=owner_id())
     jobs.event("controller_assigned", controller=target.label, service=target.service_id)
     deadline = time.monotonic() + settings.controller_start_timeout_seconds
     started_at: float | None = None
-    log_path = ""
+    where = ""
     while True:
         lease = view_lease(jobs.read_lease(), settings.lease_seconds)
         if lease.live and lease.holder is not None:
@@ -67,32 +76,60 @@ def start_remote_controller(store: Store, name: str, target: ControllerTarget) -
         if not service_is_live(store, target.service_id) and (
             started_at is None or time.monotonic() - started_at > settings.lease_seconds
         ):
-            log_path = start_service(host, store.uri, target.service_id, settings)
+            where = _start_service_for(store, jobs, target, settings)
             started_at = time.monotonic()
         if time.monotonic() > deadline:
             raise ControllerStartError(
                 f"the controller on {target.label} did not take job {name!r} within "
                 f"{settings.controller_start_timeout_seconds:.0f} s"
-                + (f" (its log: {host.address}:{log_path})" if log_path else "")
+                + (f" (its log: {where})" if where else "")
             )
         time.sleep(0.5)
 
 
-def _controller_host(store: Store, target: ControllerTarget) -> SshHost:
+def _start_service_for(
+    store: Store, jobs: JobStore, target: ControllerTarget, settings: Settings
+) -> str:
+    """Start the target's service; returns where its log is ("host:path")."""
     if target.kind == "ssh":
         assert target.host is not None
-        return target.host
-    if target.kind == "ec2":
-        from trainctl.provisioning.aws.controller import ensure_controller_instance
+        log = start_service(target.host, store.uri, target.service_id, settings)
+        return f"{target.host.address}:{log}"
+    if target.kind != "ec2":
+        raise SpecError("controller", f"{target.label!r} is not a remote controller")
+    from trainctl.provisioning.aws.controller import ensure_controller_instance
 
-        return ensure_controller_instance(store.uri, target.service_id)
-    raise SpecError("controller", f"{target.label!r} is not a remote controller")
+    instance = ensure_controller_instance(store.uri, target.service_id, target.region)
+    jobs.event(
+        "controller_instance",
+        instance_id=instance.instance_id,
+        region=instance.region,
+        launched=instance.launched,
+    )
+    log = start_service(
+        instance.host,
+        store.uri,
+        target.service_id,
+        settings,
+        on_idle=[
+            "--on-idle",
+            "terminate-instance",
+            "--instance-id",
+            instance.instance_id,
+            "--region",
+            instance.region,
+        ],
+        known_hosts=settings.home / "ssh" / "known_hosts.d" / f"controller-{instance.instance_id}",
+        connect_timeout=settings.aws_boot_timeout_seconds,
+        wait_for=PREPARED_MARKER if instance.wait_for_marker else None,
+    )
+    return f"{instance.instance_id} ({instance.host.address}):{log}"
 
 
-def _connector(host: SshHost) -> Any:
+def _connector(host: SshHost, known_hosts: Path | None = None) -> Any:
     from trainctl.transport.ssh import SshConnector
 
-    return SshConnector(host, known_hosts=get_settings().home / "known_hosts")
+    return SshConnector(host, known_hosts=known_hosts or get_settings().home / "known_hosts")
 
 
 def controller_env(settings: Settings) -> dict[str, str]:
@@ -107,16 +144,33 @@ def controller_env(settings: Settings) -> dict[str, str]:
 
 
 def start_service(
-    host: SshHost, store_uri: str, service_id: str, settings: Settings, *, on_idle: str = ""
+    host: SshHost,
+    store_uri: str,
+    service_id: str,
+    settings: Settings,
+    *,
+    on_idle: list[str] | None = None,
+    known_hosts: Path | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    wait_for: str | None = None,
 ) -> str:
     """Start `python -m trainctl.controller serve` on `host`, detached from this connection
-    (it outlives it); returns the path of its log there."""
+    (it outlives it), once the file `wait_for` exists there (a new instance's first boot);
+    returns the path of its log there."""
     from trainctl.transport.bootstrap import ensure_agent
     from trainctl.transport.ssh import SshProcess
 
-    connector = _connector(host)
-    conn = connector.connect(timeout=CONNECT_TIMEOUT)
+    connector = _connector(host, known_hosts)
+    deadline = time.monotonic() + connect_timeout
+    conn = connector.connect(timeout=connect_timeout, retry_auth=True)
     try:
+        while wait_for and conn.run(["test", "-e", wait_for]).code != 0:
+            if time.monotonic() > deadline:
+                raise ControllerStartError(
+                    f"{host.address}: the controller's setup ({wait_for}) did not finish "
+                    f"within {connect_timeout:.0f} s"
+                )
+            time.sleep(2.0)
         runtime = ensure_agent(
             conn, s3=store_uri.startswith("s3://"), extra=CONTROLLER_DEPENDENCIES
         )
@@ -126,8 +180,7 @@ def start_service(
     run_dir = f"{home}/{SERVICE_RUN_DIR}/{service_id}"
     argv = [host.python, "-m", "trainctl.controller", "serve", "--store", store_uri]
     argv += ["--id", service_id, "--idle-seconds", str(settings.controller_idle_seconds)]
-    if on_idle:
-        argv += ["--on-idle", on_idle]
+    argv += on_idle or []
     process = SshProcess(
         connector,
         argv,

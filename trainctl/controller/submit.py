@@ -66,7 +66,12 @@ def preflight(spec: JobSpec, store_uri: str) -> None:
 
 def target_of(spec: JobSpec, store_uri: str) -> ControllerTarget:
     """Where the job's controller runs (SpecError naming `controller` when it cannot)."""
-    return controller_target(spec.controller, store_uri=store_uri, region=spec.region)
+    region = spec.region
+    if spec.controller == "ec2" and region is None:
+        from trainctl.provisioning.aws.clients import configured_region
+
+        region = configured_region()
+    return controller_target(spec.controller, store_uri=store_uri, region=region)
 
 
 def check_controller_reachable(target: ControllerTarget) -> None:
@@ -209,10 +214,35 @@ def job_is_live(store: Store, name: str) -> bool:
     try:
         record = jobs.load()
     except NotFoundError:
-        return True
+        return _controller_is_live(store, name)
     if record.state.is_terminal():
         return False
     return lease_is_live(jobs) or record.state is JobState.PENDING
+
+
+def _controller_is_live(store: Store, name: str) -> bool:
+    """For gc: an EC2 controller's resources (tagged as job `controller-ec2-<region>`) are
+    live while its service is, or while a job assigned to it has not ended (it may be
+    booting to take that job). A controller of another store (none of its keys here), like
+    any other unknown name, counts as live."""
+    from trainctl.controller.service import ServiceKeys, assigned_jobs, service_is_live
+    from trainctl.errors import NotFoundError
+    from trainctl.provisioning.aws.controller import is_controller_job, service_of
+
+    if not is_controller_job(name):
+        return True
+    service = service_of(name)
+    if not any(True for _ in store.list(ServiceKeys(service).prefix + "/")):
+        return True
+    if service_is_live(store, service):
+        return True
+    for job in assigned_jobs(store, service):
+        try:
+            if not JobStore(store, job).load().state.is_terminal():
+                return True
+        except NotFoundError:
+            continue
+    return False
 
 
 def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120.0) -> JobRecord:

@@ -13,6 +13,7 @@ one terminates its instance) after `controller_idle_seconds` with none.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +34,7 @@ class ControllerTarget:
     host: SshHost | None = None  # kind ssh
     label: str = "local"  # what the user wrote, for messages
     region: str | None = None  # kind ec2: the job's region (None: the default one)
+    store_uri: str = ""  # kind ec2: one controller instance per region and store
 
     @property
     def remote(self) -> bool:
@@ -46,7 +48,8 @@ class ControllerTarget:
             user = f"{self.host.user}@" if self.host.user else ""
             raw = f"ssh-{user}{self.host.address}-{self.host.port}"
         elif self.kind == "ec2":
-            raw = f"ec2-{self.region or 'default-region'}"
+            store = hashlib.sha256(self.store_uri.encode()).hexdigest()[:8]
+            raw = f"ec2-{self.region or 'default-region'}-{store}"
         else:
             raw = self.kind
         return re.sub(r"[^A-Za-z0-9_.@-]", "-", raw)
@@ -77,7 +80,7 @@ def controller_target(
                 f"'ec2' runs the controller on an EC2 instance, which cannot reach the store "
                 f"{store_uri}: set TRAINCTL_STORE to an s3:// URI",
             )
-        return ControllerTarget("ec2", label="ec2", region=region)
+        return ControllerTarget("ec2", label="ec2", region=region, store_uri=store_uri or "")
     match = SSH_URL_RE.fullmatch(value)
     if match:
         host = match["host"].strip("[]")
@@ -85,7 +88,10 @@ def controller_target(
         if not 1 <= port <= 65535:
             raise SpecError("controller", f"{value!r}: port {port} is not 1-65535")
         ssh_host = SshHost(
-            address=host, port=port, user=match["user"], python=settings.controller_python
+            address=host,
+            port=port,
+            user=match["user"],
+            python=settings.controller_python or "python3",
         )
         return ControllerTarget("ssh", ssh_host, value)
     if not POOL_NAME_RE.fullmatch(value):
