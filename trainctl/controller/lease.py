@@ -45,7 +45,7 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     silent = max(0.0, time.time() - float(lease["renewed_at"]))
     if silent > seconds:
         return LeaseView(lease, False, silent)
-    if lease.get("host") == socket.gethostname():
+    if same_machine(lease):
         from trainctl.node.procs import alive
 
         try:
@@ -54,6 +54,24 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
         except ValueError:
             pass
     return LeaseView(lease, True, silent)
+
+
+def boot_id() -> str:
+    """This machine's boot: host names repeat across machines (two "ubuntu"s), boot ids
+    don't. Empty where the kernel has none to give."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def same_machine(lease: dict[str, Any]) -> bool:
+    """Whether the lease's holder runs on this machine (then its pid can be checked)."""
+    if lease.get("host") != socket.gethostname():
+        return False
+    theirs, ours = lease.get("boot_id"), boot_id()
+    return not (theirs and ours) or theirs == ours
 
 
 class Lease:
@@ -67,6 +85,7 @@ class Lease:
         self.holder: dict[str, Any] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "boot_id": boot_id(),
             "started": time.time(),
         }
         self.lost = threading.Event()  # another process took the job over

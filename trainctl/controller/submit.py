@@ -252,8 +252,10 @@ def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120
     if record.state.is_terminal():
         return record
     jobs.request_stop("stopped by the user")
+    from trainctl.controller.lease import same_machine
+
     lease = jobs.read_lease()
-    if lease and lease.get("host") == socket.gethostname() and lease.get("handles_sigterm"):
+    if lease and same_machine(lease) and lease.get("handles_sigterm"):
         try:  # wakes the controller at once instead of at its next store poll
             os.kill(int(lease["pid"]), signal.SIGTERM)
         except (ProcessLookupError, PermissionError, KeyError, ValueError):
