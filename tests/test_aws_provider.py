@@ -408,7 +408,8 @@ def test_provision_p4d_pair_sends_exactly_the_dry_run_and_tags_everything(aws: A
 
     assert cluster.instance_type == "p4d.24xlarge"
     assert [n.address for n in cluster.nodes] == [i["PrivateIpAddress"] for i in instances]
-    assert [n.host for n in cluster.nodes] == ["algo-1", "algo-2"]
+    # plain processes: SM_HOSTS names are the private addresses (algo-N needs /etc/hosts)
+    assert [n.host for n in cluster.nodes] == [n.address for n in cluster.nodes]
     assert {n.root for n in cluster.nodes} == {"/"}
     assert cluster.processes_per_host == 8
     assert cluster.network_env["FI_PROVIDER"] == "efa"

@@ -196,7 +196,9 @@ def test_local_dry_run_plans_every_node_and_changes_nothing(cap_home, tmp_path) 
     assert [n["rank"] for n in plan["nodes"]] == [0, 1]
     for node in plan["nodes"]:
         rank = node["rank"]
-        assert node["host"] == f"algo-{rank + 1}" and node["address"] == "127.0.0.1"
+        # a local node's SM_HOSTS name is a loopback address of its own (numeric: no
+        # /etc/hosts entry needed); all of them reach this machine
+        assert node["host"] == f"127.0.1.{rank + 1}" and node["address"] == "127.0.0.1"
         assert node["agent"][1:] == [
             "-m",
             "trainctl.node.agent",
@@ -215,7 +217,7 @@ def test_local_dry_run_plans_every_node_and_changes_nothing(cap_home, tmp_path) 
         assert cmd[-3:] == ["train.py", "--lr", "0.1"]
         env = node["env"]
         assert env["WANDB_API_KEY"] == "<redacted>" and env["MODE"] == "fast"
-        assert env["SM_CURRENT_HOST"] == f"algo-{rank + 1}" and env["SM_HOST_COUNT"] == "2"
+        assert env["SM_CURRENT_HOST"] == f"127.0.1.{rank + 1}" and env["SM_HOST_COUNT"] == "2"
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
     # Nothing was made: no job record, no uploaded source, no node directory.
     assert not (cap_home / "store" / "jobs").exists()

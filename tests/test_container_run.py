@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
-from tests.conftest import EXAMPLES, FIXTURES
+from tests.conftest import EXAMPLES, FIXTURES, free_port
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.estimator import JobFailedError
@@ -712,3 +713,40 @@ def test_local_job_with_build_image_runs_in_the_image_built_for_it(in_podman, no
     finally:
         if image:
             in_podman.run("rmi", "-f", image, timeout=120)
+
+
+def sm_hosts_in(image: str, **fields) -> Estimator:
+    """The classic SM_HOSTS process-group script (tests/test_sagemaker_scripts.py) in the
+    image: its names are SageMaker's algo-N, mapped in each container (--add-host)."""
+    from tests.test_sagemaker_scripts import SOURCE
+
+    base = {
+        "entry_point": "sm_hosts_pg.py",
+        "source_dir": str(SOURCE),
+        "instance_count": 2,
+        "image_uri": image,
+        "job_name": f"{JOB_PREFIX}-{next(_job_numbers)}",
+        "hyperparameters": {"port": free_port()},
+    }
+    return Estimator(**{**base, **fields})
+
+
+@pytest.mark.timeout(150)
+def test_sm_hosts_process_group_in_podman_containers(in_podman, node_image):
+    from tests.test_sagemaker_scripts import check_sm_hosts_job, model_files
+
+    job = sm_hosts_in(node_image).fit(logs=False)
+    check_sm_hosts_job(job)
+    assert json.loads(model_files(job)["leader.json"])["hosts"] == ["algo-1", "algo-2"]
+    assert not job_containers(in_podman, job.name)
+
+
+@pytest.mark.timeout(200)
+def test_sm_hosts_process_group_on_ssh_hosts_in_containers(in_podman, node_image, sshd):
+    from tests.test_sagemaker_scripts import check_sm_hosts_job, model_files
+
+    hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
+    job = sm_hosts_in(node_image, instance_type="ssh", hosts=hosts).fit(logs=False)
+    check_sm_hosts_job(job)
+    assert json.loads(model_files(job)["leader.json"])["hosts"] == ["algo-1", "algo-2"]
+    assert not job_containers(in_podman, job.name)

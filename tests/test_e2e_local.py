@@ -109,8 +109,9 @@ def test_node_contract_under_torchrun(home, source, tmp_path):
     )
     job = est.fit(inputs={"train": data.as_uri()}, logs=False)
     probes = probe_records(job)
-    assert set(probes) == {"algo-1", "algo-2"}
-    for host, rank in (("algo-1", 0), ("algo-2", 1)):
+    hosts = ["127.0.1.1", "127.0.1.2"]  # numeric loopback names: they resolve anywhere
+    assert set(probes) == set(hosts)
+    for host, rank in ((hosts[0], 0), (hosts[1], 1)):
         rec = probes[host]
         env = rec["env"]
         root = Path(env["SM_MODEL_DIR"]).parent.parent.parent  # <root>/opt/ml/model
@@ -125,12 +126,12 @@ def test_node_contract_under_torchrun(home, source, tmp_path):
             "a b",
         ]
         assert rec["cwd"] == str(root / "opt/ml/code") == rec["script_dir"]
-        assert json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2"]
+        assert json.loads(env["SM_HOSTS"]) == hosts
         assert env["SM_CURRENT_HOST_RANK"] == str(rank)
         assert env["SM_HOST_COUNT"] == "2"
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
         assert env["LOCAL_RANK"] == "0"
-        assert env["MASTER_ADDR"] == env["SM_MASTER_ADDR"] == "127.0.0.1"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["SM_MASTER_ADDR"] == hosts[0]
         assert env["SM_CHANNEL_TRAIN"] == str(root / "opt/ml/input/data/train")
         assert json.loads(env["SM_CHANNELS"]) == ["train"]
         assert json.loads(env["SM_HPS"])["batch-size"] == 32
@@ -141,7 +142,7 @@ def test_node_contract_under_torchrun(home, source, tmp_path):
         assert json.loads(env["SM_TRAINING_ENV"])["current_host"] == host
         assert rec["configs"]["hyperparameters.json"]["lr"] == 0.1
         assert rec["configs"]["resourceconfig.json"]["current_host"] == host
-        assert rec["configs"]["resourceconfig.json"]["hosts"] == ["algo-1", "algo-2"]
+        assert rec["configs"]["resourceconfig.json"]["hosts"] == hosts
         assert "train" in rec["configs"]["inputdataconfig.json"]
         assert rec["channels"]["train"] == ["rows.csv"]
         assert rec["channels"]["train:rows.csv"] == "1,2,3\n"
@@ -162,8 +163,8 @@ def test_plain_python_per_host_starts_its_own_process_group(home, source):
     text = "".join(
         job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{r}.log") for r in (0, 1)
     )
-    assert "host algo-1 allreduce=3.0" in text
-    assert "host algo-2 allreduce=3.0" in text
+    assert "host 127.0.1.1 allreduce=3.0" in text
+    assert "host 127.0.1.2 allreduce=3.0" in text
 
 
 def _require_mpirun() -> None:
@@ -295,10 +296,10 @@ def test_processes_per_host(home, source):
             if "RANKINFO " in line:
                 seen.add(tuple(line.split("RANKINFO ", 1)[1].split()[:4]))
     assert seen == {
-        ("algo-1", "0", "0", "4"),
-        ("algo-1", "1", "1", "4"),
-        ("algo-2", "2", "0", "4"),
-        ("algo-2", "3", "1", "4"),
+        ("127.0.1.1", "0", "0", "4"),
+        ("127.0.1.1", "1", "1", "4"),
+        ("127.0.1.2", "2", "0", "4"),
+        ("127.0.1.2", "3", "1", "4"),
     }
 
 

@@ -75,10 +75,12 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
     info = job.describe()
     assert info["state"] == "Completed" and info["exit_code"] == 0
     # live log lines of both nodes, each with its node's prefix
-    assert "[algo-1] RANKINFO algo-1 0 0 2" in console
-    assert "[algo-2] RANKINFO algo-2 1 0 2" in console
+    # (SM_CURRENT_HOST is the host's address: it resolves from every node, as algo-N would
+    # not without root on the hosts)
+    assert f"[algo-1] RANKINFO {first.address} 0 0 2" in console
+    assert f"[algo-2] RANKINFO {second.address} 1 0 2" in console
     # each rank ran on its own host, in a node dir under that host's home
-    for server, host, rank in ((first, "algo-1", 0), (second, "algo-2", 1)):
+    for server, host, rank in ((first, first.address, 0), (second, second.address, 1)):
         log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log")
         probe = json.loads(next(ln for ln in log.splitlines() if ln.startswith("PROBE "))[6:])
         env = probe["env"]
@@ -91,8 +93,8 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
         assert probe["cwd"] == str(root / "opt/ml/code")
     nodes = info["attempts"][0]["nodes"]
     assert [(n["host"], n["address"]) for n in nodes] == [
-        ("algo-1", first.address),
-        ("algo-2", second.address),
+        (first.address, first.address),
+        (second.address, second.address),
     ]
     # the model artifact, packed by rank 0
     data = job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")

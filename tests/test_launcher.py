@@ -263,7 +263,7 @@ def test_sagemaker_env(src: Path, tmp_path: Path, rank: int) -> None:
     assert env["SM_CURRENT_HOST"] == f"algo-{rank + 1}"
     assert env["SM_CURRENT_HOST_RANK"] == str(rank)
     assert env["SM_HOST_COUNT"] == "2"
-    assert env["SM_MASTER_ADDR"] == "127.0.0.1"
+    assert env["SM_MASTER_ADDR"] == "algo-1"  # SageMaker's: the first host's name
     assert env["SM_MASTER_PORT"] == "29500"
     assert env["SM_NUM_GPUS"] == "1"
     assert env["SM_NUM_CPUS"] == "4"
@@ -295,7 +295,7 @@ def test_sagemaker_env(src: Path, tmp_path: Path, rank: int) -> None:
     assert training["current_host"] == env["SM_CURRENT_HOST"]
     assert training["current_host_rank"] == rank
     assert training["host_count"] == 2
-    assert training["master_addr"] == "127.0.0.1"
+    assert training["master_addr"] == "algo-1"
     assert training["master_port"] == 29500
     assert training["num_gpus"] == 1
     assert training["num_cpus"] == 4

@@ -15,7 +15,10 @@ class NodeInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rank: int = Field(ge=0)
-    host: str  # SageMaker-style logical name: algo-1, algo-2, ...
+    # Its name in SM_HOSTS / SM_CURRENT_HOST: one that resolves to it from every node.
+    # SageMaker's algo-N where trainctl maps the names (containers: --add-host); else an
+    # address (a distinct loopback one per local node: numeric, so it needs no /etc/hosts).
+    host: str
     address: str  # where other nodes reach it (the master address for rank 0)
     root: str  # layout root on that machine: '/' on cloud hosts, a per-node dir locally
 
@@ -38,6 +41,12 @@ class ClusterInfo(BaseModel):
         return [n.host for n in self.nodes]
 
     @property
+    def host_entries(self) -> dict[str, str]:
+        """name -> address of every node whose name is not its address: what a container
+        adds to its /etc/hosts (`--add-host`), so the names resolve in it."""
+        return {n.host: n.address for n in self.nodes if n.host != n.address}
+
+    @property
     def master(self) -> NodeInfo:
         return self.nodes[0]
 
@@ -47,6 +56,27 @@ class ClusterInfo(BaseModel):
 
 def host_name(rank: int) -> str:
     return f"algo-{rank + 1}"
+
+
+def loopback_name(rank: int) -> str:
+    """The SM_HOSTS name of a local node: an address of its own in 127.0.0.0/8 (all of it
+    reaches this machine on Linux), so `hosts.index(current_host)` tells nodes apart and
+    `tcp://{hosts[0]}:port` reaches rank 0 with no name to resolve."""
+    return f"127.0.{1 + rank // 254}.{1 + rank % 254}"
+
+
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def node_name(rank: int, address: str, *, in_container: bool) -> str:
+    """A node's SM_HOSTS name: algo-N in a container (mapped there to an IP address), else
+    the address the other nodes reach it at (as MASTER_ADDR does)."""
+    return host_name(rank) if in_container and is_ip(address) else address
 
 
 def loopback_network_env() -> dict[str, str]:

@@ -63,6 +63,19 @@ class Settings(BaseSettings):
     heartbeat_timeout_seconds: float = Field(
         default=60.0, gt=0, description="A node silent this long is considered lost."
     )
+    startup_timeout_seconds: float = Field(
+        default=1800.0,
+        ge=0,
+        description="An attempt whose nodes report no training step and print no new log "
+        "line for this long before the first step has hung: it fails (0: never). Repeated "
+        "lines (the same text with other numbers) are not new.",
+    )
+    progress_timeout_seconds: float = Field(
+        default=1800.0,
+        ge=0,
+        description="After the first step: no step and no new log line for this long and "
+        "the attempt has hung: it fails (0: never).",
+    )
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )

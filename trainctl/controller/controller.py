@@ -21,6 +21,7 @@ from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import AttemptEnd, LiveNode, count_step, settle_steps_lost
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
+from trainctl.controller.progress import ProgressWatch
 from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
@@ -367,6 +368,11 @@ class Controller:
         next_stop_check = 0.0
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
         first_abnormal: float | None = None
+        progress = ProgressWatch(
+            self.settings.startup_timeout_seconds,
+            self.settings.progress_timeout_seconds,
+            time.monotonic(),
+        )
         while True:
             if self._lease is not None and self._lease.lost.is_set():
                 raise LeaseLost(self.name)
@@ -390,8 +396,13 @@ class Controller:
                         first_abnormal = now
                 elif (msg := parse_control(line)) is not None:
                     self._on_control(node, msg, nodes)
+                    if msg.get("event") in ("step", "checkpoint"):
+                        progress.step(now)
+                    elif msg.get("event") in ("launched", "idle"):
+                        progress.activity(now)  # the clock runs from the user's code start
                 else:
                     self._on_line(rank, line)
+                    progress.line(rank, line, now)
             self._fire_due_faults(cluster, nodes, now)
             for rank, why in self._machines_lost.items():
                 node = nodes[rank]
@@ -445,6 +456,14 @@ class Controller:
                 or now - first_abnormal > SETTLE_SECONDS
             ):
                 return self._classify_failure(nodes)
+            started = self._training_started is not None  # staging is not the user's time
+            if first_abnormal is None and started and (hang := progress.hung(now)) is not None:
+                # The user's code is stuck (a rendezvous that never forms, a deadlock):
+                # it fails, counted against max_restarts, and everything is torn down.
+                self.jobs.event("hung", attempt=cluster.attempt, reason=hang)
+                self._info(f"attempt {cluster.attempt} hung: {hang}")
+                self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
+                return AttemptEnd("failed", hang, exit_code=1)
 
     def _save_progress(self) -> None:
         """Save the record if steps or metrics moved since the last save (a store PUT each)."""

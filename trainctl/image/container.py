@@ -80,6 +80,7 @@ def container_command(
     shm_size: str = DEFAULT_SHM_SIZE,
     memlock_unlimited: bool | None = None,
     mounts: Sequence[Mount] = (),
+    hosts: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The attached `<engine> run` that runs `agent_argv` in `image` as one node.
 
@@ -87,6 +88,7 @@ def container_command(
     engine's own environment. `node_root` is the node's layout root on the host: its
     `opt/ml` is mounted at /opt/ml. `memlock_unlimited` defaults to "the node has GPUs or
     EFA devices". The image must have been pulled (see `ensure_image`): the run never pulls.
+    `hosts` (name -> IP address) go into the container's /etc/hosts: SageMaker's algo-N.
     """
     if not agent_argv:
         raise ValueError("agent_argv is empty")
@@ -96,6 +98,8 @@ def container_command(
     argv += ["--pull", "never", "--init", "--sig-proxy=true"]
     if network_host:
         argv += ["--network", "host"]
+    for name, address in sorted((hosts or {}).items()):
+        argv += ["--add-host", f"{name}:{address}"]
     if ipc_host:
         argv += ["--ipc", "host"]
     else:

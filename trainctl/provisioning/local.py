@@ -18,7 +18,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name, loopback_network_env
+from trainctl.cluster import (
+    ClusterInfo,
+    NodeInfo,
+    host_name,
+    loopback_name,
+    loopback_network_env,
+)
 from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
 from trainctl.settings import get_settings
@@ -119,7 +125,10 @@ class LocalProvider(Provider):
         for rank in range(spec.instance_count):
             # In a container the node's opt/ml is /opt/ml: the layout root is "/" there.
             root = "/" if spec.image_uri else str(self.node_root(job, attempt, rank))
-            nodes.append(NodeInfo(rank=rank, host=host_name(rank), address=LOOPBACK, root=root))
+            # In a container algo-N is mapped to the loopback address (--add-host); as plain
+            # processes each node's name is a loopback address of its own.
+            name = host_name(rank) if spec.image_uri else loopback_name(rank)
+            nodes.append(NodeInfo(rank=rank, host=name, address=LOOPBACK, root=root))
         network_env = loopback_network_env()
         return ClusterInfo(
             job=job,
@@ -158,6 +167,7 @@ class LocalProvider(Provider):
             agent_argv=argv,
             gpus=0,  # the local instance type has no GPUs of its own
             efa_devices=0,
+            hosts=cluster.host_entries,
             mounts=container_mounts(spec, argv),
         )
 

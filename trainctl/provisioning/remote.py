@@ -146,6 +146,7 @@ def start_in_container(
         agent_argv=argv,
         gpus=gpus,
         efa_devices=efa_devices,
+        hosts=cluster.host_entries,
         # file:// locations exist only where the controller is: on a loopback host
         mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
     )

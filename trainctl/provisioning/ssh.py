@@ -21,7 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name, is_loopback, loopback_network_env
+from trainctl.cluster import (
+    ClusterInfo,
+    NodeInfo,
+    is_loopback,
+    loopback_network_env,
+    node_name,
+)
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
@@ -321,7 +327,12 @@ class SshProvider(Provider):
             provider=self.name,
             instance_type=spec.instance_type,
             nodes=[
-                NodeInfo(rank=rank, host=host_name(rank), address=host.address, root=root)
+                NodeInfo(
+                    rank=rank,
+                    host=node_name(rank, host.address, in_container=bool(spec.image_uri)),
+                    address=host.address,
+                    root=root,
+                )
                 for rank, (host, root) in enumerate(zip(hosts, roots, strict=True))
             ],
             master_port=port,

@@ -19,7 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainctl.cluster import LOOPBACK_ENV, ClusterInfo, NodeInfo, host_name, is_loopback
+from trainctl.cluster import (
+    LOOPBACK_ENV,
+    ClusterInfo,
+    NodeInfo,
+    is_loopback,
+    node_name,
+)
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws import resources
@@ -313,7 +319,12 @@ class AwsProvider(Provider):
         if spec.image_uri:
             roots = ["/"] * len(addresses)  # the agent sees the host's node dir at /opt/ml
         nodes = [
-            NodeInfo(rank=rank, host=host_name(rank), address=address, root=root)
+            NodeInfo(
+                rank=rank,
+                host=node_name(rank, address, in_container=bool(spec.image_uri)),
+                address=address,
+                root=root,
+            )
             for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
         ]
         return ClusterInfo(
