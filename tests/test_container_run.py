@@ -750,3 +750,64 @@ def test_sm_hosts_process_group_on_ssh_hosts_in_containers(in_podman, node_image
     check_sm_hosts_job(job)
     assert json.loads(model_files(job)["leader.json"])["hosts"] == ["algo-1", "algo-2"]
     assert not job_containers(in_podman, job.name)
+
+
+NOTEBOOK_CELLS = [
+    # What the notebook had: `from sagemaker.pytorch import PyTorch` - the one changed line.
+    "from trainctl.sagemaker import PyTorch",
+    """role = "arn:aws:iam::111122223333:role/service-role/AmazonSageMaker-ExecutionRole"
+estimator = PyTorch(
+    entry_point="train.py",
+    source_dir=SOURCE_DIR,
+    role=role,
+    image_uri=IMAGE_URI,
+    instance_count=2,
+    instance_type="local",
+    base_job_name=BASE_JOB_NAME,
+    hyperparameters={"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10},
+    distribution={"torch_distributed": {"enabled": True}},
+    metric_definitions=[{"Name": "train:loss", "Regex": r"epoch \\d+/\\d+ loss=([0-9.]+)"}],
+)""",
+    "estimator.fit()",
+    "print(estimator.model_data)\nprint(estimator.latest_training_job.describe()['state'])",
+    "df = estimator.training_job_analytics.dataframe()\nprint(df.to_json(orient='records'))",
+]
+
+
+@pytest.mark.timeout(240)
+def test_sagemaker_notebook_runs_with_one_changed_import(in_podman, node_image, tmp_path):
+    """A SageMaker local-mode notebook (PyTorch in a container image), its import changed
+    to trainctl.sagemaker, executed cell by cell in a real kernel (nbclient)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    parameters = (
+        f"SOURCE_DIR = {str(EXAMPLES / 'digits')!r}\nIMAGE_URI = {node_image!r}\n"
+        f"BASE_JOB_NAME = {JOB_PREFIX + '-nb'!r}"
+    )
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(parameters)] + [
+        nbformat.v4.new_code_cell(source) for source in NOTEBOOK_CELLS
+    ]
+    NotebookClient(
+        notebook,
+        timeout=200,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    path = tmp_path / "sagemaker-notebook.ipynb"
+    nbformat.write(notebook, path)  # kept with the test's files, outputs included
+
+    def text(cell: int) -> str:  # streams, and what rich displays in a notebook
+        outputs = notebook.cells[cell].outputs
+        return "".join(
+            o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs
+        )
+
+    assert "[algo-1]" in text(3) and "Completed" in text(3)  # fit() streamed both nodes
+    model, state = text(4).split()
+    assert model.endswith("/output/model.tar.gz") and state == "Completed"
+    rows = json.loads(text(5))
+    assert [r["metric_name"] for r in rows] == ["train:loss", "train:loss"]
+    assert all(r["value"] > 0 for r in rows)
+    assert not job_containers(in_podman, f"{JOB_PREFIX}-nb")

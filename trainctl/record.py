@@ -50,6 +50,11 @@ class JobKeys:
         return f"{self.prefix}/lease.json"
 
     @property
+    def metrics(self) -> str:
+        """Prefix of the metric history: parts of JSON lines, named so they sort in time."""
+        return f"{self.prefix}/metrics/"
+
+    @property
     def stop(self) -> str:
         return f"{self.prefix}/control/stop"
 
@@ -252,6 +257,26 @@ class JobStore:
     def event(self, kind: str, **fields: Any) -> None:
         line = json.dumps({"time": now_iso(), "type": kind, **fields}, default=str)
         self.store.append_bytes(self.keys.events, (line + "\n").encode())
+
+    def save_metric_points(self, points: list[dict[str, Any]]) -> None:
+        """Add points ({"time", "name", "value", "rank"}) to the metric history: one new
+        part object per call (no read-modify-write, whatever the store)."""
+        if not points:
+            return
+        import os
+        import time
+
+        part = f"{self.keys.metrics}{int(time.time() * 1000):015d}-{os.getpid()}.jsonl"
+        self.store.put_text(part, "".join(json.dumps(p) + "\n" for p in points))
+
+    def metric_history(self) -> list[dict[str, Any]]:
+        """Every metric point in time order ({"time": epoch seconds, "name", "value", "rank"})."""
+        points = []
+        for info in self.store.list(self.keys.metrics):
+            for line in self.store.get_text(info.key).splitlines():
+                if line.strip():
+                    points.append(json.loads(line))
+        return sorted(points, key=lambda p: p["time"])
 
     def events(self) -> list[dict[str, Any]]:
         try:

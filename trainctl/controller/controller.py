@@ -89,6 +89,7 @@ class Controller:
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
         ]
+        self._metric_points: list[dict[str, Any]] = []  # not yet in the store
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -465,8 +466,14 @@ class Controller:
                 self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
                 return AttemptEnd("failed", hang, exit_code=1)
 
+    def _save_metric_points(self) -> None:
+        points, self._metric_points = self._metric_points, []
+        self.jobs.save_metric_points(points)
+
     def _save_progress(self) -> None:
-        """Save the record if steps or metrics moved since the last save (a store PUT each)."""
+        """Save the record if steps or metrics moved since the last save (a store PUT each),
+        and the metric points seen since."""
+        self._save_metric_points()
         progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
         if progress != self._saved_progress:
             self._saved_progress = progress
@@ -578,9 +585,13 @@ class Controller:
         for metric, pattern in self._metric_patterns:
             if (m := pattern.search(line)) is not None:
                 try:
-                    self.record.metrics[metric] = float(m.group(1))
-                except (TypeError, ValueError):
-                    pass
+                    value = float(m.group(1))
+                except (TypeError, ValueError, IndexError):
+                    continue
+                self.record.metrics[metric] = value
+                self._metric_points.append(
+                    {"time": round(time.time(), 3), "name": metric, "value": value, "rank": rank}
+                )
 
     def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure."""
@@ -646,6 +657,7 @@ class Controller:
                 output_store(rec).put_text("failure", text)
             except Exception:
                 pass
+        self._save_metric_points()
         detail_fields = {
             k: v for k, v in {"reason": reason, "stop_reason": stop_reason}.items() if v
         }

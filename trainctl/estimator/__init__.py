@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from trainctl.errors import SpecError, TrainctlError
+from trainctl.errors import TrainctlError
 from trainctl.spec.build import build_spec
 from trainctl.spec.job import JobSpec
 from trainctl.state import JobState
@@ -72,6 +72,13 @@ class TrainingJob:
         from trainctl.record import JobStore
 
         return JobStore(self.store, self.name).events()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The job's metric history (its metric_definitions matched in every node's log):
+        [{"time": epoch seconds, "name", "value", "rank"}] in time order."""
+        from trainctl.record import JobStore
+
+        return JobStore(self.store, self.name).metric_history()
 
     def wait(self, logs: bool = False, timeout: float | None = None, raise_on_failure: bool = True):
         """Block until the job ends; with `logs`, stream its node logs meanwhile. A job
@@ -217,13 +224,14 @@ class Estimator:
 
     def fit(
         self,
-        inputs: str | dict[str, str] | None = None,
+        inputs: Any = None,
         wait: bool = True,
         logs: bool = True,
         job_name: str | None = None,
         dry_run: bool = False,
     ) -> Any:
-        """Run the job. `inputs`: a URI (channel 'training') or {channel: URI}.
+        """Run the job. `inputs`: a URI or a TrainingInput (channel 'training'), or
+        {channel: URI or TrainingInput}.
 
         With `wait`, returns the TrainingJob when the job ends and raises JobFailedError
         unless it Completed; without, returns it at once while a detached controller runs
@@ -234,13 +242,11 @@ class Estimator:
         from trainctl.controller.controller import Controller
         from trainctl.controller.logs import LogPrinter
         from trainctl.controller.submit import create_job, default_store, start_detached
+        from trainctl.estimator.inputs import split_inputs
         from trainctl.store import open_store
 
-        if isinstance(inputs, str):
-            inputs = {"training": inputs}
-        elif inputs is not None and not isinstance(inputs, dict):
-            raise SpecError("inputs", "must be a URI string or a {channel: URI} dict")
-        fields = {**self._fields, "inputs": dict(inputs or {})}
+        uris, channel_config = split_inputs(inputs)
+        fields = {**self._fields, "inputs": uris, "channel_config": channel_config}
         if job_name or self._fields["job_name"]:
             fields["job_name"] = job_name or self._fields["job_name"]
         elif self.base_job_name:

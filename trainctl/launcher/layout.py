@@ -111,10 +111,17 @@ def resource_config(cluster: ClusterInfo, rank: int) -> dict[str, Any]:
 
 
 def input_data_config(spec: JobSpec) -> dict[str, Any]:
-    return {
-        name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}
-        for name in spec.inputs
-    }
+    out: dict[str, Any] = {}
+    for name in spec.inputs:
+        config = spec.channel_config.get(name)
+        entry = {
+            "TrainingInputMode": "File",
+            "S3DistributionType": config.distribution if config else "FullyReplicated",
+        }
+        if config and config.content_type:
+            entry["ContentType"] = config.content_type
+        out[name] = entry
+    return out
 
 
 def sagemaker_env(

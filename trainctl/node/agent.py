@@ -101,8 +101,12 @@ class Agent:
             self.layout.config / "resourceconfig.json", resource_config(self.cluster, self.rank)
         )
         write_json(self.layout.config / "inputdataconfig.json", input_data_config(self.spec))
+        nodes = len(self.cluster.nodes)
         for name, uri in sorted(self.spec.inputs.items()):
-            stage_channel(name, uri, self.layout.channel(name), self.log)
+            config = self.spec.channel_config.get(name)
+            sharded = config is not None and config.distribution == "ShardedByS3Key"
+            shard = (self.rank, nodes) if sharded else None
+            stage_channel(name, uri, self.layout.channel(name), self.log, shard=shard)
         self.start_checkpoint_sync()
 
     def start_checkpoint_sync(self) -> None:

@@ -29,7 +29,13 @@ from trainctl.spec.capacity import (
     SshHost,
     SubnetIds,
 )
-from trainctl.spec.parts import Distribution, Fault, MetricDefinition, StrictModel
+from trainctl.spec.parts import (
+    ChannelConfig,
+    Distribution,
+    Fault,
+    MetricDefinition,
+    StrictModel,
+)
 
 # SageMaker's job-name rule, so names carry over both ways.
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -100,6 +106,8 @@ class JobSpec(StrictModel):
     distribution: Distribution | None = None
     environment: dict[str, str] = Field(default_factory=dict)
     inputs: dict[ChannelName, InputUri] = Field(default_factory=dict)
+    # Per channel: its distribution (FullyReplicated | ShardedByS3Key) and content type.
+    channel_config: dict[ChannelName, ChannelConfig] = Field(default_factory=dict)
     output_path: str | None = None
     checkpoint_s3_uri: str | None = None
     checkpoint_local_path: str | None = None
@@ -304,6 +312,12 @@ class JobSpec(StrictModel):
                 )
         self._check_capacity()
         self._check_image()
+        unknown = sorted(set(self.channel_config) - set(self.inputs))
+        if unknown:
+            raise ValueError(
+                f"channel_config: {', '.join(unknown)} is not an input channel "
+                f"(inputs: {', '.join(sorted(self.inputs)) or 'none'})"
+            )
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(
                 f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "

@@ -4,7 +4,7 @@ metric definitions, injected faults."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -76,6 +76,15 @@ class Distribution(StrictModel):
         if self.mpi and self.mpi.enabled:
             return "mpi"
         return "python"
+
+
+class ChannelConfig(StrictModel):
+    """How one input channel reaches the nodes (SageMaker's TrainingInput, the parts that
+    trainctl honours): every node gets every object (FullyReplicated), or each of N nodes
+    gets every N-th object of the channel in key order (ShardedByS3Key)."""
+
+    distribution: Literal["FullyReplicated", "ShardedByS3Key"] = "FullyReplicated"
+    content_type: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class MetricDefinition(StrictModel):
