@@ -144,7 +144,7 @@ def test_dependencies_are_copied_next_to_the_source(home, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-def test_fit_with_sagemaker_api_on_two_local_nodes(home, tmp_path):
+def test_fit_with_sagemaker_api_on_two_local_nodes(home, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
@@ -168,6 +168,11 @@ def test_fit_with_sagemaker_api_on_two_local_nodes(home, tmp_path):
     }
     assert "SHARD 0 a.txt,c.txt" in logs[0]
     assert "SHARD 1 b.txt,d.txt" in logs[1]
+    capsys.readouterr()
+    est.logs()  # SageMaker's: the latest job's logs, every node's
+    printed = capsys.readouterr().out
+    assert "[algo-1] SHARD 0 a.txt,c.txt" in printed
+    assert "[algo-2] SHARD 1 b.txt,d.txt" in printed
     frame = est.training_job_analytics.dataframe()
     assert list(frame.columns) == ["timestamp", "metric_name", "value"]
     assert sorted(frame["value"].tolist()) == [0.0, 1.0]
