@@ -269,14 +269,22 @@ class JobStore:
         part = f"{self.keys.metrics}{int(time.time() * 1000):015d}-{os.getpid()}.jsonl"
         self.store.put_text(part, "".join(json.dumps(p) + "\n" for p in points))
 
-    def metric_history(self) -> list[dict[str, Any]]:
-        """Every metric point in time order ({"time": epoch seconds, "name", "value", "rank"})."""
+    def metric_history(self, record: JobRecord | None = None) -> list[dict[str, Any]]:
+        """Every metric value in time order: {"time" (epoch seconds), "name", "value",
+        "step", "attempt", "rank", "redone"} (see trainctl.metrics)."""
+        from trainctl.metrics import mark_redone
+
         points = []
         for info in self.store.list(self.keys.metrics):
-            for line in self.store.get_text(info.key).splitlines():
-                if line.strip():
-                    points.append(json.loads(line))
-        return sorted(points, key=lambda p: p["time"])
+            try:
+                text = self.store.get_text(info.key)
+            except NotFoundError:  # gone between list and get (a job deleted meanwhile)
+                continue
+            points.extend(json.loads(line) for line in text.splitlines() if line.strip())
+        points.sort(key=lambda p: p["time"])
+        record = record or self.load()
+        mark_redone(points, {a.number: a.resumed_from_step for a in record.attempts})
+        return points
 
     def events(self) -> list[dict[str, Any]]:
         try:

@@ -215,8 +215,8 @@ class TrainingJobAnalytics:
         zero = parse_iso(started) if started else 0.0
         rows = [
             {"timestamp": p["time"] - zero, "metric_name": p["name"], "value": p["value"]}
-            for p in self.job.metrics()
-            if self.metric_names is None or p["name"] in self.metric_names
+            for p in self.job.metric_history(self.metric_names)
+            if not p.get("redone")
         ]
         return pd.DataFrame(rows, columns=["timestamp", "metric_name", "value"])
 

@@ -243,7 +243,7 @@ def main(argv=None):
 
             step += 1
             sampler.advance(yb.shape[0])
-            report_step(step)
+            report_step(step, loss=loss.item())  # the loss curve: `trainctl metrics JOB`
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
             if preempt.should_stop():  # SIGTERM on any node: all ranks stop at this step

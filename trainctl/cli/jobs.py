@@ -108,7 +108,18 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         ("store", info["store"]),
     ]
     if record.metrics:
-        rows.append(("metrics", ", ".join(f"{k}={v:g}" for k, v in record.metrics.items())))
+        from trainctl.metrics import series, sparkline
+
+        history = jobs.metric_history(record)
+        rows.append(
+            (
+                "metrics",
+                ", ".join(
+                    f"{k}={v:g} {sparkline([p['value'] for p in series(history, k)])}".rstrip()
+                    for k, v in record.metrics.items()
+                ),
+            )
+        )
     if record.stop_reason:
         rows.append(("stopped", record.stop_reason))
     if record.failure_reason:

@@ -23,6 +23,7 @@ from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
 from trainctl.errors import NotFoundError, UnrunnableJobError
+from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import Provider
@@ -89,7 +90,7 @@ class Controller:
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
         ]
-        self._metric_points: list[dict[str, Any]] = []  # not yet in the store
+        self._metric_recorder = MetricRecorder()  # values not yet in the store
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -466,9 +467,22 @@ class Controller:
                 self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
                 return AttemptEnd("failed", hang, exit_code=1)
 
+    def _record_metric(self, name: str, value: float, rank: int, step: int | None = None) -> None:
+        """A metric value of the current attempt: the latest in the record, every value
+        (thinned past a cap) in the history."""
+        attempt = self.record.attempts[-1] if self.record.attempts else None
+        if step is None and attempt is not None:
+            step = attempt.last_step
+        self.record.metrics[name] = value
+        self._metric_recorder.add(
+            name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
+        )
+
     def _save_metric_points(self) -> None:
-        points, self._metric_points = self._metric_points, []
-        self.jobs.save_metric_points(points)
+        try:
+            self.jobs.save_metric_points(self._metric_recorder.take())
+        except Exception as exc:  # a metric flush must not end the job
+            self._info(f"could not save metrics: {exc}")
 
     def _save_progress(self) -> None:
         """Save the record if steps or metrics moved since the last save (a store PUT each),
@@ -558,6 +572,8 @@ class Controller:
                 self._info("training started on every node")
         elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
             count_step(attempt, event, int(msg["step"]))
+            for name, value in numeric_metrics(msg.get("metrics")).items():
+                self._record_metric(name, value, node.rank, step=int(msg["step"]))
             if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
                 self._resumed(attempt, 0)
         elif event == "resumed" and isinstance(msg.get("step"), int):
@@ -588,10 +604,7 @@ class Controller:
                     value = float(m.group(1))
                 except (TypeError, ValueError, IndexError):
                     continue
-                self.record.metrics[metric] = value
-                self._metric_points.append(
-                    {"time": round(time.time(), 3), "name": metric, "value": value, "rank": rank}
-                )
+                self._record_metric(metric, value, rank)
 
     def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure."""

@@ -73,12 +73,51 @@ class TrainingJob:
 
         return JobStore(self.store, self.name).events()
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """The job's metric history (its metric_definitions matched in every node's log):
-        [{"time": epoch seconds, "name", "value", "rank"}] in time order."""
+    def metric_history(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every metric value in time order, as dicts: time (epoch seconds), name, value,
+        step, attempt, rank, redone (a step a later attempt redid; see trainctl.metrics).
+        `names`: only these metrics (an unknown name is an error naming the known ones)."""
         from trainctl.record import JobStore
 
-        return JobStore(self.store, self.name).metric_history()
+        points = JobStore(self.store, self.name).metric_history()
+        if names:
+            known = sorted({p["name"] for p in points})
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                from trainctl.errors import SpecError
+
+                raise SpecError(
+                    "--metric",
+                    f"job {self.name} has no metric {unknown[0]!r} "
+                    f"(its metrics: {', '.join(known) or 'none yet'})",
+                )
+            points = [p for p in points if p["name"] in names]
+        return points
+
+    def metrics(self, names: list[str] | None = None, *, as_frame: bool | None = None) -> Any:
+        """The metric history (see `metric_history`): a pandas DataFrame when pandas is
+        installed (or `as_frame=True`), else a list of dicts."""
+        points = self.metric_history(names)
+        if as_frame is False:
+            return points
+        try:
+            import pandas as pd
+        except ImportError:
+            if as_frame:
+                raise
+            return points
+        columns = ["time", "name", "value", "step", "attempt", "rank", "redone"]
+        frame = pd.DataFrame(points, columns=columns)
+        frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
+        return frame
+
+    def plot_metrics(self, names: list[str] | None = None, width: int = 80) -> str:
+        """Terminal charts (one per metric) of the current curves, attempts marked."""
+        from trainctl.metrics import terminal_chart
+
+        points = self.metric_history(names)
+        shown = names or sorted({p["name"] for p in points})
+        return "\n".join(terminal_chart(points, name, width=width) for name in shown)
 
     def wait(self, logs: bool = False, timeout: float | None = None, raise_on_failure: bool = True):
         """Block until the job ends; with `logs`, stream its node logs meanwhile. A job

@@ -4,8 +4,10 @@
         ...
         step += 1
         report_step(step)      # cheap: rank 0 only, at most one message every 0.5 s
+        report_step(step, loss=loss.item(), lr=lr)   # with metrics: every call is sent
 
-The controller uses the last reported step to measure how many steps an interruption cost.
+The controller uses the last reported step to measure how many steps an interruption cost;
+metrics go into the job's metric history (`trainctl metrics JOB`, `job.metrics()`).
 Outside trainctl (no TRAINCTL_JOB in the environment) this does nothing.
 """
 
@@ -22,10 +24,12 @@ MIN_INTERVAL = 0.5
 _last_sent: float | None = None
 
 
-def report_step(step: int, *, min_interval: float = MIN_INTERVAL) -> None:
+def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
     """Send `{"event": "step", "step": step}` from global rank 0, throttled to `min_interval`.
 
-    The first call always sends. `Checkpointer.save` reports its step unthrottled.
+    The first call always sends. `Checkpointer.save` reports its step unthrottled. With
+    `metrics` (numbers: loss=0.31, acc=0.9) every call is sent, so no value is lost; the
+    controller thins a metric's history once it is long (see trainctl.metrics).
     """
     global _last_sent
     if not protocol.under_trainctl():
@@ -35,6 +39,11 @@ def report_step(step: int, *, min_interval: float = MIN_INTERVAL) -> None:
     if _global_rank() != 0:
         return
     now = time.monotonic()
+    if metrics:
+        _last_sent = now
+        values = {k: float(v) for k, v in metrics.items()}
+        protocol.send("step", step=int(step), metrics=values)
+        return
     if _last_sent is not None and now - _last_sent < min_interval:
         return
     _last_sent = now

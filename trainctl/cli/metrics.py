@@ -1,0 +1,91 @@
+"""`trainctl metrics JOB`: a job's metric history as a table, JSON, CSV or terminal charts."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sys
+import time
+from typing import Any
+
+import typer
+
+from trainctl.cli.app import app, handle_errors, print_json
+
+FOLLOW_SECONDS = 2.0
+COLUMNS = ["time", "name", "value", "step", "attempt", "rank", "redone"]
+
+
+@app.command()
+@handle_errors
+def metrics(
+    job: str = typer.Argument(..., help="Job name."),
+    metric: list[str] | None = typer.Option(
+        None, "--metric", "-m", help="Only this metric; repeatable."
+    ),
+    output: str = typer.Option("text", "-o", "--output", help="text, json or csv."),
+    plot: bool = typer.Option(False, "--plot", help="A terminal chart per metric."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Refresh until the job ends."),
+) -> None:
+    """Show a job's metrics: the latest value of each (with a sparkline), every value
+    (-o json|csv), or charts (--plot) with each attempt's part of the curve."""
+    from trainctl.errors import SpecError
+    from trainctl.estimator import TrainingJob
+
+    if output not in ("text", "json", "csv"):
+        raise SpecError("--output", f"unknown format {output!r}; allowed: text, json, csv")
+    handle = TrainingJob.attach(job)
+    while True:
+        points = handle.metric_history(metric)
+        ended = handle.state.is_terminal()
+        if not points and (ended or not follow):
+            raise SpecError(
+                "JOB",
+                f"job {job} has no metrics (give metric_definitions, or call "
+                "report_step(step, loss=...) in the script)",
+            )
+        if follow and sys.stdout.isatty():
+            sys.stdout.write("\x1b[2J\x1b[H")  # redraw in place
+        _show(points, metric, output, plot)
+        if not follow or ended:
+            return
+        time.sleep(FOLLOW_SECONDS)
+
+
+def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, plot: bool) -> None:
+    from trainctl.metrics import latest, series, sparkline, terminal_chart
+
+    if output == "json":
+        print_json(points)
+        return
+    if output == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(points)
+        return
+    shown = names or sorted({p["name"] for p in points})
+    if plot:
+        tty = sys.stdout.isatty()
+        width = min(100, shutil.get_terminal_size().columns) if tty else 80
+        for name in shown:
+            sys.stdout.write(terminal_chart(points, name, width=width, colour=tty) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("METRIC", "LATEST", "STEP", "ATTEMPT", "VALUES", "TREND"):
+        table.add_column(col, no_wrap=True)
+    last = latest(points)
+    for name in shown:
+        point = last.get(name)
+        curve = series(points, name)
+        table.add_row(
+            name,
+            "-" if point is None else f"{point['value']:g}",
+            "-" if point is None or point.get("step") is None else str(point["step"]),
+            "-" if point is None else str(point.get("attempt")),
+            str(len(curve)),
+            sparkline([p["value"] for p in curve]),
+        )
+    Console(highlight=False).print(table)
