@@ -60,6 +60,19 @@ class TrainingJob:
         record = jobs.load()
         return {**record.describe(), "controller": controller_view(jobs, record)}
 
+    def __repr__(self) -> str:
+        try:
+            record = self._record()
+        except Exception:  # the store unreachable: still a usable repr
+            return f"TrainingJob({self.name!r})"
+        return f"TrainingJob({self.name!r}, state={record.state.value!r})"
+
+    def _repr_html_(self) -> str:
+        """The notebook view: state, attempts, cost, latest metrics and their curves."""
+        from trainctl.notebook import job_html
+
+        return job_html(self.describe(), self.metric_history())
+
     @property
     def state(self) -> JobState:
         return self._record().state
@@ -123,11 +136,14 @@ class TrainingJob:
         """Block until the job ends; with `logs`, stream its node logs meanwhile. A job
         whose controller is lost (killed, a closed laptop) is taken over by this process,
         which then runs it to its end: waiting never hangs on a dead controller."""
-        from trainctl.controller.logs import LogPrinter
         from trainctl.controller.supervise import supervise
+        from trainctl.notebook import log_printer
 
-        printer = LogPrinter(sys.stdout) if logs else None
-        record = supervise(self.store, self.name, printer=printer, timeout=timeout)
+        printer = log_printer() if logs else None
+        try:
+            record = supervise(self.store, self.name, printer=printer, timeout=timeout)
+        finally:
+            _flush(printer)
         if raise_on_failure and record.state is not JobState.COMPLETED:
             raise JobFailedError(self, record)
         return record.describe()
@@ -157,9 +173,6 @@ class TrainingJob:
         from trainctl.controller.submit import stop_job
 
         return stop_job(self.store, self.name, wait=wait).describe()
-
-    def __repr__(self) -> str:
-        return f"TrainingJob({self.name!r})"
 
 
 class Estimator:
@@ -261,6 +274,18 @@ class Estimator:
     def model_data(self) -> str | None:
         return self.latest_training_job.model_data if self.latest_training_job else None
 
+    def _repr_html_(self) -> str:
+        """The notebook view: what the estimator runs, and its latest job."""
+        import html
+
+        spec = self.spec
+        head = html.escape(
+            f"Estimator: {spec.entry_point} on {spec.instance_count} x {spec.instance_type} "
+            f"({spec.launcher})"
+        )
+        job = self.latest_training_job
+        return f"<div><b>{head}</b>{job._repr_html_() if job else '<div>no job yet</div>'}</div>"
+
     def fit(
         self,
         inputs: Any = None,
@@ -278,10 +303,9 @@ class Estimator:
         provisioning would send and each node's commands and environment; see
         trainctl.controller.plan).
         """
-        from trainctl.controller.controller import Controller
-        from trainctl.controller.logs import LogPrinter
-        from trainctl.controller.submit import create_job, default_store, start_detached
+        from trainctl.controller.submit import create_job, default_store
         from trainctl.estimator.inputs import split_inputs
+        from trainctl.notebook import log_printer
         from trainctl.store import open_store
 
         uris, channel_config = split_inputs(inputs)
@@ -301,7 +325,16 @@ class Estimator:
         record = create_job(spec, store)
         job = TrainingJob(record.name, store)
         self.latest_training_job = job
-        printer = LogPrinter(sys.stdout) if logs else None
+        printer = log_printer() if logs else None
+        try:
+            return self._run(store, record, job, spec, printer, wait)
+        finally:
+            _flush(printer)
+
+    def _run(self, store: Any, record: Any, job: TrainingJob, spec: Any, printer: Any, wait: bool):
+        from trainctl.controller.controller import Controller
+        from trainctl.controller.submit import start_detached
+
         if not wait or spec.controller != "local":
             start_detached(store, record)
             if not wait:
@@ -334,6 +367,12 @@ class Estimator:
     def attach(cls, job_name: str, store_uri: str | None = None) -> TrainingJob:
         """A handle to an existing job (running or ended)."""
         return TrainingJob.attach(job_name, store_uri)
+
+
+def _flush(printer: Any) -> None:
+    """A notebook printer draws its last lines (a terminal one has nothing held back)."""
+    if printer is not None and hasattr(printer, "flush"):
+        printer.flush()
 
 
 def _print_summary(printer: Any, record: Any) -> None:
