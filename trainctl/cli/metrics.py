@@ -1,4 +1,5 @@
-"""`trainctl metrics JOB`: a job's metric history as a table, JSON, CSV or terminal charts."""
+"""`trainctl metrics JOB` (a job's metric history as a table, JSON, CSV or terminal charts) and
+`trainctl ui` (the web dashboard)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,31 @@ def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, pl
             sparkline([p["value"] for p in curve]),
         )
     Console(highlight=False).print(table)
+
+
+@app.command()
+@handle_errors
+def ui(
+    port: int = typer.Option(8377, "--port", "-p", help="Port to listen on."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to listen on. Any but loopback needs a token (--token, else one is "
+        "made and printed).",
+    ),
+    token: str | None = typer.Option(
+        None, "--token", help="Required on every request (?token=... once)."
+    ),
+) -> None:
+    """A read-only web dashboard over the store: jobs, attempts, live logs, metric charts,
+    artifacts."""
+    from trainctl.controller.submit import default_store
+    from trainctl.ui import check_bind, serve
+
+    token = check_bind(host, port, token)
+
+    def ready(url: str) -> None:
+        sys.stderr.write(f"trainctl ui: {url} (Ctrl-C to stop)\n")
+        sys.stderr.flush()
+
+    serve(default_store(), host=host, port=port, token=token, ready=ready)

@@ -1,0 +1,180 @@
+"""`trainctl ui` in a real headless browser (Chromium from Debian, driven by Playwright): the
+job list and the page of a real finished 2-node job that was relaunched once - its loss chart
+has points from both attempts, the attempts table has the relaunch, the log panel shows
+`[algo-2]` lines, the model downloads. The dashboard never writes to the store and never shows
+a secret; a token guards it when set; a port in use is one line. Screenshots are saved under
+the test's tmp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRAINCTL, free_port
+
+pytestmark = pytest.mark.e2e
+SECRET = "dashboard-must-not-show-this-s3cr3t"
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
+    if path is None:
+        message = "chromium is not installed (apt-get install chromium)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def relaunched_job(tmp_path_factory):
+    """A finished 2-node digits job relaunched once (a node killed mid-training), with a
+    secret in its environment."""
+    from tests.test_fault_tolerance import digits
+
+    home = tmp_path_factory.mktemp("dashboard-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRAINCTL_HOME", str(home))
+    mp.delenv("TRAINCTL_STORE", raising=False)
+    try:
+        job = digits(
+            step_delay=0.05, faults=["kill:1@8"], environment={"WANDB_API_KEY": SECRET}
+        ).fit(logs=False)
+        info = job.describe()
+        assert info["state"] == "Completed" and len(info["attempts"]) == 2
+        yield home, job
+    finally:
+        mp.undo()
+
+
+class Dashboard:
+    def __init__(self, home: Path, *args: str) -> None:
+        self.port = free_port()
+        env = {**os.environ, "TRAINCTL_HOME": str(home)}
+        env.pop("TRAINCTL_STORE", None)
+        self.proc = subprocess.Popen(
+            [TRAINCTL, "ui", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        assert line.startswith("trainctl ui: http://127.0.0.1:"), line
+        self.url = line.split()[2]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        base = self.url.split("?")[0].rstrip("/")
+        try:
+            with urllib.request.urlopen(base + path, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+def _store_snapshot(home: Path) -> dict[str, tuple[int, int]]:
+    root = home / "store"
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.timeout(300)
+def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    home, job = relaunched_job
+    before = _store_snapshot(home)
+    ui = Dashboard(home)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(ui.url)
+            row = page.locator("tr.job-row", has_text=job.name)
+            row.wait_for(timeout=30_000)
+            assert "Completed" in row.inner_text()
+            page.screenshot(path=str(tmp_path / "jobs.png"), full_page=True)
+
+            page.click(f"text={job.name}")
+            page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
+            points = page.locator(".chart[data-metric='loss'] circle.pt").count()
+            assert points > 20, points
+            assert page.locator(".chart[data-metric='loss'] path.line").count() == 2  # attempts
+            attempts = page.locator("#attempts-table tr.attempt")
+            assert attempts.count() == 2
+            assert "killed by injected fault kill:1@8" in attempts.nth(0).inner_text()
+            node2 = page.locator("pre[data-node='algo-2']").first.inner_text()
+            assert "[algo-2]" in node2 and "@@trainctl@@" not in node2
+            model = page.locator("#artifacts-table a", has_text="output/model.tar.gz")
+            assert model.count() == 1
+            with page.expect_download() as download:
+                model.click()
+            saved = tmp_path / "model.tar.gz"
+            download.value.save_as(saved)
+            assert saved.read_bytes() == job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")
+            page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
+            assert SECRET not in page.content()
+            browser.close()
+        for path in ("/api/jobs", f"/api/jobs/{job.name}", f"/api/jobs/{job.name}/metrics"):
+            status, body = ui.get(path)
+            assert status == 200 and SECRET.encode() not in body
+        assert ui.get("/api/jobs/no-such-job")[0] == 404
+        assert ui.get(f"/api/jobs/{job.name}/files/../../etc/passwd")[0] in (400, 404)
+    finally:
+        ui.close()
+    assert (tmp_path / "job.png").stat().st_size > 10_000
+    assert _store_snapshot(home) == before, "the dashboard changed the store"
+
+
+@pytest.mark.timeout(60)
+def test_a_token_guards_the_dashboard(home):
+    ui = Dashboard(home, "--token", "letmein")
+    try:
+        assert ui.url.endswith("?token=letmein")
+        assert ui.get("/api/jobs")[0] == 401
+        assert ui.get("/api/jobs?token=wrong")[0] == 401
+        assert ui.get("/api/jobs?token=letmein") == (200, b"[]")
+    finally:
+        ui.close()
+    from trainctl.ui import check_bind
+
+    assert check_bind("0.0.0.0", 8377, None)  # any other address gets a token made for it
+    assert check_bind("127.0.0.1", 8377, None) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_port_in_use_is_one_line(home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            [TRAINCTL, "ui", "--port", str(port)], capture_output=True, text=True, timeout=30
+        )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --port: 127.0.0.1:{port} is in use")
+    assert time.monotonic() - started < 20

@@ -1,0 +1,76 @@
+"""`trainctl ui`: the read-only web dashboard over a store (see trainctl.ui.app)."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import socket
+from typing import Any
+
+from trainctl.errors import SpecError, StoreError, TrainctlError
+
+DEFAULT_PORT = 8377
+
+
+def check_bind(host: str, port: int, token: str | None) -> str | None:
+    """The token the server needs: None on loopback without one; a given or new one for
+    any other address (the dashboard shows everything the store holds)."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and token is None:
+        return secrets.token_urlsafe(24)
+    if not 1 <= port <= 65535:
+        raise SpecError("--port", f"{port} is not a port (1-65535)")
+    return token
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise SpecError(
+                "--port",
+                f"{host}:{port} is in use or not available ({exc.strerror}); "
+                "pick another with --port",
+            ) from None
+
+
+def serve(store: Any, *, host: str, port: int, token: str | None, ready: Any = None) -> None:
+    """Serve the dashboard until interrupted. `ready(url)` is called once it listens."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise TrainctlError(
+            "the dashboard needs starlette and uvicorn: pip install 'trainctl[ui]'"
+        ) from None
+
+    from trainctl.ui.app import make_app
+
+    try:
+        store.list_dirs("jobs")  # an unreachable store is one line now, not a 500 later
+    except (OSError, StoreError) as exc:
+        raise TrainctlError(f"cannot read the store {store.uri}: {exc}") from None
+    check_port_free(host, port)
+    config = uvicorn.Config(
+        make_app(store, token=token), host=host, port=port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    if ready is not None:
+        import threading
+
+        def announce() -> None:
+            import time
+
+            while not server.started and not server.should_exit:
+                time.sleep(0.05)
+            if server.started:
+                shown = f"[{host}]" if ":" in host else host
+                ready(f"http://{shown}:{port}/" + (f"?token={token}" if token else ""))
+
+        threading.Thread(target=announce, daemon=True).start()
+    server.run()

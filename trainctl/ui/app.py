@@ -1,0 +1,183 @@
+"""`trainctl ui`: a local, read-only web dashboard over a store (Starlette, served by uvicorn).
+
+Pages (HTML shells that the bundled scripts fill from the JSON API; nothing is fetched from
+elsewhere): the job list, and a job page with its attempts, metric charts, each node's live
+log and its artifacts.
+
+    GET /                                       job list
+    GET /jobs/{job}                             job page
+    GET /api/jobs                               [describe()] newest first
+    GET /api/jobs/{job}                         describe() (the same redaction)
+    GET /api/jobs/{job}/metrics                 the metric history
+    GET /api/jobs/{job}/logs?attempt=&rank=&offset=   a log from a byte offset
+    GET /api/jobs/{job}/artifacts               the job's files
+    GET /api/jobs/{job}/files/{path}            one file, downloaded
+
+Read-only: only GET routes exist, and none writes to the store. A token, when set, is
+required on every request (`?token=` once, then a cookie).
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+from importlib import resources
+from typing import Any
+
+from trainctl.store import Store
+
+STATIC = ("app.js", "chart.js", "style.css")
+MAX_LOG_CHUNK = 256 * 1024
+TOKEN_COOKIE = "trainctl_token"
+
+
+def make_app(store: Store, *, token: str | None = None) -> Any:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from trainctl.controller.supervise import controller_view
+    from trainctl.errors import NotFoundError, TrainctlError
+    from trainctl.record import JobKeys, JobStore, list_jobs
+
+    def job_store(request: Request) -> JobStore:
+        name = request.path_params["job"]
+        jobs = JobStore(store, name)
+        if not jobs.exists():
+            raise NotFoundError(f"no job {name!r} in {store.uri}")
+        return jobs
+
+    def describe(jobs: JobStore) -> dict[str, Any]:
+        record = jobs.load()
+        return {**record.describe(), "controller": controller_view(jobs, record)}
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(_page("trainctl jobs", "jobs", store.uri))
+
+    async def job_page(request: Request) -> Response:
+        jobs = job_store(request)
+        return HTMLResponse(_page(f"trainctl {jobs.name}", "job", store.uri, job=jobs.name))
+
+    async def api_jobs(request: Request) -> Response:
+        return JSONResponse([r.describe() for r in list_jobs(store)])
+
+    async def api_job(request: Request) -> Response:
+        return JSONResponse(describe(job_store(request)))
+
+    async def api_metrics(request: Request) -> Response:
+        return JSONResponse(job_store(request).metric_history())
+
+    async def api_logs(request: Request) -> Response:
+        jobs = job_store(request)
+        try:
+            attempt = int(request.query_params.get("attempt", "1"))
+            rank = int(request.query_params.get("rank", "0"))
+            offset = max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            return PlainTextResponse("attempt, rank and offset are numbers", status_code=400)
+        try:
+            chunk = store.get_range(JobKeys(jobs.name).log(attempt, rank), offset)
+        except NotFoundError:
+            chunk = b""
+        whole = len(chunk) <= MAX_LOG_CHUNK and jobs.load().state.is_terminal()
+        chunk = chunk[:MAX_LOG_CHUNK]
+        if not whole:  # whole lines only: the rest comes with the next poll
+            chunk = chunk[: chunk.rindex(b"\n") + 1] if b"\n" in chunk else b""
+        from trainctl.protocol import CONTROL_PREFIX
+
+        lines = [
+            line
+            for line in chunk.decode("utf-8", errors="replace").splitlines()
+            if CONTROL_PREFIX not in line
+        ]
+        return JSONResponse({"offset": offset + len(chunk), "lines": lines})
+
+    async def api_artifacts(request: Request) -> Response:
+        from trainctl.controller.artifacts import job_artifacts
+
+        jobs = job_store(request)
+        prefix = store.child(JobKeys(jobs.name).prefix).uri
+        files = []
+        for root, infos in job_artifacts(store, jobs.name):
+            for info in infos:
+                path = info.key if root == prefix else f"output/{info.key}"
+                files.append({"path": path, "size": info.size, "mtime": info.mtime})
+        return JSONResponse(sorted(files, key=lambda f: f["path"]))
+
+    async def api_file(request: Request) -> Response:
+        from trainctl.record import output_store
+
+        jobs = job_store(request)
+        path = request.path_params["path"].strip("/")
+        if not path or ".." in path.split("/"):
+            return PlainTextResponse("not a file of the job", status_code=400)
+        candidates = [(store.child(JobKeys(jobs.name).prefix), path)]
+        if path.startswith("output/"):
+            candidates.append((output_store(jobs.load()), path[len("output/") :]))
+        for root, key in candidates:
+            try:
+                data = root.get_bytes(key)
+            except NotFoundError:
+                continue
+            leaf = path.rsplit("/", 1)[-1].replace('"', "")
+            return Response(
+                data,
+                media_type="application/octet-stream",
+                headers={"Content-Disposition": f'attachment; filename="{leaf}"'},
+            )
+        return PlainTextResponse(f"{path} not found", status_code=404)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return PlainTextResponse("not found", status_code=404)
+        text = resources.files("trainctl.ui").joinpath("static", name).read_text()
+        kind = {"js": "text/javascript", "css": "text/css"}[name.rsplit(".", 1)[1]]
+        return Response(text, media_type=kind)
+
+    class Guard(BaseHTTPMiddleware):
+        """Token check (when set); errors as one line, never a traceback."""
+
+        async def dispatch(self, request: Request, call_next: Any) -> Response:
+            if token is not None:
+                given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE)
+                if not given or not hmac.compare_digest(given, token):
+                    return PlainTextResponse("a token is required", status_code=401)
+            try:
+                response = await call_next(request)
+            except NotFoundError as exc:
+                return PlainTextResponse(str(exc), status_code=404)
+            except TrainctlError as exc:
+                return PlainTextResponse(str(exc), status_code=502)
+            if token is not None and request.query_params.get("token"):
+                response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            response.headers["Cache-Control"] = "no-store"
+            return response
+
+    routes = [
+        Route("/", index),
+        Route("/jobs/{job}", job_page),
+        Route("/api/jobs", api_jobs),
+        Route("/api/jobs/{job}", api_job),
+        Route("/api/jobs/{job}/metrics", api_metrics),
+        Route("/api/jobs/{job}/logs", api_logs),
+        Route("/api/jobs/{job}/artifacts", api_artifacts),
+        Route("/api/jobs/{job}/files/{path:path}", api_file),
+        Route("/static/{name}", static),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(Guard)])
+
+
+def _page(title: str, view: str, store_uri: str, *, job: str = "") -> str:
+    esc = html.escape
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
+<link rel="stylesheet" href="/static/style.css">
+<script src="/static/chart.js"></script><script src="/static/app.js"></script></head>
+<body data-view="{esc(view)}" data-job="{esc(job)}">
+<header><a href="/">trainctl</a> <span class="store">{esc(store_uri)}</span></header>
+<main id="main"><p class="muted">loading...</p></main>
+</body></html>"""

@@ -1,0 +1,148 @@
+/* trainctl dashboard: renders the job list and a job page from the JSON API, polling while
+ * a job runs. Everything here is bundled with trainctl; no request leaves the dashboard. */
+(function () {
+  var COLORS = ["#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989"];
+  var TERMINAL = { Completed: 1, Failed: 1, Stopped: 1 };
+  function esc(s) {
+    return String(s == null ? "-" : s).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+  function get(url) {
+    return fetch(url, { credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) return r.text().then(function (t) { throw new Error(t || r.statusText); });
+      return r.json();
+    });
+  }
+  function duration(s) {
+    if (s == null) return "-";
+    var m = Math.floor(s / 60), sec = Math.round(s % 60);
+    return m ? m + "m" + (sec < 10 ? "0" : "") + sec + "s" : sec + "s";
+  }
+  function cost(c) { return c && c.usd != null ? "$" + c.usd.toFixed(2) : "-"; }
+  function fail(err) {
+    document.getElementById("main").innerHTML = '<p class="state-Failed">' + esc(err.message) + "</p>";
+  }
+
+  function jobsView() {
+    get("/api/jobs").then(function (jobs) {
+      var rows = jobs.map(function (j) {
+        return '<tr class="job-row"><td><a href="/jobs/' + encodeURIComponent(j.name) + '">' + esc(j.name) +
+          '</a></td><td class="state-' + esc(j.state) + '">' + esc(j.state) + "</td><td>" +
+          esc(j.instance_count + " x " + j.instance_type) + "</td><td>" + esc((j.created_at || "").replace("T", " ").slice(0, 19)) +
+          "</td><td>" + duration(j.duration_s) + "</td><td>" + j.attempts.length + "</td><td>" + cost(j.cost) + "</td></tr>";
+      }).join("");
+      document.getElementById("main").innerHTML = "<h1>Jobs</h1>" + (jobs.length ?
+        "<table id='jobs'><tr><th>name</th><th>state</th><th>instances</th><th>created</th><th>duration</th><th>attempts</th><th>cost</th></tr>" + rows + "</table>" :
+        "<p class='muted'>no jobs in this store yet</p>");
+      if (jobs.some(function (j) { return !TERMINAL[j.state]; })) setTimeout(jobsView, 3000);
+    }).catch(fail);
+  }
+
+  function jobView(name) {
+    var base = "/api/jobs/" + encodeURIComponent(name);
+    var offsets = {};
+    var main = document.getElementById("main");
+    main.innerHTML = "<h1>" + esc(name) + "</h1><div id='summary'></div><h2>Attempts</h2><div id='attempts'></div>" +
+      "<h2>Metrics</h2><div id='charts' class='charts'></div><h2>Logs</h2><div id='logs' class='logs'></div>" +
+      "<h2>Artifacts</h2><div id='artifacts'></div>";
+    function summary(info) {
+      var rows = [["state", '<span class="state-' + esc(info.state) + '">' + esc(info.state) + "</span>"],
+        ["instances", esc(info.instance_count + " x " + info.instance_type)], ["launcher", esc(info.launcher)],
+        ["duration", duration(info.duration_s)], ["cost", cost(info.cost)], ["model", esc(info.model_data)]];
+      if (info.failure_reason) rows.push(["failure", esc(info.failure_reason)]);
+      if (info.stop_reason) rows.push(["stopped", esc(info.stop_reason)]);
+      if (info.controller && info.controller.lost) rows.push(["controller", "lost " + Math.round(info.controller.silent_seconds) + " s ago"]);
+      document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
+        return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
+      document.getElementById("attempts").innerHTML = "<table id='attempts-table'><tr><th>#</th><th>started</th><th>ended</th><th>outcome</th>" +
+        "<th>resumed from</th><th>last step</th><th>steps lost</th><th>cause</th></tr>" + info.attempts.map(function (a) {
+          return "<tr class='attempt'><td>" + a.number + "</td><td>" + esc((a.started_at || "").slice(11, 19)) + "</td><td>" +
+            esc((a.ended_at || "").slice(11, 19)) + "</td><td>" + esc(a.outcome || "running") + "</td><td>" + esc(a.resumed_from_step) +
+            "</td><td>" + esc(a.last_step) + "</td><td>" + esc(a.steps_lost) + "</td><td>" + esc(a.cause) + "</td></tr>";
+        }).join("") + "</table>";
+      info.attempts.forEach(function (a) {
+        var nodes = a.nodes.length || info.instance_count;
+        for (var rank = 0; rank < nodes; rank++) {
+          var id = "log-" + a.number + "-" + rank;
+          if (!document.getElementById(id)) {
+            var label = "algo-" + (rank + 1) + (a.number > 1 ? " (attempt " + a.number + ")" : "");
+            var div = document.createElement("div");
+            div.className = "log";
+            div.innerHTML = "<div><b>" + esc(label) + "</b></div><pre id='" + id + "' data-node='algo-" + (rank + 1) + "'></pre>";
+            document.getElementById("logs").appendChild(div);
+            offsets[id] = { attempt: a.number, rank: rank, offset: 0 };
+          }
+        }
+      });
+    }
+    function logs() {  /* resolves to whether any log grew (a finished job: read on) */
+      return Promise.all(Object.keys(offsets).map(function (id) {
+        var o = offsets[id];
+        return get(base + "/logs?attempt=" + o.attempt + "&rank=" + o.rank + "&offset=" + o.offset).then(function (r) {
+          var grew = r.offset > o.offset;
+          o.offset = r.offset;
+          if (!r.lines.length) return grew;
+          var pre = document.getElementById(id);
+          var label = "[algo-" + (o.rank + 1) + "] ";
+          pre.textContent += r.lines.map(function (l) { return label + l; }).join("\n") + "\n";
+          pre.scrollTop = pre.scrollHeight;
+          return true;
+        });
+      })).then(function (grew) { return grew.some(Boolean); });
+    }
+    function charts(points) {
+      var byName = {};
+      points.forEach(function (p) { if (!p.redone) (byName[p.name] = byName[p.name] || []).push(p); });
+      var box = document.getElementById("charts");
+      box.innerHTML = "";
+      var names = Object.keys(byName).sort();
+      if (!names.length) { box.innerHTML = "<p class='muted'>no metrics (metric_definitions or report_step(step, loss=...))</p>"; return; }
+      names.forEach(function (name) {
+        var byAttempt = {};
+        byName[name].forEach(function (p, k) {
+          (byAttempt[p.attempt] = byAttempt[p.attempt] || []).push([p.step != null ? p.step : k, p.value]);
+        });
+        var series = Object.keys(byAttempt).sort().map(function (a, k) {
+          return { label: "attempt " + a, color: COLORS[k % COLORS.length], points: byAttempt[a] };
+        });
+        var div = document.createElement("div");
+        div.className = "chart";
+        div.setAttribute("data-metric", name);
+        var last = byName[name][byName[name].length - 1];
+        div.innerHTML = "<div class='title'>" + esc(name) + " <span class='muted'>" + esc(last.value) + "</span></div>";
+        window.trainctlChart(div, series, {});
+        var legend = document.createElement("div");
+        legend.className = "legend";
+        legend.innerHTML = series.map(function (s) { return "<span style='color:" + s.color + "'>&#9644; " + esc(s.label) + "</span>"; }).join("");
+        div.appendChild(legend);
+        box.appendChild(div);
+      });
+    }
+    function artifacts(files) {
+      document.getElementById("artifacts").innerHTML = files.length ? "<table id='artifacts-table'><tr><th>file</th><th>size</th></tr>" +
+        files.map(function (f) {
+          return "<tr><td><a href='" + base + "/files/" + f.path.split("/").map(encodeURIComponent).join("/") + "'>" + esc(f.path) +
+            "</a></td><td>" + f.size + "</td></tr>";
+        }).join("") + "</table>" : "<p class='muted'>none yet</p>";
+    }
+    function refresh() {
+      get(base).then(function (info) {
+        summary(info);
+        return Promise.all([get(base + "/metrics").then(charts), logs(), get(base + "/artifacts").then(artifacts)]).then(function (done) {
+          document.body.setAttribute("data-state", info.state);
+          if (!TERMINAL[info.state]) setTimeout(refresh, 2000);
+          else if (done[1]) setTimeout(refresh, 0);  /* more log to read */
+          else document.body.setAttribute("data-loaded", "1");
+        });
+      }).catch(fail);
+    }
+    refresh();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var view = document.body.getAttribute("data-view");
+    if (view === "job") jobView(document.body.getAttribute("data-job"));
+    else jobsView();
+  });
+})();
