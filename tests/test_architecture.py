@@ -26,6 +26,10 @@ CLIENT = (
     "trainctl.packaging",
     "trainctl.provisioning",
     "trainctl.transport",
+    "trainctl.ui",
+    "trainctl.sagemaker",
+    "trainctl.notebook",
+    "trainctl.progress",
 )
 # layer (module or package) -> what it may import of trainctl (modules or packages).
 FOUNDATION = ("trainctl.errors", "trainctl.version", "trainctl.protocol", "trainctl.state")
@@ -34,7 +38,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "trainctl.spec": (*FOUNDATION, "trainctl.spec", "trainctl.settings"),
     "trainctl.settings": (*FOUNDATION, "trainctl.spec.capacity", "trainctl.spec.catalog"),
     "trainctl.store": (*FOUNDATION, "trainctl.store", "trainctl.spec.uris"),
-    "trainctl.record": (*FOUNDATION, "trainctl.spec", "trainctl.store"),
+    "trainctl.record": (*FOUNDATION, "trainctl.spec", "trainctl.store", "trainctl.metrics"),
+    # Metric history's pure parts: a leaf (plotext, lazily, for charts).
+    "trainctl.metrics": (),
     "trainctl.launcher": (*FOUNDATION, "trainctl.launcher", "trainctl.spec", "trainctl.cluster"),
     # What a node imports: never a client-side package.
     "trainctl.node": (

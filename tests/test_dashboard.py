@@ -178,3 +178,54 @@ def test_a_port_in_use_is_one_line(home):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --port: 127.0.0.1:{port} is in use")
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(240)
+def test_curve_and_logs_grow_while_the_job_trains(home, tmp_path):
+    """Watching a running job: the browser's loss chart and log panel grow as it trains;
+    `trainctl metrics -f` follows it to its end."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_fault_tolerance import digits
+
+    chromium = _chromium()
+    job = digits(step_delay=0.05, hyperparameters={"epochs": 60, "lr": 0.1, "seed": 0}).fit(
+        wait=False
+    )
+    follower = subprocess.Popen(
+        [TRAINCTL, "metrics", job.name, "-f", "-o", "csv"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ui = Dashboard(home)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(ui.url.rstrip("/") + f"/jobs/{job.name}")
+            points = page.locator(".chart[data-metric='loss'] circle.pt")
+            page.wait_for_function(
+                "document.querySelectorAll(\".chart[data-metric='loss'] circle.pt\").length > 5",
+                timeout=90_000,
+            )
+            first, lines = points.count(), page.locator("pre[data-node='algo-1']").inner_text()
+            page.wait_for_function(
+                f"document.querySelectorAll(\".chart[data-metric='loss'] circle.pt\").length"
+                f" > {first}",
+                timeout=30_000,
+            )
+            assert page.locator("body").get_attribute("data-state") == "Training"
+            page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+            assert len(page.locator("pre[data-node='algo-1']").inner_text()) >= len(lines)
+            browser.close()
+    finally:
+        ui.close()
+        job.stop(wait=True)
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    rows = out.splitlines()
+    assert rows[0] == "time,name,value,step,attempt,rank,redone"
+    assert out.count("time,name,value") == 1  # streamed: each value once, one header
+    steps = [int(r.split(",")[3]) for r in rows[1:]]
+    assert len(steps) > 10 and len(set(steps)) == len(steps)

@@ -54,6 +54,10 @@ def check_output(output: str) -> None:
         from trainctl.errors import SpecError
 
         raise SpecError("--output", f"unknown format {output!r}; allowed: text, json")
+    if output == "json":  # machine-read output: no progress bars on stderr either
+        from trainctl.progress import quiet
+
+        quiet()
 
 
 def print_json(data: Any) -> None:

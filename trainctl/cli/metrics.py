@@ -36,21 +36,50 @@ def metrics(
     if output not in ("text", "json", "csv"):
         raise SpecError("--output", f"unknown format {output!r}; allowed: text, json, csv")
     handle = TrainingJob.attach(job)
+    printed: set[tuple[Any, ...]] = set()  # -f with json/csv: each value once, as it comes
     while True:
-        points = handle.metric_history(metric)
         ended = handle.state.is_terminal()
+        points = handle.metric_history(metric)
         if not points and (ended or not follow):
             raise SpecError(
                 "JOB",
                 f"job {job} has no metrics (give metric_definitions, or call "
                 "report_step(step, loss=...) in the script)",
             )
-        if follow and sys.stdout.isatty():
-            sys.stdout.write("\x1b[2J\x1b[H")  # redraw in place
-        _show(points, metric, output, plot)
+        if follow and output in ("json", "csv"):
+            _stream(points, output, printed)
+        else:
+            if follow and sys.stdout.isatty():
+                sys.stdout.write("\x1b[2J\x1b[H")  # redraw in place
+            _show(points, metric, output, plot)
         if not follow or ended:
             return
         time.sleep(FOLLOW_SECONDS)
+
+
+def _stream(points: list[dict[str, Any]], output: str, printed: set[tuple[Any, ...]]) -> None:
+    """The values not printed yet: JSON lines, or CSV rows under one header."""
+    import json
+
+    fresh = []
+    for point in points:
+        key = _key(point)
+        if key not in printed:
+            printed.add(key)
+            fresh.append(point)
+    if output == "json":
+        for point in fresh:
+            sys.stdout.write(json.dumps(point) + "\n")
+    else:
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore")
+        if fresh and len(printed) == len(fresh):  # the first values: the header first
+            writer.writeheader()
+        writer.writerows(fresh)
+    sys.stdout.flush()
+
+
+def _key(point: dict[str, Any]) -> tuple[Any, ...]:
+    return (point["time"], point["name"], point.get("rank"), point.get("step"))
 
 
 def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, plot: bool) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.node.procs import CONTROLLER_TAG
+from trainctl.progress import progress_task
+from trainctl.progress import status as progress_status
 from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
 from trainctl.settings import get_settings
 from trainctl.spec.controller import ControllerTarget, controller_target
@@ -131,14 +133,16 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
         raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
     settings = get_settings()
     with tempfile.TemporaryDirectory(prefix="trainctl-pkg-") as tmp:
-        packaged = package_source(
-            Path(spec.source_dir),
-            Path(tmp) / "sourcedir.tar.gz",
-            max_bytes=int(settings.max_source_mb * 1024 * 1024),
-        )
+        with progress_status(f"packaging {spec.source_dir}"):
+            packaged = package_source(
+                Path(spec.source_dir),
+                Path(tmp) / "sourcedir.tar.gz",
+                max_bytes=int(settings.max_source_mb * 1024 * 1024),
+            )
         key = source_key(packaged.sha256)
-        if not store.exists(key):
-            store.put_file(key, packaged.path)
+        if not store.exists(key):  # content-addressed: an unchanged source is not re-sent
+            with progress_task("uploading source", total=packaged.size) as advance:
+                store.put_file(key, packaged.path, progress=advance)
     now = now_iso()
     record = JobRecord(
         name=name,

@@ -103,9 +103,13 @@ class ImageBuildError(TrainctlError):
 
 
 def run_engine(engine: Engine, args: list[str], timeout: float, what: str) -> Any:
+    """`engine args...`, with a spinner saying `what` on a terminal (builds, pulls and pushes
+    take minutes); ImageBuildError on a timeout or an engine that cannot run."""
+    from trainctl.progress import status
 
     try:
-        return engine.run(*args, timeout=timeout)
+        with status(what):
+            return engine.run(*args, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ImageBuildError(
             f"{what} took longer than {timeout:g} s", engine_output(exc.stdout, exc.stderr)

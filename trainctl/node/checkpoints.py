@@ -64,21 +64,44 @@ def stored_files(store: Store) -> dict[str, int]:
     return files
 
 
+RESTORE_REPORT_SECONDS = 5.0
+
+
 def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, Signature]:
     """Download the stored checkpoints into `local`; returns what is now known to be stored."""
     local.mkdir(parents=True, exist_ok=True)
     files = stored_files(store)
     restored: dict[str, Signature] = {}
 
+    total = sum(files.values())
+    received = [0]
+    lock = threading.Lock()
+    started = time.monotonic()
+    next_report = [started + RESTORE_REPORT_SECONDS]
+
+    def advance(n: int) -> None:
+        """A progress line every RESTORE_REPORT_SECONDS of a long restore (the node log is
+        where its user sees it, in a terminal, a notebook or the dashboard alike)."""
+        with lock:
+            received[0] += n
+            now = time.monotonic()
+            if now < next_report[0] or not total:
+                return
+            next_report[0] = now + RESTORE_REPORT_SECONDS
+            done = received[0]
+        log(
+            f"checkpoints: restoring {done / 2**20:.0f} of {total / 2**20:.0f} MiB "
+            f"({100 * done / total:.0f} %, {done / 2**20 / (now - started):.0f} MiB/s)"
+        )
+
     def fetch(rel: str) -> None:
         try:
-            store.get_file(rel, local / rel)
+            store.get_file(rel, local / rel, progress=advance)
         except NotFoundError:
             return  # pruned by a node after its manifest was read
         st = (local / rel).stat()
         restored[rel] = (st.st_size, st.st_mtime_ns)
 
-    started = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(fetch, sorted(files)))
     if restored:

@@ -7,9 +7,11 @@ atomic: a reader sees the old object or the new one, never a partial one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+Progress = Callable[[int], None]  # called with a number of bytes just transferred
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,13 @@ class Store(ABC):
         """Bytes from offset `start` to the end (b'' when start is at or past the end)."""
 
     @abstractmethod
-    def put_file(self, key: str, path: Path) -> None: ...
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
+        """Upload `path`; `progress(n)` is called with each n bytes sent."""
 
     @abstractmethod
-    def get_file(self, key: str, path: Path) -> None:
-        """Download to `path` (parents created). Raises NotFoundError."""
+    def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
+        """Download to `path` (parents created). Raises NotFoundError. `progress(n)` is
+        called with each n bytes received."""
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

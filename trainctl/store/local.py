@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainctl.errors import NotFoundError, StoreError
 from trainctl.spec.uris import clean_key
-from trainctl.store.base import ObjectInfo, Store
+from trainctl.store.base import ObjectInfo, Progress, Store
 
 _TMP_MARK = ".tmp-"
 _PARENT_RETRIES = 10
@@ -101,12 +101,12 @@ class LocalStore(Store):
 
         self._wrap_os(key, lambda: self._atomic_write(self._path(key), fill))
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         src = Path(path)
         if not src.is_file():
             raise FileNotFoundError(f"{src} is not a file")
         self._wrap_os(
-            key, lambda: self._atomic_write(self._path(key), lambda t: shutil.copyfile(src, t))
+            key, lambda: self._atomic_write(self._path(key), lambda t: _copy(src, t, progress))
         )
 
     def append_bytes(self, key: str, data: bytes) -> None:
@@ -167,7 +167,7 @@ class LocalStore(Store):
 
         return self._read(key, read)
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         src = self._path(key)
         dest = Path(path)
         if not src.is_file():
@@ -175,7 +175,7 @@ class LocalStore(Store):
         # Same temp-and-rename dance on the destination, so a reader of `path` (or a crash)
         # never sees a half-copied file.
         try:
-            self._atomic_write(dest, lambda t: shutil.copyfile(src, t))
+            self._atomic_write(dest, lambda t: _copy(src, t, progress))
         except FileNotFoundError:
             if not src.is_file():  # deleted between the check and the copy
                 raise NotFoundError(f"{self.url(key)} does not exist") from None
@@ -252,3 +252,17 @@ class LocalStore(Store):
             fn()
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: write failed ({exc.strerror or exc})") from None
+
+
+COPY_CHUNK = 8 * 1024 * 1024
+
+
+def _copy(src: Path, dest: Path, progress: Progress | None) -> None:
+    """shutil.copyfile (its fast paths), or chunked with `progress` when one is given."""
+    if progress is None:
+        shutil.copyfile(src, dest)
+        return
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(COPY_CHUNK):
+            fout.write(chunk)
+            progress(len(chunk))

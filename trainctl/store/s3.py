@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import NotFoundError, StoreError
 from trainctl.spec.uris import clean_key, split_s3_uri
-from trainctl.store.base import ObjectInfo, Store
+from trainctl.store.base import ObjectInfo, Progress, Store
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -157,7 +157,7 @@ class S3Store(Store):
         with self._errors(key, "put"):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **_SSE)
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         full = self._key(key)
         src = Path(path)
         if not src.is_file():
@@ -166,7 +166,12 @@ class S3Store(Store):
             # s3transfer switches to a parallel multipart upload above the threshold; S3 only
             # makes the object visible once the upload completes, so the write stays atomic.
             self.client.upload_file(
-                str(src), self.bucket, full, ExtraArgs=dict(_SSE), Config=self._transfer_config()
+                str(src),
+                self.bucket,
+                full,
+                ExtraArgs=dict(_SSE),
+                Config=self._transfer_config(),
+                Callback=progress,
             )
 
     def append_bytes(self, key: str, data: bytes) -> None:
@@ -233,14 +238,16 @@ class S3Store(Store):
                 raise
             return resp["Body"].read()
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         full = self._key(key)
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with self._errors(key, "download"):
             # s3transfer downloads to a temp name beside `dest` and renames it into place, so
             # `dest` is never seen half-written.
-            self.client.download_file(self.bucket, full, str(dest), Config=self._transfer_config())
+            self.client.download_file(
+                self.bucket, full, str(dest), Config=self._transfer_config(), Callback=progress
+            )
 
     def exists(self, key: str) -> bool:
         full = self._key(key)

@@ -72,7 +72,26 @@ def launch(
     boot_timeout: float,
     backoff: Backoff,
 ) -> Launched:
-    """Run the nodes of one attempt with the first choice that has capacity; wait for running."""
+    """Run the nodes of one attempt with the first choice that has capacity; wait for running.
+    On a terminal, a spinner says which round it is and what the last one was told."""
+    from trainctl.progress import status
+
+    what = f"EC2 capacity for {spec.instance_count} x {'/'.join(spec.instance_types)}"
+    with status(what) as update:
+        return _launch(ec2, ctx, spec, choices, timing, max_wait, boot_timeout, backoff, update)
+
+
+def _launch(
+    ec2: Any,
+    ctx: rq.LaunchContext,
+    spec: JobSpec,
+    choices: list[rq.LaunchChoice],
+    timing: Timing,
+    max_wait: float,
+    boot_timeout: float,
+    backoff: Backoff,
+    update: Any,
+) -> Launched:
     start = timing.clock()
     deadline = start + max_wait
     tried: dict[rq.LaunchChoice, str] = {}
@@ -110,6 +129,8 @@ def launch(
                 f"in {ctx.region} after {round_} round(s) over {waited:.0f} s (max_wait "
                 f"{max_wait:.0f} s); tried: {summary}"
             )
+        last = ", ".join(f"{c.describe()}: {why}" for c, why in tried.items())
+        update(f"round {round_} found none ({last}); next round in {delay:.0f} s")
         timing.sleep(delay)
         round_ += 1
 
