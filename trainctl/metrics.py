@@ -14,8 +14,8 @@ lines, not parquet: no dependency on the node or in the client, and a part is sm
 
 Bounded: per metric and attempt, the first CAP values are all kept; past that only every
 2nd, then every 4th, ... (the stride doubles each time another CAP values are kept). n
-values keep about CAP x (1 + log2(n / CAP)), evenly spread over the run: with CAP = 10,000,
-a million values keep ~76,000 and a billion ~176,000. Once MAX_DOUBLINGS doublings are
+values keep about CAP x log2(n / CAP + 1), evenly spread over the run: with CAP = 10,000,
+a million values keep ~66,000 and a billion ~166,000. Once MAX_DOUBLINGS doublings are
 used up, a metric's history in that attempt stops growing (its latest value still shows
 in the record).
 
