@@ -229,3 +229,28 @@ def test_curve_and_logs_grow_while_the_job_trains(home, tmp_path):
     assert out.count("time,name,value") == 1  # streamed: each value once, one header
     steps = [int(r.split(",")[3]) for r in rows[1:]]
     assert len(steps) > 10 and len(set(steps)) == len(steps)
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_store_is_one_line(home):
+    """Nothing listens at the store's endpoint (a closed loopback port): one line, exit 1."""
+    env = {
+        **os.environ,
+        "TRAINCTL_STORE": "s3://no-such-bucket/store",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }
+    result = subprocess.run(
+        [TRAINCTL, "ui", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot read the store s3://")
