@@ -114,6 +114,9 @@ class Attempt(BaseModel):
     last_step: int | None = None  # last training step reported in this attempt
     last_checkpoint_step: int | None = None
     steps_lost: int | None = None  # work of this attempt redone by the next one
+    # An elastic job's size change at this attempt's start: "shrunk to 2 of 3 node(s): ..."
+    # or "grown to 3 of 3 node(s): ..." (None: the same size as the attempt before).
+    resized: str | None = None
     training_seconds: float | None = None
 
 

@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     heartbeat_timeout_seconds: float = Field(
         default=60.0, gt=0, description="A node silent this long is considered lost."
     )
+    elastic_wait_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="An elastic job (min_instance_count) that lost a node waits this long for "
+        "a replacement before going on with the nodes it has; then it keeps looking for the "
+        "capacity and grows back at a checkpoint once it comes.",
+    )
     startup_timeout_seconds: float = Field(
         default=1800.0,
         ge=0,

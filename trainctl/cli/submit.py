@@ -60,6 +60,11 @@ def submit(
     source_dir: str | None = typer.Option(None, "--source-dir", help="Code directory."),
     instance_type: str | None = typer.Option(None, "--instance-type", help="'local' (default)."),
     instance_count: int | None = typer.Option(None, "--instance-count", help="Nodes."),
+    min_instance_count: int | None = typer.Option(
+        None,
+        "--min-instance-count",
+        help="Elastic: go on with as few as this many nodes when --instance-count cannot be had.",
+    ),
     processes_per_host: int | None = typer.Option(None, "--processes-per-host"),
     distribution: str | None = typer.Option(
         None, "--distribution", help="torch_distributed | mpi | none (default: none)."
@@ -148,6 +153,7 @@ def submit(
         "source_dir": str(Path(source_dir).resolve()) if source_dir else None,
         "instance_type": instance_type,
         "instance_count": instance_count,
+        "min_instance_count": min_instance_count,
         "processes_per_host": processes_per_host,
         "job_name": job_name,
         "output_path": output_path,

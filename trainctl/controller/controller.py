@@ -26,7 +26,7 @@ from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
-from trainctl.provisioning.base import Provider
+from trainctl.provisioning.base import NoCapacityError, Provider
 from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso, output_store
 from trainctl.settings import get_settings
 from trainctl.state import JobState
@@ -43,10 +43,16 @@ SETTLE_SECONDS = 3.0
 MAX_ATTEMPTS_NEVER_STARTED = 3
 # How often the provider is asked whether machines are gone (EC2: DescribeInstances).
 MACHINE_CHECK_SECONDS = 5.0
+# How often an elastic job below its full size asks whether more capacity is there.
+ELASTIC_CHECK_SECONDS = 3.0
 
 
 class LeaseLost(Exception):
     """Another controller took the job over while this one ran it."""
+
+
+class StoppedWaiting(Exception):
+    """A stop request (or max_run/max_wait) came while an attempt waited for capacity."""
 
 
 class Controller:
@@ -83,6 +89,7 @@ class Controller:
         self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
+        self._growing: str | None = None  # an elastic job is checkpointing to grow
         self._machines_lost: dict[int, str] = {}
         # Each fault fires once, in the first attempt that trains long enough.
         self._pending_faults = list(self.record.spec.parsed_faults)
@@ -168,6 +175,9 @@ class Controller:
                 attempt = len(self.record.attempts) + 1
                 try:
                     end = self._run_attempt(attempt)
+                except StoppedWaiting as exc:
+                    self._end(JobState.STOPPED, stop_reason=str(exc))
+                    return
                 except UnrunnableJobError as exc:
                     if len(self.record.attempts) == attempt:  # recorded: close it
                         self._close_attempt(AttemptEnd("failed", str(exc)))
@@ -211,7 +221,7 @@ class Controller:
         spec = self.record.spec
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
-        cluster = self.provider.provision(spec, self.name, attempt)
+        cluster, resized = self._provision(attempt)
         self.store.put_text(self.jobs.keys.cluster(attempt), cluster.model_dump_json(indent=2))
         self.record.attempts.append(
             Attempt(
@@ -220,11 +230,69 @@ class Controller:
                 nodes=[
                     AttemptNode(rank=n.rank, host=n.host, address=n.address) for n in cluster.nodes
                 ],
+                resized=resized,
             )
         )
+        if resized:
+            self.jobs.event("resized", attempt=attempt, nodes=len(cluster.nodes), why=resized)
+            self._info(f"attempt {attempt}: {resized}")
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
         return self._watch(cluster, nodes)
+
+    def _provision(self, attempt: int) -> tuple[ClusterInfo, str | None]:
+        """The attempt's nodes, and how its size changed (None: it did not). An elastic job
+        (min_instance_count) asks for its full size for elastic_wait_seconds, then for
+        fewer, down to its minimum; at the minimum it waits as any job does."""
+        spec = self.record.spec
+        if not spec.elastic:
+            return self.provider.provision(spec, self.name, attempt), None
+        full = spec.instance_count
+        before = len(self.record.attempts[-1].nodes) if self.record.attempts else full
+        wait = self.settings.elastic_wait_seconds
+        deadline = time.monotonic() + wait
+        last: Exception | None = None
+        while True:  # the full size, for as long as elastic_wait_seconds allows
+            try:
+                cluster = self._provision_size(full, deadline - time.monotonic(), attempt)
+                return cluster, self._resized(full, before, "capacity is back")
+            except NoCapacityError as exc:
+                last = exc
+            if time.monotonic() >= deadline or self.jobs.stop_requested():
+                break
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        why = f"no capacity for {full} node(s) within {wait:.0f} s ({last})"
+        for size in range(full - 1, spec.min_nodes - 1, -1):
+            try:
+                cluster = self._provision_size(size, 1.0, attempt)
+            except NoCapacityError as exc:
+                last = exc
+                continue
+            return cluster, self._resized(size, before, why)
+        # At its minimum an elastic job waits for capacity as any job does.
+        while True:
+            try:
+                cluster = self._provision_size(spec.min_nodes, wait, attempt)
+                return cluster, self._resized(spec.min_nodes, before, why)
+            except NoCapacityError:
+                if reason := self.jobs.stop_requested() or self._time_limit_reached():
+                    raise StoppedWaiting(f"{reason} (while waiting for capacity)") from None
+                time.sleep(2.0)
+
+    def _provision_size(self, nodes: int, wait: float, attempt: int) -> ClusterInfo:
+        """`nodes` of the job's spec, the provider's capacity retries bounded by `wait`."""
+        spec = self.record.spec.model_copy(
+            update={"instance_count": nodes, "max_wait": max(1, int(wait))}
+        )
+        return self.provider.provision(spec, self.name, attempt)
+
+    def _resized(self, nodes: int, before: int, why: str) -> str | None:
+        full = self.record.spec.instance_count
+        if nodes < before:
+            return f"shrunk to {nodes} of {full} node(s): {why}"
+        if nodes > before:
+            return f"grown to {nodes} of {full} node(s): {why}"
+        return None
 
     def _close_attempt(self, end: AttemptEnd) -> None:
         current = self.record.attempts[-1]
@@ -368,6 +436,8 @@ class Controller:
     def _watch(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """Follow one attempt until it ends, and say how it ended."""
         next_stop_check = 0.0
+        next_capacity_check = time.monotonic() + ELASTIC_CHECK_SECONDS
+        self._growing = None
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
         first_abnormal: float | None = None
         progress = ProgressWatch(
@@ -445,13 +515,18 @@ class Controller:
                 self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
                 first = min(lost, key=lambda n: n.exited_at or now)
                 return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
+            if now >= next_capacity_check:
+                next_capacity_check = now + ELASTIC_CHECK_SECONDS
+                self._grow_if_capacity(cluster, nodes, now)
             if self._notices:
                 grace = self.settings.notice_grace_seconds + 30.0
                 first_notice = min(self._notices.values())
                 if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
                     self._stop_nodes(nodes, self.settings.stop_grace_seconds)
                     ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
-                    return AttemptEnd("interrupted", f"interruption notice to {ranks}")
+                    return AttemptEnd(
+                        "interrupted", self._growing or f"interruption notice to {ranks}"
+                    )
                 continue
             if first_abnormal is not None and (
                 all(n.exit_code is not None for n in runners)
@@ -477,6 +552,35 @@ class Controller:
         self._metric_recorder.add(
             name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
         )
+
+    def _grow_if_capacity(
+        self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
+    ) -> None:
+        """An elastic job below its full size, once the provider has room for more: every
+        node gets an interruption notice, checkpoints and exits, and the next attempt is
+        provisioned at the larger size (growing happens at a checkpoint boundary)."""
+        spec = self.record.spec
+        size = len(cluster.nodes)
+        if not spec.elastic or size >= spec.instance_count or self._growing or self._notices:
+            return
+        if self._training_started is None or any(n.lost for n in nodes.values()):
+            return
+        try:
+            available = self.provider.available_nodes(spec, self.name)
+        except Exception:  # asking is best effort: the next check asks again
+            return
+        if available is None or available <= size:
+            return
+        grow_to = min(available, spec.instance_count)
+        self._growing = f"growing: capacity for {grow_to} node(s) is back"
+        self.jobs.event("growing", attempt=cluster.attempt, nodes=grow_to)
+        self._info(f"attempt {cluster.attempt}: {self._growing}; checkpointing to relaunch")
+        for rank in nodes:
+            self.store.put_text(
+                self.jobs.keys.notice(cluster.attempt, rank),
+                json.dumps({"source": self._growing}),
+            )
+            self._notices.setdefault(rank, now)
 
     def _save_metric_points(self) -> None:
         try:
@@ -537,14 +641,19 @@ class Controller:
         elapsed = now - self._training_started
         # One per poll, earliest first: a kill is seen (and ends the attempt) before the
         # next fault is due, so faults at nearby times hit successive attempts in order.
-        for fault in sorted(self._pending_faults, key=lambda f: f.at)[:1]:
+        # (a fault naming a node the attempt does not have, an elastic job's shrunk one,
+        # waits for an attempt that has it)
+        due = [f for f in self._pending_faults if f.rank in nodes]
+        for fault in sorted(due, key=lambda f: f.at)[:1]:
             if fault.at > elapsed or any(n.lost for n in nodes.values()):
                 return
             self._pending_faults.remove(fault)
             self.record.attempts[-1].faults.append(str(fault))
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
             self._info(f"injecting fault {fault} (algo-{fault.rank + 1}, {elapsed:.1f} s in)")
-            if fault.kind == "kill":
+            if fault.kind in ("kill", "nocapacity"):
+                if fault.kind == "nocapacity":  # and no replacement for a while
+                    self.provider.hold_capacity(self.name, 1, fault.duration)
                 nodes[fault.rank].lost = (
                     nodes[fault.rank].lost or f"killed by injected fault {fault}"
                 )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+from trainctl.errors import TrainctlError
 from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
 
@@ -22,6 +23,11 @@ def processes_per_host(spec: JobSpec) -> int:
     from trainctl.spec.catalog import CATALOG
 
     return spec.processes_per_host or CATALOG[spec.instance_type].gpus or 1
+
+
+class NoCapacityError(TrainctlError):
+    """`provision` could not get the nodes asked for (none launched): an elastic job may
+    ask for fewer."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,15 @@ class Provider(ABC):
             master_port=DEFAULT_MASTER_PORT,
             processes_per_host=processes_per_host(spec),
         )
+
+    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
+        """How many nodes of `spec`'s type `provision` could have now, if the provider can
+        tell without launching (None: it cannot; try and see)."""
+        return None
+
+    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
+        """Fault injection: `nodes` fewer can be had for `seconds` (None: for good)."""
+        raise NotImplementedError(f"the {self.name} provider cannot withhold capacity")
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""

@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from trainctl.cluster import (
     loopback_network_env,
 )
 from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, NoCapacityError, Provider
 from trainctl.settings import get_settings
 from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
@@ -66,6 +67,10 @@ class LocalProvider(Provider):
         self.home = home or get_settings().home
         # Jobs of this controller that run in an image: job -> spec (mounts, image).
         self._container_specs: dict[str, JobSpec] = {}
+        # Capacity withheld by injected faults (nocapacity): job -> [(nodes, until)], until
+        # in time.monotonic() (None: for good). This machine otherwise has room for any job.
+        self._holds: dict[str, list[tuple[int, float | None]]] = {}
+        self._full: dict[str, int] = {}  # job -> the size it was first provisioned at
 
     def nodes_dir(self, job: str) -> Path:
         return self.home / "nodes" / job
@@ -112,7 +117,24 @@ class LocalProvider(Provider):
             self._container_specs[job] = spec
         return self._cluster(spec, job, attempt, port=DEFAULT_MASTER_PORT)
 
+    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
+        """The job's full size (its first provision's) less what faults withhold now."""
+        now = time.monotonic()
+        held = sum(n for n, until in self._holds.get(job, []) if until is None or until > now)
+        return max(0, self._full.get(job, spec.instance_count) - held)
+
+    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
+        until = None if seconds is None else time.monotonic() + seconds
+        self._holds.setdefault(job, []).append((nodes, until))
+
     def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+        self._full.setdefault(job, spec.instance_count)
+        available = self.available_nodes(spec, job)
+        if available is not None and spec.instance_count > available:
+            raise NoCapacityError(
+                f"no capacity for {spec.instance_count} local node(s): {available} available "
+                "(capacity withheld by an injected nocapacity fault)"
+            )
         for rank in range(spec.instance_count):
             self.node_root(job, attempt, rank).mkdir(parents=True, exist_ok=True)
         if spec.image_uri:

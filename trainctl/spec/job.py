@@ -123,6 +123,9 @@ class JobSpec(StrictModel):
     dependencies: list[str] = Field(default_factory=list)
     base_image: str | None = None
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
+    # Elastic: run on as few as this many nodes when instance_count cannot be had (None:
+    # always instance_count, waiting for capacity).
+    min_instance_count: int | None = Field(default=None, strict=True)
     max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
     faults: list[str] = Field(default_factory=list)
     # Capacity (EC2 and SSH providers; see trainctl.spec.capacity). A pool fills those unset.
@@ -180,6 +183,15 @@ class JobSpec(StrictModel):
     @classmethod
     def _faults(cls, v: list[str]) -> list[str]:
         return [str(Fault.parse(f)) for f in v]
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job may run on fewer than instance_count nodes."""
+        return self.min_instance_count is not None and self.min_instance_count < self.instance_count
+
+    @property
+    def min_nodes(self) -> int:
+        return self.min_instance_count or self.instance_count
 
     @property
     def parsed_faults(self) -> list[Fault]:
@@ -304,6 +316,13 @@ class JobSpec(StrictModel):
             raise ValueError(f"entry_point: {entry} is outside source_dir {source}")
         if not resolved.is_file():
             raise ValueError(f"entry_point: {entry} not found in source_dir {source}")
+        if self.min_instance_count is not None and not (
+            1 <= self.min_instance_count <= self.instance_count
+        ):
+            raise ValueError(
+                f"min_instance_count: {self.min_instance_count} must be between 1 and "
+                f"instance_count ({self.instance_count})"
+            )
         for fault in self.parsed_faults:
             if fault.rank >= self.instance_count:
                 raise ValueError(

@@ -439,7 +439,9 @@ class Checkpointer:
             scaler.load_state_dict(state["scaler"])
         sampler_state = own.get("sampler")
         if sampler is not None and sampler_state is not None:
-            if saved_world != world:
+            if saved_world != world and "consumed" in sampler_state:
+                # a per-rank position (ResumableDistributedSampler); a GlobalBatchSampler
+                # counts global samples and needs no rescaling
                 sampler_state = dict(sampler_state)
                 consumed = int(sampler_state.get("consumed", 0)) * saved_world // world
                 sampler_state["consumed"] = min(consumed, getattr(sampler, "num_samples", consumed))

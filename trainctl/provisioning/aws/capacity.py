@@ -20,6 +20,7 @@ from trainctl.provisioning.aws.resources import (
     state_of,
     terminate_instances,
 )
+from trainctl.provisioning.base import NoCapacityError
 from trainctl.spec.job import JobSpec
 
 # Errors that say "not here, not now": the next subnet, type or market may have capacity.
@@ -38,7 +39,7 @@ CAPACITY_ERRORS = frozenset(
 )
 
 
-class CapacityError(TrainctlError):
+class CapacityError(NoCapacityError):
     """No launch choice got capacity before max_wait; says what was tried."""
 
 
