@@ -10,12 +10,14 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from tests.cloud import cloud
 from tests.conftest import FIXTURES
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.train.elastic import GlobalBatchSampler
 
 SOURCE = FIXTURES / "elastic"
+__all__ = ["cloud"]  # the fixture
 TRAIN = 1536  # the fixture's training samples: 24 global batches of 64
 HPS = {"epochs": 6, "global-batch": 64, "max-per-worker": 16, "seed": 0, "step-delay": 0.04}
 
@@ -191,3 +193,74 @@ def test_at_its_minimum_a_job_waits_for_capacity(home, monkeypatch):
     assert [len(a["nodes"]) for a in info["attempts"]] == [3, 2]
     job.stop(wait=True)
     assert job.describe()["state"] == "Stopped"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
+    cloud, sshd, monkeypatch
+):
+    """3 stand-in instances; rank 2's is terminated; EC2 answers the 3-node relaunch with
+    InsufficientInstanceCapacity (a botocore hook, the one part AWS itself would play), so
+    the job goes on with 2; after elastic_probe_seconds it tries 3 again and gets them."""
+    import json
+
+    import botocore.exceptions
+
+    from tests.cloud import ec2_fields
+    from trainctl.provisioning.aws import clients
+    from trainctl.provisioning.aws.keys import default_key_path, ensure_key
+
+    third = sshd.start("127.0.0.6")
+    authorized = third.root / "authorized_keys"
+    authorized.write_text(authorized.read_text() + ensure_key(default_key_path()).strip() + "\n")
+    cloud.hosts.append(third)  # the termination stand-in kills by rank on these hosts too
+    overrides = [f"{h.address}:{h.port}" for h in cloud.hosts]
+    monkeypatch.setenv("TRAINCTL_SSH_ADDRESS_OVERRIDE", json.dumps(overrides))
+    monkeypatch.setenv("TRAINCTL_ELASTIC_WAIT_SECONDS", "3")
+    monkeypatch.setenv("TRAINCTL_ELASTIC_PROBE_SECONDS", "6")
+
+    refused: list[int] = []
+
+    def no_capacity_for_the_relaunch(params, **_):
+        tags = {
+            t["Key"]: t["Value"]
+            for spec in params.get("TagSpecifications", [])
+            for t in spec["Tags"]
+        }
+        if tags.get("trainctl:attempt") == "2" and params["MinCount"] >= 3:
+            refused.append(params["MinCount"])
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none left"}},
+                "RunInstances",
+            )
+
+    plain = clients.default_session
+
+    def session(region):
+        made = plain(region)
+        made.events.register("provide-client-params.ec2.RunInstances", no_capacity_for_the_relaunch)
+        return made
+
+    monkeypatch.setattr(clients, "default_session", session)
+    job = Estimator(
+        "train.py",
+        source_dir=str(SOURCE),
+        instance_count=3,
+        min_instance_count=2,
+        distribution={"torch_distributed": {"enabled": True}},
+        hyperparameters={**HPS, "epochs": 8},
+        faults=["kill:2@6"],
+        **ec2_fields(cloud),
+    ).fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    attempts = info["attempts"]
+    assert [len(a["nodes"]) for a in attempts] == [3, 2, 3], [a["cause"] for a in attempts]
+    assert refused, "the 3-node relaunch was never refused"
+    assert attempts[1]["resized"].startswith("shrunk to 2 of 3 node(s)")
+    assert attempts[1]["cause"] == "growing: trying for 3 node(s) again"
+    assert attempts[2]["resized"].startswith("grown to 3 of 3 node(s)")
+    # the cost shows each size: 3 + 2 + 3 instances billed, by attempt
+    billed = Counter(i["attempt"] for i in info["instances"])
+    assert billed == {1: 3, 2: 2, 3: 3}

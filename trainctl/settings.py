@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         "a replacement before going on with the nodes it has; then it keeps looking for the "
         "capacity and grows back at a checkpoint once it comes.",
     )
+    elastic_probe_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="An elastic job below its full size on a provider that cannot tell its "
+        "capacity without launching (EC2) tries the full size again after this long "
+        "training: a checkpoint and a relaunch, shrinking back if the capacity is not there.",
+    )
     startup_timeout_seconds: float = Field(
         default=1800.0,
         ge=0,

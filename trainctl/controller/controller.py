@@ -569,11 +569,19 @@ class Controller:
             available = self.provider.available_nodes(spec, self.name)
         except Exception:  # asking is best effort: the next check asks again
             return
-        if available is None or available <= size:
+        if available is None:
+            # A provider that cannot tell without launching (EC2): every
+            # elastic_probe_seconds of training, try the full size again (a checkpoint and
+            # a relaunch; without the capacity the next attempt shrinks back).
+            if now - self._training_started < self.settings.elastic_probe_seconds:
+                return
+            self._growing = f"growing: trying for {spec.instance_count} node(s) again"
+        elif available <= size:
             return
-        grow_to = min(available, spec.instance_count)
-        self._growing = f"growing: capacity for {grow_to} node(s) is back"
-        self.jobs.event("growing", attempt=cluster.attempt, nodes=grow_to)
+        else:
+            grow_to = min(available, spec.instance_count)
+            self._growing = f"growing: capacity for {grow_to} node(s) is back"
+        self.jobs.event("growing", attempt=cluster.attempt, why=self._growing)
         self._info(f"attempt {cluster.attempt}: {self._growing}; checkpointing to relaunch")
         for rank in nodes:
             self.store.put_text(
