@@ -56,6 +56,10 @@ What is where:
   with gloo (trainctl.train.finish).
 - `per_worker_batch`, `scaled_lr`, `warmup_lr`, `linear_warmup_scheduler`: large-batch
   training (trainctl.train.scaling).
+- `GlobalBatchSampler`: a fixed global batch over any world size, for elastic jobs
+  (trainctl.train.elastic).
+- `AdaptiveBatch`: the batch size of most goodput from the gradient noise scale, the
+  learning rate scaled by AdaScale's gain (trainctl.train.adaptive).
 
 For bit-identical resumes also call `torch.use_deterministic_algorithms(True)`, build the
 model, optimizer and loader exactly as in a fresh run, and give the DataLoader its own
@@ -64,8 +68,10 @@ model, optimizer and loader exactly as in a fresh run, and give the DataLoader i
 
 from __future__ import annotations
 
+from trainctl.train.adaptive import AdaptiveBatch
 from trainctl.train.checkpoint import Checkpointer, CheckpointInfo, unwrap_model
 from trainctl.train.context import TrainContext, context, init_distributed
+from trainctl.train.elastic import GlobalBatchSampler
 from trainctl.train.finish import finish
 from trainctl.train.preemption import PreemptionFlag
 from trainctl.train.progress import report_step
@@ -78,8 +84,10 @@ from trainctl.train.scaling import (
 )
 
 __all__ = [
+    "AdaptiveBatch",
     "CheckpointInfo",
     "Checkpointer",
+    "GlobalBatchSampler",
     "PreemptionFlag",
     "ResumableDistributedSampler",
     "TrainContext",

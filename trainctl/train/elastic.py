@@ -91,23 +91,32 @@ class GlobalBatchSampler:
             rank = dist.get_rank() if dist else int(os.environ.get("RANK") or 0)
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas - 1}]")
-        if int(global_batch_size) != global_batch_size or global_batch_size < num_replicas:
-            raise ValueError(
-                f"global_batch_size must be an integer of at least the world size "
-                f"({num_replicas}), got {global_batch_size!r}"
-            )
         self.length = dataset_or_len if isinstance(dataset_or_len, int) else len(dataset_or_len)
-        self.global_batch_size = int(global_batch_size)
         self.max_per_worker = max_per_worker
         self.seed, self.shuffle = seed, shuffle
         self.num_replicas, self.rank = num_replicas, rank
-        share = math.ceil(self.global_batch_size / num_replicas)
-        self.accum = 1 if max_per_worker is None else math.ceil(share / max_per_worker)
-        if max_per_worker is not None and self.global_batch_size % num_replicas == 0:
-            # the fewest accumulation steps that split a share evenly (scaling's rule)
-            _, self.accum = per_worker_batch(self.global_batch_size, num_replicas, max_per_worker)
+        self.set_global_batch_size(global_batch_size)
         self.epoch = 0
         self.position = 0  # global samples of the current epoch consumed
+
+    def set_global_batch_size(self, global_batch_size: int, *, min_accum: int = 1) -> None:
+        """Use global batches of `global_batch_size` from the next step on (the position,
+        counted in samples, is unaffected: an adaptive batch size changes it between steps).
+        `min_accum`: split each worker's share into at least this many micro-batches."""
+        if int(global_batch_size) != global_batch_size or global_batch_size < self.num_replicas:
+            raise ValueError(
+                f"global_batch_size must be an integer of at least the world size "
+                f"({self.num_replicas}), got {global_batch_size!r}"
+            )
+        self.global_batch_size = int(global_batch_size)
+        share = math.ceil(self.global_batch_size / self.num_replicas)
+        accum = 1 if self.max_per_worker is None else math.ceil(share / self.max_per_worker)
+        if self.max_per_worker is not None and self.global_batch_size % self.num_replicas == 0:
+            # the fewest accumulation steps that split a share evenly (scaling's rule)
+            _, accum = per_worker_batch(
+                self.global_batch_size, self.num_replicas, self.max_per_worker
+            )
+        self.accum = min(max(accum, min_accum), share)
 
     # -- the epoch's order ---------------------------------------------------------------
     def permutation(self, epoch: int | None = None) -> list[int]:
