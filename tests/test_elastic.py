@@ -196,6 +196,33 @@ def test_at_its_minimum_a_job_waits_for_capacity(home, monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(200)
+def test_a_job_without_a_minimum_waits_for_its_full_size(home):
+    """Both nodes reclaimed at once (nocapacity:0,1) with no capacity for 8 s: a job without
+    min_instance_count waits (an event says so) and relaunches at its full size."""
+    from trainctl.record import parse_iso
+
+    job = Estimator(
+        "train.py",
+        source_dir=str(SOURCE),
+        instance_count=2,
+        distribution={"torch_distributed": {"enabled": True}},
+        hyperparameters={**HPS, "epochs": 2, "step-delay": 0.1},
+        faults=["nocapacity:0,1@3+8"],
+    ).fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    first, second = info["attempts"]
+    assert [len(first["nodes"]), len(second["nodes"])] == [2, 2]
+    assert first["faults"] == ["nocapacity:0,1@3+8"] and second["resized"] is None
+    events = job.events()
+    fault = next(e for e in events if e["type"] == "fault")
+    waiting = [e for e in events if e["type"] == "waiting_for_capacity"]
+    assert len(waiting) == 1 and "no capacity for 2 local node(s): 0 available" in waiting[0]["why"]
+    assert parse_iso(second["started_at"]) - parse_iso(fault["time"]) >= 7.5
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
     cloud, sshd, monkeypatch

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
@@ -246,7 +247,9 @@ class Controller:
         fewer, down to its minimum; at the minimum it waits as any job does."""
         spec = self.record.spec
         if not spec.elastic:
-            return self.provider.provision(spec, self.name, attempt), None
+            return self._until_capacity(
+                lambda: self.provider.provision(spec, self.name, attempt)
+            ), None
         full = spec.instance_count
         before = len(self.record.attempts[-1].nodes) if self.record.attempts else full
         wait = self.settings.elastic_wait_seconds
@@ -270,13 +273,24 @@ class Controller:
                 continue
             return cluster, self._resized(size, before, why)
         # At its minimum an elastic job waits for capacity as any job does.
+        cluster = self._until_capacity(lambda: self._provision_size(spec.min_nodes, wait, attempt))
+        return cluster, self._resized(spec.min_nodes, before, why)
+
+    def _until_capacity(self, provision: Callable[[], ClusterInfo]) -> ClusterInfo:
+        """provision() again while there is no capacity (a provider that waits itself, as
+        EC2's capacity rounds, returns or raises after its own wait), until a stop request,
+        max_wait or max_run ends the job."""
+        waiting = False
         while True:
             try:
-                cluster = self._provision_size(spec.min_nodes, wait, attempt)
-                return cluster, self._resized(spec.min_nodes, before, why)
-            except NoCapacityError:
+                return provision()
+            except NoCapacityError as exc:
                 if reason := self.jobs.stop_requested() or self._time_limit_reached():
-                    raise StoppedWaiting(f"{reason} (while waiting for capacity)") from None
+                    raise StoppedWaiting(f"{reason} (while waiting for capacity: {exc})") from None
+                if not waiting:
+                    waiting = True
+                    self.jobs.event("waiting_for_capacity", why=str(exc))
+                    self._info(f"waiting for capacity: {exc}")
                 time.sleep(2.0)
 
     def _provision_size(self, nodes: int, wait: float, attempt: int) -> ClusterInfo:
@@ -651,28 +665,28 @@ class Controller:
         # next fault is due, so faults at nearby times hit successive attempts in order.
         # (a fault naming a node the attempt does not have, an elastic job's shrunk one,
         # waits for an attempt that has it)
-        due = [f for f in self._pending_faults if f.rank in nodes]
+        due = [f for f in self._pending_faults if all(r in nodes for r in f.ranks)]
         for fault in sorted(due, key=lambda f: f.at)[:1]:
             if fault.at > elapsed or any(n.lost for n in nodes.values()):
                 return
             self._pending_faults.remove(fault)
             self.record.attempts[-1].faults.append(str(fault))
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
-            self._info(f"injecting fault {fault} (algo-{fault.rank + 1}, {elapsed:.1f} s in)")
-            if fault.kind in ("kill", "nocapacity"):
-                if fault.kind == "nocapacity":  # and no replacement for a while
-                    self.provider.hold_capacity(self.name, 1, fault.duration)
-                nodes[fault.rank].lost = (
-                    nodes[fault.rank].lost or f"killed by injected fault {fault}"
-                )
-                nodes[fault.rank].exited_at = now
-                self.provider.kill_node(cluster, fault.rank)
-            else:
-                self.store.put_text(
-                    self.jobs.keys.notice(cluster.attempt, fault.rank),
-                    json.dumps({"source": f"injected fault {fault}"}),
-                )
-                self._notices.setdefault(fault.rank, now)
+            hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)
+            self._info(f"injecting fault {fault} ({hosts}, {elapsed:.1f} s in)")
+            if fault.kind == "nocapacity":  # and no replacement for a while
+                self.provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
+            for rank in fault.ranks:
+                if fault.kind in ("kill", "nocapacity"):
+                    nodes[rank].lost = nodes[rank].lost or f"killed by injected fault {fault}"
+                    nodes[rank].exited_at = now
+                    self.provider.kill_node(cluster, rank)
+                else:
+                    self.store.put_text(
+                        self.jobs.keys.notice(cluster.attempt, rank),
+                        json.dumps({"source": f"injected fault {fault}"}),
+                    )
+                    self._notices.setdefault(rank, now)
 
     def _on_control(self, node: LiveNode, msg: dict[str, Any], nodes: dict[int, LiveNode]) -> None:
         event = msg.get("event")

@@ -324,11 +324,12 @@ class JobSpec(StrictModel):
                 f"instance_count ({self.instance_count})"
             )
         for fault in self.parsed_faults:
-            if fault.rank >= self.instance_count:
-                raise ValueError(
-                    f"faults: {fault} names node {fault.rank} (algo-{fault.rank + 1}), but the "
-                    f"job has {self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
-                )
+            for rank in fault.ranks:
+                if rank >= self.instance_count:
+                    raise ValueError(
+                        f"faults: {fault} names node {rank} (algo-{rank + 1}), but the job has "
+                        f"{self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
+                    )
         self._check_capacity()
         self._check_image()
         unknown = sorted(set(self.channel_config) - set(self.inputs))

@@ -11,14 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trainctl.errors import SpecError
 
 FAULT_RE = re.compile(
-    r"(kill|notice|nocapacity):(algo-[1-9][0-9]*|[0-9]+)@([0-9]+(?:\.[0-9]+)?)"
+    r"(kill|notice|nocapacity):((?:algo-[1-9][0-9]*|[0-9]+)(?:,(?:algo-[1-9][0-9]*|[0-9]+))*)"
+    r"@([0-9]+(?:\.[0-9]+)?)"
     r"(?:\+([0-9]+(?:\.[0-9]+)?))?"
 )
 
 
 FAULT_FORMAT = (
     "KIND:NODE@SECONDS with KIND kill, notice or nocapacity, NODE a rank (0, 1, ...) or "
-    "algo-N; nocapacity takes +SECONDS too (how long no replacement can be had)"
+    "algo-N, or several joined by commas (hit at once); nocapacity takes +SECONDS too (how "
+    "long no replacement can be had)"
 )
 
 
@@ -26,29 +28,46 @@ class Fault(BaseModel):
     """An injected fault: at `at` seconds into training of the current attempt. `kill` ends
     the node's processes (a lost machine), `notice` serves it an interruption notice, and
     `nocapacity` kills it and leaves no capacity for a replacement for `duration` seconds
-    (None: for good), as a spot reclaim in a pool that has run dry."""
+    (None: for good), as a spot reclaim in a pool that has run dry. Several nodes
+    (`nocapacity:2,3@20+60`: `rank` and `others`) are hit at the same moment."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
     rank: int
     at: float
     duration: float | None = None
+    others: tuple[int, ...] = ()
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return (self.rank, *self.others)
 
     @classmethod
     def parse(cls, text: str) -> Fault:
         m = FAULT_RE.fullmatch(text.strip())
         if not m:
             raise ValueError(f"{text!r} is not {FAULT_FORMAT} (e.g. kill:1@30, notice:algo-2@12.5)")
-        node = m.group(2)
-        rank = int(node[5:]) - 1 if node.startswith("algo-") else int(node)
+        ranks = [
+            int(node[5:]) - 1 if node.startswith("algo-") else int(node)
+            for node in m.group(2).split(",")
+        ]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"{text!r} names a node twice")
         if m.group(4) is not None and m.group(1) != "nocapacity":
             raise ValueError(f"{text!r}: only nocapacity takes +SECONDS")
         duration = float(m.group(4)) if m.group(4) is not None else None
-        return cls(kind=m.group(1), rank=rank, at=float(m.group(3)), duration=duration)
+        return cls(
+            kind=m.group(1),
+            rank=ranks[0],
+            others=tuple(ranks[1:]),
+            at=float(m.group(3)),
+            duration=duration,
+        )
 
     def __str__(self) -> str:
         tail = f"+{self.duration:g}" if self.duration is not None else ""
-        return f"{self.kind}:{self.rank}@{self.at:g}{tail}"
+        nodes = ",".join(str(r) for r in self.ranks)
+        return f"{self.kind}:{nodes}@{self.at:g}{tail}"
 
 
 class StrictModel(BaseModel):
