@@ -5,13 +5,15 @@ uninterrupted run's."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections import Counter, defaultdict
 
 import pytest
 
 from tests.cloud import cloud
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, TRAINCTL
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.train.elastic import GlobalBatchSampler
@@ -128,6 +130,18 @@ def test_three_nodes_shrink_to_two_and_grow_back(home, monkeypatch, uninterrupte
     assert attempts[2]["resized"].startswith("grown to 3 of 3 node(s)")
     events = [e["type"] for e in job.events()]
     assert events.count("resized") == 2 and "growing" in events
+    # `trainctl status` shows each attempt's size and how it changed
+    shown = subprocess.run(
+        [TRAINCTL, "status", job.name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+\d\d:\d\d:\d\d", shown.stdout, re.M)
+    assert rows == [("1", "3"), ("2", "2"), ("3", "3")], shown.stdout
+    text = " ".join(shown.stdout.split())  # the cause column folds
+    assert "shrunk to 2 of 3 node(s)" in text and "grown to 3 of 3" in text, shown.stdout
 
     # Every sample exactly once per epoch: each step counted from the last attempt that
     # ran it and kept it (up to where the next attempt resumed).

@@ -142,12 +142,13 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
             f"<td>{esc(str(a.get(key) if a.get(key) is not None else '-'))}</td>"
             for key in ("number", "outcome", "resumed_from_step", "last_step", "steps_lost")
         )
-        + f"<td style='text-align:left'>{esc(a.get('cause') or '-')}</td></tr>"
+        + f"<td>{len(a.get('nodes') or []) or '-'}</td>"
+        + f"<td style='text-align:left'>{esc(_attempt_cause(a))}</td></tr>"
         for a in info.get("attempts", [])
     )
     attempts_table = (
         "<table><tr><th>#</th><th>outcome</th><th>resumed from</th><th>last step</th>"
-        f"<th>steps lost</th><th>cause</th></tr>{attempts}</table>"
+        f"<th>steps lost</th><th>nodes</th><th>cause</th></tr>{attempts}</table>"
         if attempts
         else ""
     )
@@ -160,3 +161,8 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
         f"<div class='trainctl-job'><h4 style='margin:0'>{esc(info['name'])}</h4>"
         f"<table>{body}</table>{attempts_table}{charts}</div>"
     )
+
+
+def _attempt_cause(attempt: dict[str, Any]) -> str:
+    """How the attempt began (an elastic job's size change) and how it ended."""
+    return "; ".join(t for t in (attempt.get("resized"), attempt.get("cause")) if t) or "-"

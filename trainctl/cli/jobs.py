@@ -133,7 +133,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         console.print(record.failure_detail, markup=False)
     if record.attempts:
         attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
-        for col in ("#", "STARTED", "ENDED", "OUTCOME", "RESUMED", "LAST STEP", "LOST"):
+        for col in ("#", "NODES", "STARTED", "ENDED", "OUTCOME", "RESUMED", "LAST STEP", "LOST"):
             attempts.add_column(col, no_wrap=True)
         attempts.add_column("CAUSE", overflow="fold")
 
@@ -141,15 +141,18 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
             return "-" if value is None else str(value)
 
         for a in record.attempts:
+            # an elastic job's size change is where the attempt began: shown before its end
+            cause = "; ".join(text for text in (a.resized, a.cause) if text) or "-"
             attempts.add_row(
                 str(a.number),
+                str(len(a.nodes)) if a.nodes else "-",
                 a.started_at[11:19],
                 (a.ended_at or "")[11:19] or "-",
                 a.outcome or "running",
                 num(a.resumed_from_step),
                 num(a.last_step),
                 num(a.steps_lost),
-                a.cause or "-",
+                cause,
             )
         console.print(attempts)
 

@@ -55,11 +55,12 @@
       if (info.controller && info.controller.lost) rows.push(["controller", "lost " + Math.round(info.controller.silent_seconds) + " s ago"]);
       document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
         return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
-      document.getElementById("attempts").innerHTML = "<table id='attempts-table'><tr><th>#</th><th>started</th><th>ended</th><th>outcome</th>" +
+      document.getElementById("attempts").innerHTML = "<table id='attempts-table'><tr><th>#</th><th>nodes</th><th>started</th><th>ended</th><th>outcome</th>" +
         "<th>resumed from</th><th>last step</th><th>steps lost</th><th>cause</th></tr>" + info.attempts.map(function (a) {
-          return "<tr class='attempt'><td>" + a.number + "</td><td>" + esc((a.started_at || "").slice(11, 19)) + "</td><td>" +
+          var cause = [a.resized, a.cause].filter(function (t) { return t; }).join("; ");
+          return "<tr class='attempt'><td>" + a.number + "</td><td>" + (a.nodes || []).length + "</td><td>" + esc((a.started_at || "").slice(11, 19)) + "</td><td>" +
             esc((a.ended_at || "").slice(11, 19)) + "</td><td>" + esc(a.outcome || "running") + "</td><td>" + esc(a.resumed_from_step) +
-            "</td><td>" + esc(a.last_step) + "</td><td>" + esc(a.steps_lost) + "</td><td>" + esc(a.cause) + "</td></tr>";
+            "</td><td>" + esc(a.last_step) + "</td><td>" + esc(a.steps_lost) + "</td><td>" + esc(cause || null) + "</td></tr>";
         }).join("") + "</table>";
       info.attempts.forEach(function (a) {
         var nodes = a.nodes.length || info.instance_count;
