@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import launch, recovery, stall, throughput, upload
+from bench import launch, recovery, scale, stall, throughput, upload
 from bench.common import BENCH_DIR, WORKLOAD_ARGS, Procs, TrainctlRunner, log, machine_info
 from bench.common import temp_dir as make_temp_dir
 
@@ -35,6 +35,7 @@ FIGURES = {
     "stall": stall.measure,
     "upload": upload.measure,
     "recovery": recovery.measure,
+    "scale": scale.figures,
 }
 
 
@@ -73,6 +74,8 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         if f["ratio"] is not None:
             lo, hi = f["ratio_spread"] or (None, None)
             ratio = f"{f['ratio']:.2f}x [{_num(lo)}-{_num(hi)}]"
+        elif f.get("ratio_text"):
+            ratio = f["ratio_text"]
         else:
             ratio = "steps lost: " + ", ".join(str(n) for n in f.get("steps_lost", []))
         out.append(

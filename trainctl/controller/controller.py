@@ -46,6 +46,8 @@ MAX_ATTEMPTS_NEVER_STARTED = 3
 MACHINE_CHECK_SECONDS = 5.0
 # How often an elastic job below its full size asks whether more capacity is there.
 ELASTIC_CHECK_SECONDS = 3.0
+# Node agents started at once (each start is SSH round trips on remote providers).
+START_CONCURRENCY = 32
 
 
 class LeaseLost(Exception):
@@ -321,13 +323,23 @@ class Controller:
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
 
     def _start_agents(self, cluster: ClusterInfo) -> dict[int, LiveNode]:
-        procs: dict[int, RunningProcess] = {}
-        for node in cluster.nodes:
-            python = self.provider.agent_python(cluster, node.rank)
-            argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, node.rank)
-            procs[node.rank] = self.provider.start_agent(
-                cluster, node.rank, argv, agent_env(self.settings)
-            )
+        """Start every node's agent, up to START_CONCURRENCY at a time: a start is network
+        round trips (SSH connect, auth, exec) that would add up over hundreds of nodes."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        env = agent_env(self.settings)
+
+        def start(rank: int) -> RunningProcess:
+            python = self.provider.agent_python(cluster, rank)
+            argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, rank)
+            return self.provider.start_agent(cluster, rank, argv, env)
+
+        ranks = [node.rank for node in cluster.nodes]
+        workers = max(1, min(START_CONCURRENCY, len(ranks)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="start-agent") as pool:
+            futures = {rank: pool.submit(start, rank) for rank in ranks}
+        # Every start has been tried; the first failure is raised (teardown ends the others).
+        procs: dict[int, RunningProcess] = {rank: f.result() for rank, f in futures.items()}
         self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(procs))
         return self._follow(cluster, procs)
 
@@ -453,6 +465,7 @@ class Controller:
         next_capacity_check = time.monotonic() + ELASTIC_CHECK_SECONDS
         self._growing = None
         next_save = time.monotonic() + RECORD_SAVE_SECONDS
+        next_checks = 0.0
         first_abnormal: float | None = None
         progress = ProgressWatch(
             self.settings.startup_timeout_seconds,
@@ -489,6 +502,11 @@ class Controller:
                 else:
                     self._on_line(rank, line)
                     progress.line(rank, line, now)
+            if line is not None and now < next_checks:
+                # The checks below look at every node: with hundreds of nodes they run at
+                # most every POLL_SECONDS, not once per line (a node's end is seen at once).
+                continue
+            next_checks = now + POLL_SECONDS
             self._fire_due_faults(cluster, nodes, now)
             for rank, why in self._machines_lost.items():
                 node = nodes[rank]
@@ -738,13 +756,15 @@ class Controller:
                 self._record_metric(metric, value, rank)
 
     def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float) -> None:
-        """SIGTERM every agent (the agents forward it), then let teardown make sure."""
+        """SIGTERM every agent (the agents forward it), then let teardown make sure. The
+        grace is for the nodes that answer: a lost one (silent, its machine gone) is not
+        waited for."""
         for node in nodes.values():
             if node.exit_code is None:
                 node.proc.terminate()
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if all(n.proc.poll() is not None for n in nodes.values()):
+            if all(n.lost or n.proc.poll() is not None for n in nodes.values()):
                 break
             time.sleep(0.1)
         self._drain_lines(nodes)

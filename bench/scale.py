@@ -1,0 +1,611 @@
+"""Scale: the real controller supervising hundreds of simulated nodes.
+
+The controller (trainctl.controller.controller.Controller), its store code (a file:// store
+behind a counter of requests) and its provider interface run for real; the nodes are
+stand-ins (threads in this process) that speak the agent's protocol on their output stream
+and do its store traffic, at the agent's own intervals: `agent_started` and `launched`,
+a heartbeat every heartbeat_seconds with a status PUT, the notice poll (0.5 s) and the
+lease check (5 s), log lines at a stated rate shipped to the store every log_sync_seconds
+(the agent's LogShipper), rank 0's step and checkpoint reports, and a result PUT and line at
+the end. Starting a node costs STARTUP_ROUND_TRIPS round trips of `--rtt` (SSH connect,
+auth, agent start), as over a network.
+
+Per N (16, 64, 256 by default), three jobs:
+1. a clean run: bootstrap fan-out (controller time from capacity ready - provision()
+   returned - to every node started - the last start_agent() returned - and to every node
+   launched), log fan-in (lines sent vs lines stored and shown, order per node), the
+   controller's CPU (its threads only, from /proc) and memory (RSS growth of this process
+   over the run, sim nodes included: an upper bound) per node, and store requests per node
+   per hour;
+2. a notice to one node: from the controller's `fault` event to the node's emergency
+   checkpoint start;
+3. a node gone silent (a hung machine: no line, no exit): to the attempt's end.
+
+    python -m bench.scale [--nodes 16,64,256] [--duration 20] [--lines-per-second 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import resource
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_DIR, log
+
+STARTUP_ROUND_TRIPS = 4  # SSH connect, auth, agent upload check, exec
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_TIMEOUT_SECONDS = 5.0
+GOALS = {"detect_s": 10.0, "bootstrap_s": 120.0, "mb_per_node": 5.0, "dropped": 0}
+
+
+class CountingStore:
+    """A store that counts the requests made through it (by method), for S3's bill."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if not callable(value) or name.startswith("_") or name in ("url", "child"):
+            return value
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.counts[name] += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+
+class SimNode:
+    """One node agent's stand-in (a trainctl.transport.RunningProcess)."""
+
+    def __init__(self, harness: Harness, job: str, attempt: int, rank: int) -> None:
+        from trainctl.node.output import LogShipper
+        from trainctl.record import JobStore
+
+        self.harness, self.rank, self.attempt = harness, rank, attempt
+        self.jobs = JobStore(harness.node_store, job)
+        self._out: queue.Queue[str | None] = queue.Queue()
+        self._code: int | None = None
+        self._ended = threading.Event()
+        self.silenced = threading.Event()
+        self._terminate = threading.Event()
+        self._killed = threading.Event()
+        self.sent = 0
+        log_path = harness.root / f"{job}-{attempt}-{rank}.log"
+
+        class QuietShipper(LogShipper):  # the agent's shipper, without its console tee
+            def write(self, line: str) -> None:
+                with self._lock:
+                    self._file.write(line + "\n")
+
+            def _run(self) -> None:
+                try:
+                    super()._run()
+                finally:
+                    harness.add_sim_cpu(time.thread_time())
+
+        self.logs = QuietShipper(
+            log_path,
+            harness.node_store,
+            self.jobs.keys.log(attempt, rank),
+            harness.log_sync_seconds,
+        )
+        self.thread = threading.Thread(target=self._run, name=f"sim-{rank}", daemon=True)
+        self.thread.start()
+
+    # -- RunningProcess --------------------------------------------------------------------
+    def lines(self) -> Iterator[str]:
+        while (line := self._out.get()) is not None:
+            yield line
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise TimeoutError
+        assert self._code is not None
+        return self._code
+
+    def terminate(self) -> None:
+        self._terminate.set()
+
+    def kill(self) -> None:
+        self._killed.set()
+        self.silenced.set()
+        self.logs._stop.set()  # a killed machine ships nothing more
+        self._end(-9)
+
+    def state(self) -> str:
+        return "gone" if self._code is not None else "running"
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def result(self) -> dict[str, Any] | None:
+        return None
+
+    # -- the agent's behaviour --------------------------------------------------------------
+    def _emit(self, event: str, **fields: Any) -> None:
+        from trainctl.protocol import message
+
+        if not self.silenced.is_set():
+            self._out.put(message(event, **{"rank": self.rank, **fields}))
+
+    def _status_put(self, state: str) -> None:
+        key = self.jobs.keys.node_status(self.attempt, self.rank)
+        self.harness.node_store.put_text(key, json.dumps({"rank": self.rank, "state": state}))
+
+    def _end(self, code: int) -> None:
+        if self._code is None:
+            self._code = code
+            self._out.put(None)
+            self._ended.set()
+
+    def _run(self) -> None:
+        try:
+            self._agent()
+        finally:
+            self.harness.add_sim_cpu(time.thread_time())
+
+    def _agent(self) -> None:
+        h = self.harness
+        self._emit("agent_started", pid=os.getpid())
+        self._status_put("starting")
+        self._emit("launched", pid=os.getpid())
+        started = time.monotonic()
+        next_beat = next_notice = next_lease = next_line = started
+        line_number = step = 0
+        notice_key = self.jobs.keys.notice(self.attempt, self.rank)
+        code, stopped = 0, False
+        while not self._killed.is_set():
+            now = time.monotonic()
+            if self.silenced.is_set():  # a hung machine: nothing at all, and no exit
+                time.sleep(0.1)
+                continue
+            if self._terminate.is_set():
+                code, stopped = 143, True
+                break
+            if now - started >= h.duration:
+                break
+            if now >= next_line:
+                line_number += 1
+                line = f"node {self.rank} line {line_number}"
+                self._out.put(line)
+                self.logs.write(line)
+                self.sent += 1
+                next_line += 1.0 / h.lines_per_second
+            if now >= next_beat:
+                self._emit("heartbeat")
+                self._status_put("running")
+                next_beat += HEARTBEAT_SECONDS
+                if self.rank == 0:
+                    step += 1
+                    self._emit("step", step=step)
+                    if step % 10 == 0:
+                        self._emit("checkpoint", step=step)
+            if now >= next_notice:
+                next_notice += 0.5
+                if h.node_store.exists(notice_key) or h.preempting.is_set():
+                    # the script's PreemptionFlag agrees on it across ranks: all stop
+                    h.notice_seen(self.rank, time.time())
+                    self._emit("notice")
+                    self._emit("checkpoint", step=step)  # the emergency checkpoint
+                    self._emit("preempted", step=step)
+                    code = 85
+                    break
+            if now >= next_lease:
+                next_lease += 5.0
+                self.jobs.read_lease()
+            time.sleep(max(0.0, min(next_line, next_beat, next_notice) - time.monotonic()))
+        if self._killed.is_set():
+            return
+        self.logs.close()
+        result = {
+            "rank": self.rank,
+            "exit_code": code,
+            "reason": None,
+            "detail": None,
+            "stopped": stopped,
+            "preempted": code == 85,
+            "notice": None,
+        }
+        self.jobs.store.put_text(
+            self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
+        )
+        self._emit("result", **result)
+        self._end(code)
+
+
+class Harness:
+    def __init__(self, root: Path, duration: float, lines_per_second: float, rtt: float):
+        from trainctl.store import open_store
+
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        inner = open_store(f"file://{root / 'store'}")
+        # the controller's requests and the (simulated) agents', counted apart
+        self.store = CountingStore(inner)
+        self.node_store = CountingStore(inner)
+        self.duration, self.lines_per_second, self.rtt = duration, lines_per_second, rtt
+        self.log_sync_seconds = 2.0
+        self.nodes: dict[tuple[int, int], SimNode] = {}
+        self.notices: dict[int, float] = {}  # rank -> wall clock its notice was seen
+        self.preempting = threading.Event()
+        self.provisioned_at: float | None = None
+        self.started_at: float | None = None
+        self._sim_cpu = 0.0
+        self._lock = threading.Lock()
+
+    def notice_seen(self, rank: int, at: float) -> None:
+        self.notices.setdefault(rank, at)
+        self.preempting.set()
+
+    def add_sim_cpu(self, seconds: float) -> None:
+        with self._lock:
+            self._sim_cpu += seconds
+
+    def reset(self) -> None:
+        self.nodes.clear()
+        self.notices.clear()
+        self.preempting.clear()
+
+    def controller_cpu_seconds(self) -> float:
+        """CPU of this process less the stand-ins' (each thread's own, added as it ends)."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime - self._sim_cpu
+
+
+def sim_provider(harness: Harness) -> Any:
+    from trainctl.cluster import ClusterInfo, NodeInfo, host_name
+    from trainctl.provisioning.base import Provider
+
+    class SimProvider(Provider):
+        name = "sim"
+
+        def dry_run(self, spec: Any, job: str, attempt: int) -> list[dict[str, Any]]:
+            return []
+
+        def provision(self, spec: Any, job: str, attempt: int) -> ClusterInfo:
+            nodes = [
+                NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=str(harness.root))
+                for r in range(spec.instance_count)
+            ]
+            harness.provisioned_at = time.monotonic()
+            return ClusterInfo(
+                job=job,
+                attempt=attempt,
+                provider="sim",
+                instance_type=spec.instance_type,
+                nodes=nodes,
+                master_port=29500,
+                processes_per_host=1,
+            )
+
+        def start_agent(
+            self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
+        ) -> Any:
+            time.sleep(harness.rtt * STARTUP_ROUND_TRIPS)
+            node = SimNode(harness, cluster.job, cluster.attempt, rank)
+            harness.nodes[(cluster.attempt, rank)] = node
+            harness.started_at = time.monotonic()
+            return node
+
+        def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
+            return "python3"
+
+        def terminate(self, job: str, *, grace: float) -> None:
+            for node in list(harness.nodes.values()):
+                if node.poll() is None:
+                    node.kill()
+
+        def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+            harness.nodes[(cluster.attempt, rank)].kill()
+
+    return SimProvider()
+
+
+class CountingPrinter:
+    """The controller's printer: counts each node's lines and checks their order."""
+
+    def __init__(self) -> None:
+        self.shown: Counter[int] = Counter()
+        self.last: dict[int, int] = defaultdict(int)
+        self.out_of_order = 0
+        self.launched_at: float | None = None
+
+    def node_line(self, rank: int, line: str, *, attempt: int | None = None) -> None:
+        if line.startswith("node "):
+            self.shown[rank] += 1
+            number = int(line.rsplit(" ", 1)[1])
+            if number != self.last[rank] + 1:
+                self.out_of_order += 1
+            self.last[rank] = number
+
+    def info(self, message: str) -> None:
+        if message == "training started on every node":
+            self.launched_at = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:  # anything else a printer does: nothing
+        return lambda *args, **kwargs: None
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_job(harness: Harness, nodes: int, faults: list[str], act: Any = None) -> dict[str, Any]:
+    from trainctl.controller.controller import Controller
+    from trainctl.controller.submit import create_job
+    from trainctl.estimator import build_spec
+
+    source = harness.root / "src"
+    source.mkdir(exist_ok=True)
+    (source / "train.py").write_text("print('simulated')\n")
+    spec = build_spec(
+        entry_point="train.py", source_dir=str(source), instance_count=nodes, faults=faults
+    )
+    record = create_job(spec, harness.store)
+    printer = CountingPrinter()
+    controller = Controller(
+        harness.store, record.name, printer=printer, provider=sim_provider(harness)
+    )
+    result: dict[str, Any] = {"job": record.name}
+    done = threading.Event()
+
+    def control() -> None:
+        try:
+            result["final"] = controller.run()
+        finally:
+            done.set()
+
+    threading.Thread(target=control, name="controller", daemon=True).start()
+    if act is not None:
+        act(controller, result)
+    done.wait(timeout=harness.duration * 4 + 120)
+    if not done.is_set():
+        raise RuntimeError(f"job {record.name} did not end")
+    result["printer"] = printer
+    result["events"] = controller.jobs.events()
+    return result
+
+
+def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
+    """Phase 1: a job that runs its course; bootstrap, log fan-in, CPU, memory, requests."""
+    harness.reset()
+    harness.store.counts.clear()
+    harness.node_store.counts.clear()
+    rss0, cpu0, t0 = rss_mb(), harness.controller_cpu_seconds(), time.monotonic()
+    peak = {"rss": rss0}
+
+    def sample(controller: Any, result: dict[str, Any]) -> None:
+        while controller.record.state.value not in ("Completed", "Failed", "Stopped"):
+            peak["rss"] = max(peak["rss"], rss_mb())
+            time.sleep(0.5)
+
+    clean = run_job(harness, nodes, [], sample)
+    wall = time.monotonic() - t0
+    cpu = harness.controller_cpu_seconds() - cpu0
+    requests = sum(harness.store.counts.values())
+    node_requests = sum(harness.node_store.counts.values())
+    printer: CountingPrinter = clean["printer"]
+    sent = sum(n.sent for n in harness.nodes.values())
+    stored = 0
+    for attempt, rank in harness.nodes:
+        text = harness.store.get_text(f"jobs/{clean['job']}/logs/attempt-{attempt}/node-{rank}.log")
+        stored += sum(1 for line in text.splitlines() if line.startswith("node "))
+    shown = sum(printer.shown.values())
+    assert harness.provisioned_at is not None and harness.started_at is not None
+    return {
+        "nodes": nodes,
+        "clean_state": clean["final"].state.value,
+        "started_nodes": len(harness.nodes),
+        "bootstrap_s": harness.started_at - harness.provisioned_at,
+        "all_launched_s": (printer.launched_at or float("nan")) - harness.provisioned_at,
+        "lines_sent": sent,
+        "lines_stored": stored,
+        "lines_shown": shown,
+        "dropped": max(sent - stored, sent - shown),
+        "out_of_order": printer.out_of_order,
+        "controller_cpu_core_percent_per_node": cpu / wall * 100 / nodes,
+        "mb_per_node": (peak["rss"] - rss0) / nodes,
+        "controller_requests_per_node_hour": requests / wall * 3600 / nodes,
+        "agent_requests_per_node_hour": node_requests / wall * 3600 / nodes,
+        "controller_requests": dict(harness.store.counts),
+        "agent_requests": dict(harness.node_store.counts),
+    }
+
+
+def notice_run(harness: Harness, nodes: int) -> float | None:
+    """Phase 2: a notice to the last node 3 s into training; seconds from the controller's
+    fault event to the node's emergency checkpoint."""
+    from trainctl.record import parse_iso
+
+    harness.reset()
+
+    def stop_after_notice(controller: Any, result: dict[str, Any]) -> None:
+        while not harness.notices and controller.record.state.value != "Completed":
+            time.sleep(0.1)
+        controller.jobs.request_stop("bench: measured")
+
+    notice = run_job(harness, nodes, [f"notice:{nodes - 1}@3"], stop_after_notice)
+    fault = next((e for e in notice["events"] if e["type"] == "fault"), None)
+    seen = harness.notices.get(nodes - 1)
+    return seen - parse_iso(fault["time"]) if fault and seen else None
+
+
+def silent_run(harness: Harness, nodes: int) -> dict[str, Any]:
+    """Phase 3: a node goes silent 3 s into training (no line, no exit); seconds to the
+    attempt's end, and its cause."""
+    from trainctl.record import parse_iso
+
+    harness.reset()
+    timing: dict[str, float] = {}
+
+    def silence(controller: Any, result: dict[str, Any]) -> None:
+        while controller.record.state.value != "Training":
+            time.sleep(0.05)
+        time.sleep(3)
+        timing["silenced"] = time.time()
+        harness.nodes[(1, nodes // 2)].silenced.set()
+        while not any(e["type"] == "attempt_end" for e in controller.jobs.events()):
+            time.sleep(0.2)
+        controller.jobs.request_stop("bench: measured")
+
+    silent = run_job(harness, nodes, [], silence)
+    ended = next(e for e in silent["events"] if e["type"] == "attempt_end")
+    return {"detect_s": parse_iso(ended["time"]) - timing["silenced"], "cause": ended.get("cause")}
+
+
+def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"trainctl-bench-scale-{nodes}-") as tmp:
+        harness = Harness(Path(tmp), args.duration, args.lines_per_second, args.rtt)
+        out = clean_run(harness, nodes)
+        log(f"N={nodes} clean run: {out}")
+        out["notice_to_checkpoint_s"] = notice_run(harness, nodes)
+        silent = silent_run(harness, nodes)
+        out["detect_s"], out["detect_cause"] = silent["detect_s"], silent["cause"]
+        log(f"N={nodes}: notice {out['notice_to_checkpoint_s']}, detect {silent}")
+        return out
+
+
+def configure() -> None:
+    """The harness's heartbeat settings (read by the controller through get_settings), and
+    file descriptors for hundreds of nodes' logs."""
+    os.environ["TRAINCTL_HEARTBEAT_SECONDS"] = str(HEARTBEAT_SECONDS)
+    os.environ["TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS"] = str(HEARTBEAT_TIMEOUT_SECONDS)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def figure_rows(r: dict[str, Any], rtt: float, lines_per_second: float) -> list[dict[str, Any]]:
+    """One N's measurements as rows of the performance table, against the issue's goals."""
+    from bench.common import summary
+
+    notice = r["notice_to_checkpoint_s"]
+    rows = [
+        (
+            "bootstrap",
+            f"capacity ready -> every node started ({rtt * 1000:.0f} ms RTT x "
+            f"{STARTUP_ROUND_TRIPS} a start)",
+            "s",
+            r["bootstrap_s"],
+            "<= 120 s at 256",
+            r["bootstrap_s"] <= GOALS["bootstrap_s"],
+            f"all launched {r['all_launched_s']:.1f} s",
+        ),
+        (
+            "detect",
+            f"silent node -> attempt ended (lost after {HEARTBEAT_TIMEOUT_SECONDS:g} s)",
+            "s",
+            r["detect_s"],
+            "<= 10 s",
+            r["detect_s"] <= GOALS["detect_s"],
+            "notice -> emergency checkpoint " + ("-" if notice is None else f"{notice:.2f} s"),
+        ),
+        (
+            "logs",
+            f"log lines dropped ({lines_per_second:g} lines/s a node)",
+            "lines",
+            r["dropped"],
+            "0 dropped, order kept",
+            r["dropped"] == 0 and not r["out_of_order"],
+            f"{r['lines_sent']} sent, {r['lines_stored']} stored, {r['lines_shown']} shown",
+        ),
+        (
+            "memory",
+            "controller memory per node (upper bound)",
+            "MB",
+            r["mb_per_node"],
+            "<= 5 MB",
+            r["mb_per_node"] <= GOALS["mb_per_node"],
+            f"CPU {r['controller_cpu_core_percent_per_node']:.3f} % of a core/node; store "
+            f"requests/node/h: controller {r['controller_requests_per_node_hour']:.0f}, "
+            f"agent {r['agent_requests_per_node_hour']:.0f}",
+        ),
+    ]
+    n = r["nodes"]
+    return [
+        {
+            "name": f"scale-{key}-{n}",
+            "title": f"scale N={n}: {title}",
+            "unit": unit,
+            "baseline": None,
+            "trainctl": summary([value]),
+            "ratio": None,
+            "ratio_text": text,
+            "goal": goal,
+            "pass": ok,
+            "detail": r,
+        }
+        for key, title, unit, value, goal, ok, text in rows
+    ]
+
+
+def figures(ctx: Any) -> list[dict[str, Any]]:
+    """`make bench` (`--only scale`): N = 16, 64, 256 (16, 64 with --quick)."""
+    keys = ("TRAINCTL_HEARTBEAT_SECONDS", "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS")
+    saved = {k: os.environ.get(k) for k in keys}
+    configure()
+    args = argparse.Namespace(duration=10.0 if ctx.quick else 20.0, lines_per_second=2.0, rtt=0.05)
+    out: list[dict[str, Any]] = []
+    try:
+        for nodes in (16, 64) if ctx.quick else (16, 64, 256):
+            out += figure_rows(measure(nodes, args), args.rtt, args.lines_per_second)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="16,64,256")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--lines-per-second", type=float, default=2.0)
+    parser.add_argument("--rtt", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    configure()
+    rows = [measure(int(n), args) for n in args.nodes.split(",")]
+    print(
+        f"scale: real controller, simulated nodes ({args.lines_per_second:g} lines/s per node, "
+        f"{args.rtt * 1000:.0f} ms RTT x {STARTUP_ROUND_TRIPS} to start a node, heartbeat "
+        f"{HEARTBEAT_SECONDS:g} s, lost after {HEARTBEAT_TIMEOUT_SECONDS:g} s)"
+    )
+    for r in rows:
+        print(
+            f"  N={r['nodes']:4d} bootstrap {r['bootstrap_s']:.1f} s (all launched "
+            f"{r['all_launched_s']:.1f} s)  detect {r['detect_s']:.1f} s  notice->ckpt "
+            f"{r['notice_to_checkpoint_s'] or float('nan'):.2f} s  lines {r['lines_sent']} sent "
+            f"{r['lines_stored']} stored {r['lines_shown']} shown ({r['dropped']} dropped, "
+            f"{r['out_of_order']} out of order)  "
+            f"cpu {r['controller_cpu_core_percent_per_node']:.2f} %/node  "
+            f"mem {r['mb_per_node']:.2f} MB/node  store requests per node per hour: "
+            f"controller {r['controller_requests_per_node_hour']:.0f}, "
+            f"agent {r['agent_requests_per_node_hour']:.0f}"
+        )
+    (BENCH_DIR / "scale-results.json").write_text(json.dumps(rows, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
