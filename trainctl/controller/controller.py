@@ -428,7 +428,8 @@ class Controller:
                     machines_lost[rank] = why
                     self.jobs.event("machine_lost", attempt=cluster.attempt, rank=rank, why=why)
                     self._info(f"algo-{rank + 1}: {why}")
-            self._machines_lost = dict(machines_lost)
+            if self._nodes is nodes:  # still this attempt's: a new one has its own watcher
+                self._machines_lost = dict(machines_lost)
             if all(n.exit_code is not None for n in nodes.values()):
                 return
             time.sleep(MACHINE_CHECK_SECONDS)
@@ -450,11 +451,9 @@ class Controller:
         if msg is None:
             self._on_line(rank, line)
             return
-        step = msg.get("step")
-        if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
-            return
         earlier = self.record.attempts[attempt - 1]
-        count_step(earlier, msg["event"], step)
+        if not self._progress_message(earlier, rank, msg):
+            return
         resumed = self.record.attempts[-1].resumed_from_step
         if earlier.steps_lost is not None and resumed is not None:
             earlier.steps_lost = max(0, earlier.last_step - resumed)
@@ -509,7 +508,9 @@ class Controller:
             next_checks = now + POLL_SECONDS
             self._fire_due_faults(cluster, nodes, now)
             for rank, why in self._machines_lost.items():
-                node = nodes[rank]
+                node = nodes.get(rank)  # (an earlier, larger attempt's watcher may be late)
+                if node is None:
+                    continue
                 if node.lost is None and (node.exit_code is None or not node.result):
                     node.lost = why
                     node.exited_at = node.exited_at or now
@@ -574,16 +575,38 @@ class Controller:
                 self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
                 return AttemptEnd("failed", hang, exit_code=1)
 
-    def _record_metric(self, name: str, value: float, rank: int, step: int | None = None) -> None:
-        """A metric value of the current attempt: the latest in the record, every value
-        (thinned past a cap) in the history."""
-        attempt = self.record.attempts[-1] if self.record.attempts else None
+    def _record_metric(
+        self,
+        name: str,
+        value: float,
+        rank: int,
+        step: int | None = None,
+        attempt: Attempt | None = None,
+    ) -> None:
+        """A metric value of the current attempt (or of `attempt`, for a line of an earlier
+        one still draining): the latest in the record, every value (thinned past a cap) in
+        the history."""
+        late = attempt is not None
+        attempt = attempt or (self.record.attempts[-1] if self.record.attempts else None)
         if step is None and attempt is not None:
             step = attempt.last_step
-        self.record.metrics[name] = value
+        if not late:
+            self.record.metrics[name] = value
         self._metric_recorder.add(
             name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
         )
+
+    def _progress_message(self, attempt: Attempt, rank: int, msg: dict[str, Any]) -> bool:
+        """A step/checkpoint/preempted message: its step counted and its metric values
+        recorded for `attempt`. False if the message is not one."""
+        step = msg.get("step")
+        if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
+            return False
+        count_step(attempt, msg["event"], step)
+        late = attempt is not self.record.attempts[-1]
+        for name, value in numeric_metrics(msg.get("metrics")).items():
+            self._record_metric(name, value, rank, step=step, attempt=attempt if late else None)
+        return True
 
     def _grow_if_capacity(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
@@ -719,10 +742,7 @@ class Controller:
                 if self.record.state is JobState.STARTING:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
-        elif event in ("step", "checkpoint", "preempted") and isinstance(msg.get("step"), int):
-            count_step(attempt, event, int(msg["step"]))
-            for name, value in numeric_metrics(msg.get("metrics")).items():
-                self._record_metric(name, value, node.rank, step=int(msg["step"]))
+        elif self._progress_message(attempt, node.rank, msg):
             if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
                 self._resumed(attempt, 0)
         elif event == "resumed" and isinstance(msg.get("step"), int):
@@ -783,6 +803,8 @@ class Controller:
             elif line is not None and (msg := parse_control(line)):
                 if msg.get("event") == "result":
                     nodes[rank].result = msg
+                else:  # the last steps and their metric values before the nodes stopped
+                    self._progress_message(self.record.attempts[-1], rank, msg)
 
     def _complete(self) -> None:
         out = output_store(self.record)
