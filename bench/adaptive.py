@@ -22,6 +22,7 @@ target with their spread, and the ratios against the fixed small batch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from typing import Any
@@ -88,7 +89,9 @@ def run(method: str, seed: int, target: float, max_epochs: int, data: tuple[Any,
         sampler.set_epoch(epoch)
         for step in sampler:
             for micro in step.micro_batches:
-                context = sampler.accumulate(micro) if method == "adaptive" else _null()
+                context = (
+                    sampler.accumulate(micro) if method == "adaptive" else contextlib.nullcontext()
+                )
                 with context:
                     idx = torch.tensor(micro.indices)
                     (F.cross_entropy(model(X_tr[idx]), y_tr[idx]) * micro.loss_scale).backward()
@@ -119,14 +122,6 @@ def run(method: str, seed: int, target: float, max_epochs: int, data: tuple[Any,
         "epochs": max_epochs,
         "final_batch": None,
     }
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,8 @@ class LiveNode:
     exited_at: float | None = None
     last_seen: float = 0.0
     lost: str | None = None  # why this node counts as lost (infrastructure, not user code)
+    # Set by the attempt's machine watcher: the provider says the machine is gone (why).
+    machine_lost: str | None = None
 
 
 @dataclass(frozen=True)

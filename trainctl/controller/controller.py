@@ -93,7 +93,6 @@ class Controller:
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
         self._growing: str | None = None  # an elastic job is checkpointing to grow
-        self._machines_lost: dict[int, str] = {}
         # Each fault fires once, in the first attempt that trains long enough.
         self._pending_faults = list(self.record.spec.parsed_faults)
         self._lease: Lease | None = None
@@ -406,7 +405,6 @@ class Controller:
         self._nodes = nodes
         self._training_started = None
         self._notices = {}
-        self._machines_lost = {}
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
                 target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
@@ -416,7 +414,6 @@ class Controller:
     def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> None:
         """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
         its API calls may be slow or retried, and the log stream must not wait for them."""
-        machines_lost: dict[int, str] = {}
         while self._nodes is nodes and not self.stop_reason:
             try:
                 gone = self.provider.lost_nodes(cluster)
@@ -424,12 +421,11 @@ class Controller:
                 self._info(f"could not check the instances: {exc}")
                 gone = {}
             for rank, why in gone.items():
-                if rank not in machines_lost:
-                    machines_lost[rank] = why
+                # written on this attempt's own nodes: a late watcher touches no other attempt
+                if nodes[rank].machine_lost is None:
+                    nodes[rank].machine_lost = why
                     self.jobs.event("machine_lost", attempt=cluster.attempt, rank=rank, why=why)
                     self._info(f"algo-{rank + 1}: {why}")
-            if self._nodes is nodes:  # still this attempt's: a new one has its own watcher
-                self._machines_lost = dict(machines_lost)
             if all(n.exit_code is not None for n in nodes.values()):
                 return
             time.sleep(MACHINE_CHECK_SECONDS)
@@ -507,15 +503,12 @@ class Controller:
                 continue
             next_checks = now + POLL_SECONDS
             self._fire_due_faults(cluster, nodes, now)
-            for rank, why in self._machines_lost.items():
-                node = nodes.get(rank)  # (an earlier, larger attempt's watcher may be late)
-                if node is None:
-                    continue
-                if node.lost is None and (node.exit_code is None or not node.result):
+            for node in nodes.values():
+                why = node.machine_lost
+                if why and node.lost is None and (node.exit_code is None or not node.result):
                     node.lost = why
                     node.exited_at = node.exited_at or now
                     first_abnormal = first_abnormal or now
-            for node in nodes.values():
                 silent = now - node.last_seen
                 if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
                     node.lost = node.lost or f"no heartbeat for {silent:.0f} s"
@@ -583,14 +576,14 @@ class Controller:
         step: int | None = None,
         attempt: Attempt | None = None,
     ) -> None:
-        """A metric value of the current attempt (or of `attempt`, for a line of an earlier
-        one still draining): the latest in the record, every value (thinned past a cap) in
-        the history."""
-        late = attempt is not None
-        attempt = attempt or (self.record.attempts[-1] if self.record.attempts else None)
+        """A metric value of `attempt` (default: the current one): every value (thinned past
+        a cap) in the history, and the latest in the record unless it is an earlier
+        attempt's line still draining."""
+        current = self.record.attempts[-1] if self.record.attempts else None
+        attempt = attempt or current
         if step is None and attempt is not None:
             step = attempt.last_step
-        if not late:
+        if attempt is current:
             self.record.metrics[name] = value
         self._metric_recorder.add(
             name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
@@ -603,9 +596,8 @@ class Controller:
         if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
             return False
         count_step(attempt, msg["event"], step)
-        late = attempt is not self.record.attempts[-1]
         for name, value in numeric_metrics(msg.get("metrics")).items():
-            self._record_metric(name, value, rank, step=step, attempt=attempt if late else None)
+            self._record_metric(name, value, rank, step=step, attempt=attempt)
         return True
 
     def _grow_if_capacity(

@@ -246,6 +246,9 @@ class AdaptiveBatch:
         self.min_accum = 2 if self.world == 1 else 1
         self.sampler.set_global_batch_size(base_batch_size, min_accum=self.min_accum)
         self.model, self.optimizer = model, optimizer
+        # the trained parameters, and whether they are on a GPU (timing must synchronize)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._cuda = any(p.is_cuda for p in self._params[:1])
         self.base_batch_size, self.max_batch_size = int(base_batch_size), int(max_batch_size)
         self.adapt_every, self.scale_lr = int(adapt_every), scale_lr
         self.noise = NoiseScale(smoothing)
@@ -307,7 +310,7 @@ class AdaptiveBatch:
         the step's last micro-batch, times it, and on one worker measures its gradient."""
         before = None
         if self.world == 1 and self._step is not None and len(self._step.micro_batches) > 1:
-            before = [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
+            before = [None if p.grad is None else p.grad.detach().clone() for p in self._params]
         sync = (
             self.model.no_sync()
             if self._hooked is not None and not micro.last
@@ -320,20 +323,17 @@ class AdaptiveBatch:
         self._compute += time.perf_counter() - started
         if before is not None:
             sqr = 0.0
-            for p, old in zip(self._params(), before, strict=True):
+            for p, old in zip(self._params, before, strict=True):
                 if p.grad is not None:
                     part = p.grad.detach() if old is None else p.grad.detach() - old
                     sqr += float(part.double().pow(2).sum())
             # the increment is loss_scale * (the micro-batch's mean gradient)
             self._micro_sqr.append((sqr / micro.loss_scale**2, len(micro.indices)))
 
-    def _params(self) -> list[Any]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
     def _synchronize(self) -> None:
-        import torch
+        if self._cuda:
+            import torch
 
-        if torch.cuda.is_available() and any(p.is_cuda for p in self._params()[:1]):
             torch.cuda.synchronize()
 
     # -- the optimizer step ----------------------------------------------------------------
@@ -392,9 +392,7 @@ class AdaptiveBatch:
         if len(self._micro_sqr) < 2:
             return 0.0, 0.0, 0.0
         big = sum(
-            float(p.grad.detach().double().pow(2).sum())
-            for p in self._params()
-            if p.grad is not None
+            float(p.grad.detach().double().pow(2).sum()) for p in self._params if p.grad is not None
         )
         small = sum(s for s, _ in self._micro_sqr) / len(self._micro_sqr)
         samples = sum(n for _, n in self._micro_sqr) / len(self._micro_sqr)
