@@ -14,6 +14,7 @@ from typing import Any
 from bench.common import WORKLOAD_ARGS, every, first, log, summary
 
 KILL_GOAL_S = 15.0
+WRITE_WINDOW_STEPS = 2
 
 
 def _iso(value: str) -> float:
@@ -112,8 +113,13 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
         lost = [r["steps_lost"] for r in runs]
         s = summary(seconds)
         if kind == "kill":
-            ok = s["median"] <= KILL_GOAL_S and max(lost) <= every_n
-            goal = f"<= {KILL_GOAL_S:.0f} s, steps lost <= {every_n} (1 interval)"
+            # One interval, plus the steps trained while the newest (asynchronous)
+            # checkpoint was still being written and uploaded when the kill came.
+            ok = s["median"] <= KILL_GOAL_S and max(lost) <= every_n + WRITE_WINDOW_STEPS
+            goal = (
+                f"<= {KILL_GOAL_S:.0f} s, steps lost <= {every_n} + {WRITE_WINDOW_STEPS} "
+                "(1 interval + a write)"
+            )
             title = "recovery after a node kill: kill -> steps advancing (local)"
         else:
             ok = max(lost) == 0

@@ -25,17 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import launch, recovery, scale, stall, throughput, upload
+from bench import coldstart, launch, recovery, scale, stall, throughput, upload
 from bench.common import BENCH_DIR, WORKLOAD_ARGS, Procs, TrainctlRunner, log, machine_info
 from bench.common import temp_dir as make_temp_dir
 
 FIGURES = {
     "launch": launch.measure,
     "throughput": throughput.measure,
+    "throughput-load": throughput.measure_under_load,
     "stall": stall.measure,
     "upload": upload.measure,
     "recovery": recovery.measure,
     "scale": scale.figures,
+    "coldstart": coldstart.figures,
 }
 
 

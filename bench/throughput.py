@@ -10,7 +10,25 @@ from bench.common import WORKLOAD_ARGS, log, ratio_figure, run_torchrun
 GOAL = 0.97
 
 
+LOAD = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
+
+
 def measure(ctx: Any) -> list[dict[str, Any]]:
+    return [_measure(ctx, load=False)]
+
+
+def measure_under_load(ctx: Any) -> list[dict[str, Any]]:
+    """The same, with a CPU-bound process (one busy Python loop, normal priority) running
+    through every run, baseline and trainctl alike: the 2 cores are oversubscribed, so
+    whatever CPU the agents take comes out of training's share."""
+    return [_measure(ctx, load=True)]
+
+
+def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
+    import subprocess
+
+    from bench.common import PYTHON
+
     # A checkpoint (~66 MB) every 80 steps, ~4 s: far more often than a real job would, so
     # that the sync's cost shows. Its cost scales with checkpoint bytes per second (on the
     # local provider the "upload" is a copy into the store directory, on the same CPUs).
@@ -29,15 +47,25 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
     tc_stalls: list[float] = []
     # Noisier than the others (a ~15 s window, checkpoints in it): 5 repetitions by default.
     reps = ctx.reps if ctx.quick else ctx.reps + 2
-    for rep in range(reps):
-        run = run_torchrun(ctx.procs, ctx.workdir / f"tput-base-{rep}", hps)
-        base.append(run.steps_per_s())
-        base_stalls += run.stalls()
-        log(f"throughput rep {rep + 1}: bare torchrun {base[-1]:.2f} steps/s")
-        tc_run, _, _ = ctx.runner.run(hps)
-        tc.append(tc_run.steps_per_s())
-        tc_stalls += tc_run.stalls()
-        log(f"throughput rep {rep + 1}: trainctl     {tc[-1]:.2f} steps/s ({tc_run.info['job']})")
+    name = "throughput-load" if load else "throughput"
+    burner = None
+    try:
+        if load:
+            burner = ctx.procs.spawn(
+                [PYTHON, "-c", LOAD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        for rep in range(reps):
+            run = run_torchrun(ctx.procs, ctx.workdir / f"{name}-base-{rep}", hps)
+            base.append(run.steps_per_s())
+            base_stalls += run.stalls()
+            log(f"{name} rep {rep + 1}: bare torchrun {base[-1]:.2f} steps/s")
+            tc_run, _, _ = ctx.runner.run(hps)
+            tc.append(tc_run.steps_per_s())
+            tc_stalls += tc_run.stalls()
+            log(f"{name} rep {rep + 1}: trainctl     {tc[-1]:.2f} steps/s ({tc_run.info['job']})")
+    finally:
+        if burner is not None:
+            ctx.procs.end(burner)
     detail = {
         "steps": steps,
         "window_steps": steps - hps["warmup"],
@@ -47,16 +75,16 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
             "trainctl": statistics.median(tc_stalls) if tc_stalls else None,
         },
     }
-    return [
-        ratio_figure(
-            "throughput",
-            "steady-state steps/s, log streaming + checkpoint sync on",
-            "steps/s",
-            "bare torchrun, same script and steps (checkpoints to local disk)",
-            base,
-            tc,
-            goal_text=f">= {GOAL}x",
-            goal_min=GOAL,
-            detail=detail,
-        )
-    ]
+    title = "steady-state steps/s, log streaming + checkpoint sync on"
+    return ratio_figure(
+        name,
+        title + (", a CPU-bound process running too" if load else ""),
+        "steps/s",
+        "bare torchrun, same script and steps (checkpoints to local disk)"
+        + (", the same CPU load" if load else ""),
+        base,
+        tc,
+        goal_text=f">= {GOAL}x",
+        goal_min=GOAL,
+        detail=detail,
+    )

@@ -6,10 +6,12 @@ provider conformance suite."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -40,81 +42,108 @@ INSTANCE_TYPE = "g5.2xlarge"
 @pytest.fixture
 def cloud(home, sshd, monkeypatch, tmp_path):
     """moto (EC2, IAM, SSM, STS, S3) + two sshd "instances" + an IMDS stand-in."""
+    with stand_in_cloud(monkeypatch, sshd.servers[:2]) as c:
+        yield c
+
+
+class Cloud:
+    """What `stand_in_cloud` made: the endpoint, a bucket, clients, the node profile..."""
+
+    def __init__(self, monkeypatch, endpoint: str, bucket: str, imds, hosts) -> None:
+        import boto3
+
+        self.monkeypatch, self.endpoint, self.bucket, self.imds = (
+            monkeypatch,
+            endpoint,
+            bucket,
+            imds,
+        )
+        self.s3, self.ec2 = boto3.client("s3"), boto3.client("ec2")
+        self.hosts: list = []
+        self.image_id = self.profile = ""
+        self.machines: TerminationEndsProcesses | None = None
+        self.use_hosts(hosts)
+
+    def use_hosts(self, hosts) -> None:
+        """Make `hosts` (sshd servers) the stand-ins of the instances moto launches."""
+        from trainctl.provisioning.aws.keys import default_key_path, ensure_key
+
+        # trainctl's own key pair is what EC2 would install on the instances: the sshd
+        # stand-ins authorize it.
+        public_key = ensure_key(default_key_path())
+        for host in hosts:
+            authorized = host.root / "authorized_keys"
+            authorized.write_text(authorized.read_text() + public_key.strip() + "\n")
+        overrides = [f"{h.address}:{h.port}" for h in hosts]
+        self.monkeypatch.setenv("TRAINCTL_SSH_ADDRESS_OVERRIDE", json.dumps(overrides))
+        self.hosts = list(hosts)
+        if self.machines is not None:
+            self.machines.hosts = self.hosts
+
+
+@contextlib.contextmanager
+def stand_in_cloud(monkeypatch, hosts) -> Iterator[Cloud]:
+    """The stand-in cloud for the EC2 provider, its settings set through `monkeypatch`
+    (a pytest fixture's, or `pytest.MonkeyPatch.context()` outside tests: bench/)."""
     import boto3
     from moto.server import ThreadedMotoServer
-
-    from trainctl.provisioning.aws.keys import default_key_path, ensure_key
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    point_aws_at(monkeypatch, endpoint, key="AKIASUBMITTER0000000", secret=USER_SECRET)
-
-    s3 = boto3.client("s3")
-    bucket = f"trainctl-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
-    iam = boto3.client("iam")
-    # moto keeps its state per process, not per server: names of its own per test.
-    profile = f"{PROFILE}-{uuid.uuid4().hex[:8]}"
-    iam.create_role(RoleName=profile, AssumeRolePolicyDocument=json.dumps(TRUST_EC2))
-    iam.create_instance_profile(InstanceProfileName=profile)
-    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=profile)
-    ec2 = boto3.client("ec2")
-    image = next(
-        i
-        for i in ec2.describe_images(Owners=["amazon"])["Images"]
-        if i.get("Architecture") == "x86_64" and i.get("RootDeviceName")
-    )
-
-    # trainctl's own key pair is what EC2 would install on the instances: the sshd
-    # stand-ins authorize it.
-    public_key = ensure_key(default_key_path())
-    hosts = sshd.servers[:2]
-    for host in hosts:
-        authorized = host.root / "authorized_keys"
-        authorized.write_text(authorized.read_text() + public_key.strip() + "\n")
-
-    imds = ImdsStandIn("127.0.0.4", role=profile)
-    imds.__enter__()
-    overrides = [f"{h.address}:{h.port}" for h in hosts]
-    node_env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }
-    for key, value in {
-        "TRAINCTL_STORE": f"s3://{bucket}/store",
-        "TRAINCTL_SSH_ADDRESS_OVERRIDE": json.dumps(overrides),
-        "TRAINCTL_NODE_ENVIRONMENT": json.dumps(node_env),
-        "TRAINCTL_SSH_USER": "root",
-        "TRAINCTL_AWS_NODE_PYTHON": sys.executable,
-        "TRAINCTL_AWS_SSH_CIDR": "127.0.0.1/32",
-        "TRAINCTL_IMDS_POLL_SECONDS": "0.5",
-        "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "20",
-        # moto has no placement-group API (2-node jobs ask for a cluster placement group;
-        # tests/test_aws_provider.py covers it with an in-test stand-in).
-        "TRAINCTL_AWS_CLUSTER_PLACEMENT_GROUP": "false",
-        # An orphaned EC2 node halts itself; the stand-in hosts are this machine.
-        "TRAINCTL_POWEROFF_WHEN_ORPHANED": "false",
-    }.items():
-        monkeypatch.setenv(key, value)
-
-    class Cloud:
-        pass
-
-    c = Cloud()
-    c.endpoint, c.bucket, c.s3, c.ec2, c.imds, c.hosts = endpoint, bucket, s3, ec2, imds, hosts
-    c.image_id, c.profile = image["ImageId"], profile
-    machines = TerminationEndsProcesses(boto3.client("ec2"), hosts)
-    machines.start()
+    imds = None
+    c = None
     try:
+        endpoint = f"http://127.0.0.1:{port}"
+        point_aws_at(monkeypatch, endpoint, key="AKIASUBMITTER0000000", secret=USER_SECRET)
+
+        bucket = f"trainctl-{uuid.uuid4().hex[:10]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        iam = boto3.client("iam")
+        # moto keeps its state per process, not per server: names of its own per test.
+        profile = f"{PROFILE}-{uuid.uuid4().hex[:8]}"
+        iam.create_role(RoleName=profile, AssumeRolePolicyDocument=json.dumps(TRUST_EC2))
+        iam.create_instance_profile(InstanceProfileName=profile)
+        iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=profile)
+        image = next(
+            i
+            for i in boto3.client("ec2").describe_images(Owners=["amazon"])["Images"]
+            if i.get("Architecture") == "x86_64" and i.get("RootDeviceName")
+        )
+        imds = ImdsStandIn("127.0.0.4", role=profile)
+        imds.__enter__()
+        node_env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        }
+        for key, value in {
+            "TRAINCTL_STORE": f"s3://{bucket}/store",
+            "TRAINCTL_NODE_ENVIRONMENT": json.dumps(node_env),
+            "TRAINCTL_SSH_USER": "root",
+            "TRAINCTL_AWS_NODE_PYTHON": sys.executable,
+            "TRAINCTL_AWS_SSH_CIDR": "127.0.0.1/32",
+            "TRAINCTL_IMDS_POLL_SECONDS": "0.5",
+            "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "20",
+            # moto has no placement-group API (2-node jobs ask for a cluster placement group;
+            # tests/test_aws_provider.py covers it with an in-test stand-in).
+            "TRAINCTL_AWS_CLUSTER_PLACEMENT_GROUP": "false",
+            # An orphaned EC2 node halts itself; the stand-in hosts are this machine.
+            "TRAINCTL_POWEROFF_WHEN_ORPHANED": "false",
+        }.items():
+            monkeypatch.setenv(key, value)
+        c = Cloud(monkeypatch, endpoint, bucket, imds, hosts)
+        c.image_id, c.profile = image["ImageId"], profile
+        c.machines = TerminationEndsProcesses(boto3.client("ec2"), c.hosts)
+        c.machines.start()
         yield c
     finally:
-        machines.stop()
-        imds.__exit__(None, None, None)
+        if c is not None and c.machines is not None:
+            c.machines.stop()
+        if imds is not None:
+            imds.__exit__(None, None, None)
         server.stop()
 
 

@@ -30,6 +30,7 @@ pools:
     subnets: [subnet-0123456789abcdef0, subnet-0123456789abcdef1]
     instance_profile: trainctl-node
     max_instances: 4
+    keep_alive_period_in_seconds: 900
   lab:
     provider: ssh
     hosts:
@@ -74,6 +75,9 @@ def test_pool_fills_the_capacity_fields_and_the_job_overrides_them(cap_home, scr
     )
     assert spec.subnets == ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]
     assert spec.instance_profile == "trainctl-node" and spec.pool == "gpu"
+    assert spec.keep_alive_period_in_seconds == 900
+    no_warm = build_spec(entry_point=script, pool="gpu", keep_alive_period_in_seconds=0)
+    assert no_warm.keep_alive_period_in_seconds == 0
     # The job's own values win over the pool's.
     mine = build_spec(entry_point=script, pool="gpu", instance_type="g5.xlarge", region="us-west-2")
     assert (mine.instance_type, mine.region) == ("g5.xlarge", "us-west-2")
@@ -270,6 +274,7 @@ def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
         "spot_savings_usd": 2.84,
         "instance_seconds": 9000.0,
         "unpriced_instances": 1,
+        "warm_seconds": 0,
     }
     assert _cost_text(cost) == (
         "$1.75 for 2.50 instance-hours; spot saved $2.84 of $4.59 "

@@ -220,6 +220,22 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
     ),
     ("image-malformed", lambda t, s: ["src/train.py", "--image", "Not An Image"], ("image_uri",)),
     ("output-yaml", lambda t, s: ["src/train.py", "-o", "yaml"], ("--output", "yaml", "json")),
+    (
+        "keep-alive-over-max",
+        lambda t, s: ["src/train.py", "--instance-type", "g5.2xlarge", "--keep-alive", "3601"],
+        ("keep_alive_period_in_seconds", "3600", "3601"),
+    ),
+    (
+        "keep-alive-negative",
+        lambda t, s: ["src/train.py", "--instance-type", "g5.2xlarge", "--keep-alive", "-1"],
+        ("keep_alive_period_in_seconds", "greater than or equal to 0"),
+    ),
+    (
+        # Local (and ssh) nodes are not released after a job: refused, not ignored.
+        "keep-alive-local",
+        lambda t, s: ["src/train.py", "--keep-alive-period-in-seconds", "60"],
+        ("keep_alive_period_in_seconds", "EC2 instance types only", "'local'"),
+    ),
 ]
 
 

@@ -150,7 +150,7 @@ def test_spot_notice_from_imds_checkpoints_and_loses_no_step(cloud):
     first, *rest = info["attempts"]
     assert rest, "no relaunch"
     assert first["outcome"] == "interrupted" and "notice" in first["cause"]
-    assert first["steps_lost"] == 0
+    assert first["steps_lost"] == 0, info["attempts"]
     assert rest[0]["resumed_from_step"] == first["last_step"]
     log = done["job"].store.get_text(f"jobs/{job_name}/logs/attempt-1/node-0.log")
     assert "spot interruption notice: terminate at" in log

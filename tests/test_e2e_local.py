@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES
-from trainctl import Estimator, TrainingJob
+from trainctl import Estimator, TrainingJob, protocol
 from trainctl.estimator import JobFailedError
 from trainctl.state import JobState
 
@@ -351,6 +351,15 @@ def test_metric_definitions_are_recorded(home):
     )
     job = est.fit(logs=False)
     assert 0 < job.describe()["metrics"]["test:accuracy"] <= 1
+
+
+def test_a_control_message_inside_a_printed_line_leaves_the_line_whole(home, source):
+    job = Estimator(entry_point="train.py", source_dir=str(source("midline"))).fit(logs=False)
+    log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    lines = log.splitlines()
+    assert "SPLIT first half and second half" in lines and "NEXT line" in lines, log
+    assert protocol.CONTROL_PREFIX not in log
+    assert job.describe()["attempts"][0]["last_step"] == 7
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from trainctl.spec.parts import Fault
 pytestmark = pytest.mark.e2e
 
 CHECKPOINT_EVERY = 10
+WRITE_WINDOW_STEPS = 2
 # 8 epochs of ~23 steps. The step delay only stretches time (the model does not depend on
 # it): faults fire 5-6.5 s after an attempt's launch, start-up takes 2-6 s, so an attempt
 # trains at most ~4.5 s before its fault; 184 steps x 80 ms outlast three such attempts.
@@ -104,7 +105,9 @@ def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, trial):
             assert attempt["steps_lost"] == 0, attempt  # the emergency checkpoint saved all
         else:
             assert "lost" in attempt["cause"]
-            assert attempt["steps_lost"] <= CHECKPOINT_EVERY, attempt
+            # At most one interval, plus the steps trained while the newest checkpoint was
+            # still being written (asynchronously) and uploaded when the kill came.
+            assert attempt["steps_lost"] <= CHECKPOINT_EVERY + WRITE_WINDOW_STEPS, attempt
     assert_bit_identical(model_tensors(job), baseline)
 
 

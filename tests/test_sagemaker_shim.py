@@ -93,7 +93,7 @@ def test_a_role_arn_is_used_as_the_instance_profile_of_its_name_with_one_warning
     [
         ({"instance_type": "ml.r7i.48xlarge"}, "instance_type", "has no EC2 equivalent"),
         ({"role": "not a role!"}, "role", "is neither an IAM ARN"),
-        ({"keep_alive_period_in_seconds": 1800}, "keep_alive_period_in_seconds", "warm pools"),
+        ({"keep_alive_period_in_seconds": 7200}, "keep_alive_period_in_seconds", "3600"),
         ({"input_mode": "Pipe"}, "input_mode", "File mode only"),
         ({"enable_network_isolation": True}, "enable_network_isolation", "not supported"),
         ({"volume_kms_key": "arn:aws:kms:..."}, "volume_kms_key", "not supported"),
@@ -106,6 +106,11 @@ def test_what_trainctl_cannot_honour_is_one_line_naming_it(home, kwargs, field, 
     assert raised.value.field == field
     assert text in str(raised.value) and "\n" not in str(raised.value)
     assert not (home / "store").exists(), "something was created"
+
+
+@pytest.mark.timeout(30)
+def test_keep_alive_is_a_warm_pool_as_on_sagemaker(home):
+    assert spec_of(pytorch(keep_alive_period_in_seconds=1800)).keep_alive_period_in_seconds == 1800
 
 
 @pytest.mark.timeout(30)

@@ -260,8 +260,11 @@ def _params(model) -> dict[str, torch.Tensor]:
 
 
 def _save(ckpt: Checkpointer, step: int, objs, **kw) -> Path:
+    """Save, and wait for the background write (async_save): the files are then whole."""
     model, opt, sched, sampler = objs
-    return ckpt.save(step, model=model, optimizer=opt, scheduler=sched, sampler=sampler, **kw)
+    path = ckpt.save(step, model=model, optimizer=opt, scheduler=sched, sampler=sampler, **kw)
+    ckpt.wait()
+    return path
 
 
 def _restore(ckpt: Checkpointer, objs):
@@ -270,8 +273,9 @@ def _restore(ckpt: Checkpointer, objs):
 
 
 @pytest.mark.timeout(30)
-def test_checkpoint_round_trip_is_bit_exact(clean_env: Path) -> None:
-    ckpt = Checkpointer(keep=3, ctx=_ctx(clean_env))
+@pytest.mark.parametrize("async_save", [True, False], ids=["async", "in-line"])
+def test_checkpoint_round_trip_is_bit_exact(clean_env: Path, async_save: bool) -> None:
+    ckpt = Checkpointer(keep=3, ctx=_ctx(clean_env), async_save=async_save)
     a = _make()
     a[3].set_epoch(2)
     _train(*a, steps=5)
@@ -294,7 +298,9 @@ def test_checkpoint_round_trip_is_bit_exact(clean_env: Path) -> None:
         "scaler",
         "extra",
         "world_size",
+        "sharded",
     }
+    assert state["sharded"] is None  # a plain model: its whole state is in state.pt
     own = torch.load(path / "rank-0.pt", weights_only=True)  # plain tensors and builtins
     assert set(own["rng"]) == {"python", "numpy", "torch"} and own["sampler"]["consumed"] == 20
 
@@ -439,7 +445,9 @@ def test_restore_after_a_world_size_change(clean_env: Path, capsys) -> None:
     model, opt, _, _ = _make()
     sampler = ResumableDistributedSampler(64, 2, 0, seed=1)
     sampler.advance(12)
-    path = Checkpointer(ctx=two).save(7, model=model, optimizer=opt, sampler=sampler, epoch=1)
+    saver = Checkpointer(ctx=two)
+    path = saver.save(7, model=model, optimizer=opt, sampler=sampler, epoch=1)
+    saver.wait()
     assert is_complete(path) is None  # rank-1.pt comes from the other node
     shutil.copy(path / "rank-0.pt", path / "rank-1.pt")
     one = Checkpointer(ctx=_ctx(clean_env))
@@ -491,7 +499,7 @@ def test_save_writes_only_tmp_names_until_complete(clean_env: Path, monkeypatch)
         real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", dying)
-    with pytest.raises(OSError):
+    with pytest.raises(RuntimeError, match="disk full"):  # raised by wait(), from the writer
         _save(ckpt, 3, objs)
     assert [p.name for p in (clean_env / "ckpt" / step_dir_name(3)).iterdir()] == ["state.pt"]
     monkeypatch.setattr(torch, "save", real_save)
@@ -532,6 +540,25 @@ def test_report_step_throttled(clean_env: Path, monkeypatch, capsys) -> None:
     assert [protocol.parse(line) for line in capsys.readouterr().out.splitlines()] == [
         {"event": "step", "step": 50}
     ]
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        ('@@trainctl@@ {"event": "step", "step": 3}', ""),
+        ('[rank0]:@@trainctl@@ {"event": "step", "step": 3}', ""),
+        ('[1,0]<stdout>:@@trainctl@@ {"event": "step", "step": 3}', ""),
+        ('USED 1 2@@trainctl@@ {"event": "step", "step": 3}', "USED 1 2"),
+        ('x@@trainctl@@ {"event": "step", "step": 3}', "x"),
+    ],
+)
+def test_a_control_message_is_split_from_the_text_before_it(line: str, text: str) -> None:
+    assert protocol.split(line) == (text, {"event": "step", "step": 3})
+
+
+@pytest.mark.parametrize("line", ["plain output", "@@trainctl@@ not json", "@@trainctl@@ [1]"])
+def test_a_line_without_a_control_message_is_all_text(line: str) -> None:
+    assert protocol.split(line) == (line, None)
 
 
 def test_large_batch_helpers() -> None:
@@ -776,7 +803,9 @@ def _logs(tmp_path: Path, mode: str) -> str:
 
 
 def _events(text: str) -> list[dict]:
-    return [m for line in text.splitlines() if (m := protocol.parse(line))]
+    # (split, as the agent reads them: the background writer's message can land inside a
+    # line the main thread is printing)
+    return [m for line in text.splitlines() if (m := protocol.split(line)[1])]
 
 
 @pytest.mark.timeout(60)
@@ -1107,3 +1136,94 @@ def test_digits_resume_at_any_step_single_process(
     assert digits_in_process("ckpt-twice", "b", kill_at=25) == -9
     assert digits_in_process("ckpt-twice", "c") == 0
     _assert_identical(reference, model("c"))
+
+
+@pytest.mark.timeout(30)
+def test_async_save_blocks_only_for_the_copy_and_saves_the_state_of_its_step(
+    clean_env: Path, monkeypatch
+) -> None:
+    """The writer is held back: save() has returned, training changes the model and the
+    extra, and the checkpoint still holds the state at save time, bit for bit."""
+    import threading
+
+    ckpt = Checkpointer(keep=3, ctx=_ctx(clean_env), async_save=True)
+    objs = _make()
+    _train(*objs, steps=3)
+    before = _params(objs[0])
+    extra = {"best": [0.5]}
+    release = threading.Event()
+    real_save = torch.save
+
+    def held(obj, f, *args, **kwargs):
+        assert release.wait(10), "never released"
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", held)
+    path = ckpt.save(3, model=objs[0], optimizer=objs[1], sampler=objs[3], extra=extra)
+    assert not (path / "meta.json").exists(), "save() waited for the write"
+    _train(*objs, steps=2)  # the loop goes on and changes everything in place
+    extra["best"].append(0.9)
+    assert any(not torch.equal(before[k], v) for k, v in _params(objs[0]).items())
+    release.set()
+    ckpt.wait()
+    monkeypatch.setattr(torch, "save", real_save)
+    assert is_complete(path) is not None
+    fresh = _make(seed=5)
+    info = ckpt.restore(model=fresh[0], optimizer=fresh[1], sampler=fresh[3])
+    assert info is not None and info.step == 3 and info.extra == {"best": [0.5]}
+    assert all(torch.equal(before[k], v) for k, v in _params(fresh[0]).items())
+
+
+@pytest.mark.timeout(30)
+def test_async_save_refuses_an_unpicklable_value_by_name_before_writing(clean_env: Path) -> None:
+    ckpt = Checkpointer(keep=3, ctx=_ctx(clean_env), async_save=True)
+    objs = _make()
+    with pytest.raises(TypeError, match=r"\['extra'\]\['hook'\] cannot be saved"):
+        ckpt.save(1, model=objs[0], optimizer=objs[1], extra={"hook": lambda: 1})
+    ckpt.wait()
+    assert not (clean_env / "ckpt" / step_dir_name(1)).exists()
+
+
+def _torchrun(nprocs: int, mode: str, out: Path, **env: str) -> None:
+    script = Path(__file__).parent / "fixtures" / "fsdp" / "train.py"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    port = str(_free_port())
+    done = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            str(nprocs),
+            "--master-port",
+            port,
+            str(script),
+            mode,
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("async_save", "saved_by", "restored_by"), [("1", 2, 3), ("0", 2, 1)], ids=["async", "in-line"]
+)
+def test_fsdp_shards_restore_on_another_world_size(
+    tmp_path: Path, async_save: str, saved_by: int, restored_by: int
+) -> None:
+    """FSDP2 on CPU: the Checkpointer saves the shards with torch.distributed.checkpoint, and
+    a job of another size reads them back: every parameter and Adam moment bit-identical."""
+    _torchrun(saved_by, "save", tmp_path, TRAINCTL_ASYNC_CHECKPOINT=async_save)
+    step = tmp_path / "ckpt" / step_dir_name(3)
+    meta = json.loads((step / "meta.json").read_text())
+    shards = [f"dcp/__{r}_0.distcp" for r in range(saved_by)]
+    assert meta["files"] == ["state.pt", "rank-0.pt", "rank-1.pt", "dcp/.metadata", *shards]
+    assert torch.load(step / "state.pt", weights_only=False)["model"] is None  # in the shards
+    _torchrun(restored_by, "restore", tmp_path)
+    saved = torch.load(tmp_path / "full.pt")
+    restored = torch.load(tmp_path / f"restored-{restored_by}.pt")
+    assert sorted(saved) == sorted(restored) and len(saved) == 12
+    assert all(torch.equal(saved[k], restored[k]) for k in saved)

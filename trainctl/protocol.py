@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import threading
 from typing import Any
 
 CONTROL_PREFIX = "@@trainctl@@ "
@@ -42,13 +44,20 @@ def message(event: str, **fields: Any) -> str:
     return CONTROL_PREFIX + json.dumps({"event": event, **fields})
 
 
+_send_lock = threading.RLock()  # re-entrant: a signal handler may send mid-send
+
+
 def send(event: str, **fields: Any) -> None:
     """Send a control message from a training script (a no-op outside trainctl)."""
     if not under_trainctl():
         return
     line = message(event, **fields) + "\n"
-    sys.stdout.write(line)  # one write: lines under PIPE_BUF stay whole between workers
-    sys.stdout.flush()
+    # One write: lines under PIPE_BUF stay whole between workers. Under a lock: sys.stdout
+    # (a TextIOWrapper) is not safe for two threads at once (the background checkpoint
+    # writer sends while the loop reports its steps).
+    with _send_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def parse(line: str) -> dict[str, Any] | None:
@@ -56,8 +65,35 @@ def parse(line: str) -> dict[str, Any] | None:
     at = line.find(CONTROL_PREFIX)
     if at < 0 or at > 16:
         return None
+    return _decode(line, at)
+
+
+def _decode(line: str, at: int) -> dict[str, Any] | None:
     try:
         msg = json.loads(line[at + len(CONTROL_PREFIX) :])
     except json.JSONDecodeError:
         return None
     return msg if isinstance(msg, dict) and "event" in msg else None
+
+
+# What a launcher puts before each line of a worker: torchrun's "[rank0]:" or
+# "[default0]:", OpenMPI's "[1,0]<stdout>:".
+_LAUNCHER_TAG = re.compile(r"\s*(\[[\w,]+\](<std(out|err)>)?:)?\s*")
+
+
+def split(line: str) -> tuple[str, dict[str, Any] | None]:
+    """A line of a script's output as (the script's text, the control message on it).
+
+    A message always ends its line (one write, newline included), but it need not start
+    one: `print` writes its text and its newline separately, so a message sent by another
+    thread of the script (the background checkpoint writer) can land between them. The
+    text before the message is then the start of a line whose rest comes on the next line;
+    a launcher's tag alone is not the script's text."""
+    at = line.find(CONTROL_PREFIX)
+    if at < 0:
+        return line, None
+    msg = _decode(line, at)
+    if msg is None:
+        return line, None
+    before = line[:at]
+    return ("" if _LAUNCHER_TAG.fullmatch(before) else before), msg

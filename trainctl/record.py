@@ -118,6 +118,9 @@ class Attempt(BaseModel):
     # or "grown to 3 of 3 node(s): ..." (None: the same size as the attempt before).
     resized: str | None = None
     training_seconds: float | None = None
+    # Where the attempt's start-up went, seconds per stage (slowest node for node stages):
+    # capacity, ssh, agent, image, code, venv, launch (launcher start -> first step), total.
+    startup: dict[str, float] | None = None
 
 
 class InstanceCost(BaseModel):
@@ -134,6 +137,8 @@ class InstanceCost(BaseModel):
     seconds: float
     usd_per_hour: float | None = None  # None: no price known, no cost claimed
     on_demand_usd_per_hour: float | None = None
+    # Idle time after the job, kept warm for a next one (keep_alive_period_in_seconds).
+    warm: bool = False
 
     @property
     def usd(self) -> float | None:
@@ -157,6 +162,7 @@ def cost_summary(instances: list[InstanceCost]) -> dict[str, Any] | None:
         "on_demand_usd": round(on_demand, 4) if priced else None,
         "spot_savings_usd": round(on_demand - usd, 4) if priced else None,
         "instance_seconds": round(sum(i.seconds for i in instances), 1),
+        "warm_seconds": round(sum(i.seconds for i in instances if i.warm), 1),
         "unpriced_instances": len(instances) - len(priced),
     }
 

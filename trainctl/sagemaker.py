@@ -18,7 +18,8 @@ How SageMaker's arguments map:
   gives one warning: trainctl uses the instance profile of the role's name (the one the IAM
   console makes for an EC2 role). Anything else is an error. Unused on `local`.
 - `dependencies`: as SageMaker, directories copied next to the source (not pip packages).
-- `keep_alive_period_in_seconds`: refused (warm pools are not available yet).
+- `keep_alive_period_in_seconds`: a warm pool, as SageMaker's (EC2 types only, at most
+  3600 s): the next job with the same capacity spec starts on the same instances.
 - accepted with one warning, as trainctl has nothing to do with them: `sagemaker_session`,
   `tags`, `code_location`, `container_log_level`, `enable_sagemaker_metrics`,
   `max_retry_attempts` (infrastructure failures are always retried; user failures follow
@@ -72,6 +73,7 @@ PASSED = (
     "checkpoint_s3_uri",
     "checkpoint_local_path",
     "environment",
+    "keep_alive_period_in_seconds",
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
@@ -242,17 +244,11 @@ class PyTorch:
         instance_type: str | None = None,
         base_job_name: str | None = None,
         dependencies: list[str] | None = None,
-        keep_alive_period_in_seconds: int | None = None,
         **kwargs: Any,
     ) -> None:
         unknown = sorted(set(kwargs) - set(PASSED) - set(WARNED) - set(REFUSED))
         if unknown:
             raise TypeError(f"PyTorch() got an unexpected keyword argument {unknown[0]!r}")
-        if keep_alive_period_in_seconds:
-            raise SpecError(
-                "keep_alive_period_in_seconds",
-                "warm pools are not available in trainctl yet; leave it unset (or 0)",
-            )
         for name, (default, why) in REFUSED.items():
             if name in kwargs and kwargs[name] not in REFUSED_DEFAULTS.get(name, (default,)):
                 raise SpecError(name, f"not supported by trainctl: {why}")

@@ -33,6 +33,7 @@ from trainctl.train import (
     Checkpointer,
     PreemptionFlag,
     ResumableDistributedSampler,
+    batches,
     finish,
     init_distributed,
     report_step,
@@ -230,7 +231,7 @@ def main(argv=None):
         if carried is not None and rank == 0:
             stats += torch.tensor(carried, dtype=torch.float64, device=device)
         carried = None
-        for xb, yb in loader:
+        for xb, yb in batches(loader):  # the loader, timed by `trainctl diagnose`
             xb, yb = xb.to(device), yb.to(device)
             optimizer.zero_grad(set_to_none=True)
             logits = ddp_model(xb)

@@ -1,4 +1,5 @@
-"""`trainctl pools` and `trainctl gc`: the capacity configured, and what dead jobs left."""
+"""`trainctl pools`, `trainctl warm` and `trainctl gc`: the capacity configured, the warm
+capacity kept after jobs, and what dead jobs left."""
 
 from __future__ import annotations
 
@@ -57,23 +58,16 @@ def pools(output: str = OutputOpt) -> None:
     Console().print(table)
 
 
-@app.command()
-@handle_errors
-def gc(
-    region: list[str] | None = typer.Option(
-        None, "--region", help="Repeatable. Default: the pools' regions and AWS_DEFAULT_REGION."
-    ),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Delete; without it, only list."),
-    output: str = OutputOpt,
-) -> None:
-    """Find (and with --yes delete) cloud resources that ended jobs left behind."""
-    from trainctl.controller.submit import default_store, job_is_live
-    from trainctl.provisioning import get_provider
+RegionOpt = typer.Option(
+    None, "--region", help="Repeatable. Default: the pools' regions and AWS_DEFAULT_REGION."
+)
+
+
+def _regions(given: list[str] | None) -> list[str]:
     from trainctl.provisioning.aws.clients import env_region
     from trainctl.settings import get_settings
 
-    check_output(output)
-    regions = list(region or [])
+    regions = list(given or [])
     if not regions:
         pool_regions = {p.region for p in get_settings().pools.values() if p.region}
         regions = sorted(pool_regions | ({env_region()} - {None}))  # type: ignore[operator]
@@ -81,11 +75,122 @@ def gc(
         from trainctl.errors import SpecError
 
         raise SpecError("--region", "no region given, configured in a pool, or in AWS_REGION")
+    return regions
+
+
+def _release_warm(
+    provider: Any, store: Any, region: str, names: list[str] | None, *, unusable_only: bool
+) -> list[dict[str, Any]]:
+    """End warm pools; their idle time goes into the cost of the jobs that left them."""
+    import time
+
+    from trainctl.controller.usage import record_idle
+
+    released = []
+    for pool, idle in provider.release_warm(region, names, unusable_only=unusable_only):
+        record_idle(store, pool.from_job, idle)
+        released.append(pool.summary(time.time()))
+    return released
+
+
+@app.command()
+@handle_errors
+def warm(
+    region: list[str] | None = RegionOpt,
+    release: list[str] | None = typer.Option(
+        None, "--release", help="End this warm pool now (repeatable)."
+    ),
+    release_all: bool = typer.Option(False, "--release-all", help="End every warm pool now."),
+    output: str = OutputOpt,
+) -> None:
+    """List warm capacity: EC2 instances kept up after a job (keep_alive_period_in_seconds)
+    for the next job with the same capacity spec; --release ends them now."""
+    import time
+
+    from trainctl.controller.submit import default_store
+    from trainctl.errors import SpecError
+    from trainctl.provisioning import get_provider
+
+    check_output(output)
+    if release and release_all:
+        raise SpecError("--release", "give pool names or --release-all, not both")
+    provider: Any = get_provider("p3.2xlarge")  # the EC2 provider
+    now = time.time()
+    listed: list[dict[str, Any]] = []
+    released: list[dict[str, Any]] = []
+    for name in _regions(region):
+        listed += [pool.summary(now) for pool in provider.warm_pools(name, mine=True)]
+        if release or release_all:
+            released += _release_warm(
+                provider, default_store(), name, release or None, unusable_only=False
+            )
+    unknown = sorted(set(release or []) - {p["pool"] for p in listed})
+    if unknown:
+        raise SpecError("--release", f"no warm pool {unknown[0]!r}; `trainctl warm` lists them")
+    if output == "json":
+        print_json({"pools": listed, "released": released})
+        return
+    if not listed:
+        sys.stdout.write("no warm capacity\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("POOL", "REGION", "INSTANCES", "MARKET", "LEFT BY", "IDLE", "EXPIRES IN", "STATE"):
+        table.add_column(col, no_wrap=True)
+    gone = {p["pool"] for p in released}
+    for p in listed:
+        table.add_row(
+            p["pool"],
+            p["region"],
+            f"{p['count']} x {p['instance_type']}",
+            p["market"],
+            p["from_job"],
+            f"{p['idle_seconds']:.0f} s",
+            f"{max(0.0, p['expires_in_seconds']):.0f} s",
+            "released" if p["pool"] in gone else p["state"],
+        )
+    # Piped, the table keeps whole pool and job names rather than a terminal's 80 columns.
+    Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+
+
+@app.command()
+@handle_errors
+def gc(
+    region: list[str] | None = RegionOpt,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete; without it, only list."),
+    output: str = OutputOpt,
+) -> None:
+    """Find (and with --yes delete) cloud resources that ended jobs left behind, and warm
+    capacity past its keep-alive or missing a member."""
+    import time
+
+    from trainctl.controller.submit import default_store, job_is_live
+    from trainctl.provisioning import get_provider
+
+    check_output(output)
+    regions = _regions(region)
     store = default_store()
     provider: Any = get_provider("p3.2xlarge")  # the EC2 provider
     found: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     for name in regions:
+        now = time.time()
+        unusable = [p for p in provider.warm_pools(name) if p.problem(now)]
+        found += [
+            {
+                "kind": "warm-pool",
+                "id": p.name,
+                "job": p.from_job,
+                "region": name,
+                "state": p.problem(now),
+                "instances": p.ids,
+            }
+            for p in unusable
+        ]
+        if yes and unusable:
+            _release_warm(provider, store, name, [p.name for p in unusable], unusable_only=True)
         leftovers = provider.find_leftovers(name, lambda job: job_is_live(store, job))
         found += leftovers
         if yes and leftovers:

@@ -126,6 +126,8 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         rows.append(("failure", record.failure_reason))
     if (cost := info["cost"]) is not None:
         rows.append(("cost", _cost_text(cost)))
+    if record.attempts and (startup := record.attempts[-1].startup):
+        rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
@@ -162,6 +164,8 @@ def _cost_text(cost: dict[str, Any]) -> str:
     if cost["usd"] is None:
         return f"{hours:.2f} instance-hours (no price known)"
     text = f"${cost['usd']:.2f} for {hours:.2f} instance-hours"
+    if cost.get("warm_seconds"):
+        text += f" ({cost['warm_seconds'] / 3600:.2f} of them kept warm after the job)"
     if cost["spot_savings_usd"]:
         text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
     if cost["unpriced_instances"]:
@@ -217,6 +221,43 @@ def stop(job: str = typer.Argument(..., help="Job name.")) -> None:
 
     info = TrainingJob.attach(job).stop(wait=True)
     sys.stdout.write(f"{job}: {info['state']}\n")
+
+
+@app.command()
+@handle_errors
+def diagnose(
+    job: str = typer.Argument(..., help="Job name."),
+    steps: int = typer.Option(50, help="Steps measured in each run, after the warm-up."),
+    warmup: int = typer.Option(5, help="Steps run before measuring."),
+    nodes: int | None = typer.Option(None, help="Nodes to diagnose (default: the job's)."),
+    interruptions_per_hour: float | None = typer.Option(
+        None,
+        help="Interruptions per instance-hour for the checkpoint interval "
+        "(default: the job's history, else an assumed rate for its market).",
+    ),
+    max_seconds: int = typer.Option(600, help="Longest any one run may take."),
+    output: str = OutputOpt,
+) -> None:
+    """Find what bounds a job's throughput: runs its script briefly on N nodes, with
+    synthetic data and on 1 node, and says what to change."""
+    from trainctl.diagnose import diagnose as run_diagnosis
+    from trainctl.progress import status as progress_status
+
+    check_output(output)
+    with progress_status(f"diagnosing {job}") as say:
+        result = run_diagnosis(
+            job,
+            steps=steps,
+            warmup=warmup,
+            nodes=nodes,
+            interruptions_per_hour=interruptions_per_hour,
+            max_seconds=max_seconds,
+            on_run=lambda label, name: say(f"{label} ({name})"),
+        )
+    if output == "json":
+        print_json(result.model_dump())
+        return
+    sys.stdout.write(result.render() + "\n")
 
 
 @app.command()

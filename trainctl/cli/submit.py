@@ -116,6 +116,13 @@ def submit(
     image_id: str | None = typer.Option(None, "--image-id", help="ami-... or resolve:ssm:NAME"),
     instance_profile: str | None = typer.Option(None, "--instance-profile"),
     volume_size: int | None = typer.Option(None, "--volume-size", help="Root volume GB."),
+    keep_alive: int | None = typer.Option(
+        None,
+        "--keep-alive-period-in-seconds",
+        "--keep-alive",
+        help="Keep the job's EC2 instances warm this long after it (0-3600 s) for the next "
+        "job with the same capacity spec; `trainctl warm` lists them.",
+    ),
     host: list[str] | None = typer.Option(
         None, "--host", help="[USER@]ADDRESS[:PORT] of an SSH host; repeatable (ssh type)."
     ),
@@ -179,6 +186,7 @@ def submit(
         "image_id": image_id,
         "instance_profile": instance_profile,
         "volume_size": volume_size,
+        "keep_alive_period_in_seconds": keep_alive,
         "hosts": [parse_host(h, ssh_key) for h in host] if host else None,
         "controller": controller,
     }
@@ -350,6 +358,8 @@ def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) 
         return
     if dry_run:
         sys.stdout.write(f"job {result['job']} on {result['provider']} (dry run)\n")
+        if result.get("capacity"):
+            sys.stdout.write(f"  capacity: {result['capacity']}\n")
         for req in result["requests"]:
             params = json.dumps(req["params"], sort_keys=True)
             sys.stdout.write(f"  {req['service']}.{req['operation']} {params}\n")

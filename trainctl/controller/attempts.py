@@ -23,6 +23,9 @@ class LiveNode:
     lost: str | None = None  # why this node counts as lost (infrastructure, not user code)
     # Set by the attempt's machine watcher: the provider says the machine is gone (why).
     machine_lost: str | None = None
+    # Seconds per start-up stage on this node: the provider's (ssh, agent, image) and the
+    # agent's (code, venv).
+    startup: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

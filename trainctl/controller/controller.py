@@ -27,7 +27,7 @@ from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
-from trainctl.provisioning.base import NoCapacityError, Provider
+from trainctl.provisioning.base import NoCapacityError, Provider, WarmStart
 from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso, output_store
 from trainctl.settings import get_settings
 from trainctl.state import JobState
@@ -88,6 +88,10 @@ class Controller:
         self._lines: queue.Queue[tuple[int, int, str | None]] = queue.Queue()
         self._signal: int | None = None
         self._training_started: float | None = None
+        self._first_step_at: float | None = None
+        # This process's attempt start-up (None for an attempt taken over: not seen whole).
+        self._startup: dict[str, float] | None = None
+        self._attempt_started = 0.0
         self._job_started = time.monotonic()
         self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
@@ -223,7 +227,9 @@ class Controller:
         spec = self.record.spec
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
+        self._attempt_started = time.monotonic()
         cluster, resized = self._provision(attempt)
+        self._startup = {"capacity": time.monotonic() - self._attempt_started}
         self.store.put_text(self.jobs.keys.cluster(attempt), cluster.model_dump_json(indent=2))
         self.record.attempts.append(
             Attempt(
@@ -238,6 +244,8 @@ class Controller:
         if resized:
             self.jobs.event("resized", attempt=attempt, nodes=len(cluster.nodes), why=resized)
             self._info(f"attempt {attempt}: {resized}")
+        if warm := self.provider.warm_start(self.name, attempt):
+            self._warm_started(attempt, warm)
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
         return self._watch(cluster, nodes)
@@ -308,6 +316,25 @@ class Controller:
         if nodes > before:
             return f"grown to {nodes} of {full} node(s): {why}"
         return None
+
+    def _warm_started(self, attempt: int, warm: WarmStart) -> None:
+        from trainctl.controller.usage import record_idle
+
+        self.jobs.event(
+            "warm_start",
+            attempt=attempt,
+            pool=warm.pool,
+            from_job=warm.from_job,
+            instances=warm.instance_ids,
+        )
+        self._info(
+            f"attempt {attempt}: on {len(warm.instance_ids)} warm instance(s) left by job "
+            f"{warm.from_job} (no new capacity launched)"
+        )
+        try:  # the wait is the leaving job's cost
+            record_idle(self.store, warm.from_job, warm.idle)
+        except Exception as exc:
+            self._info(f"could not add the warm time to job {warm.from_job}'s cost: {exc}")
 
     def _close_attempt(self, end: AttemptEnd) -> None:
         current = self.record.attempts[-1]
@@ -404,6 +431,7 @@ class Controller:
             ).start()
         self._nodes = nodes
         self._training_started = None
+        self._first_step_at = None
         self._notices = {}
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
@@ -727,6 +755,8 @@ class Controller:
         if event in ("launched", "idle"):
             node.launched = True
             node.idle = event == "idle"
+            if isinstance(msg.get("startup"), dict):
+                node.startup.update(msg["startup"])
             if all(n.launched for n in nodes.values()) and self._training_started is None:
                 self._training_started = time.monotonic()
                 # Without a launcher that waits for its peers (plain python), a quick node
@@ -734,11 +764,18 @@ class Controller:
                 if self.record.state is JobState.STARTING:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
+                self._started_up(attempt, nodes)  # a quick node may have stepped already
         elif self._progress_message(attempt, node.rank, msg):
             if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
                 self._resumed(attempt, 0)
+            if self._first_step_at is None:
+                self._first_step_at = time.monotonic()
+            self._started_up(attempt, nodes)
         elif event == "resumed" and isinstance(msg.get("step"), int):
             self._resumed(attempt, int(msg["step"]))
+            if self._first_step_at is None:  # training is under way, if only to resume
+                self._first_step_at = time.monotonic()
+            self._started_up(attempt, nodes)
         elif event == "notice":
             self._notices.setdefault(node.rank, time.monotonic())
         elif event == "uploading":
@@ -746,6 +783,36 @@ class Controller:
                 self.jobs.transition(self.record, JobState.UPLOADING)
         elif event == "result":
             node.result = msg
+        elif event == "diagnosis":
+            self._diagnosis(attempt, msg)
+
+    def _diagnosis(self, attempt: Attempt, msg: dict[str, Any]) -> None:
+        """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
+        fields = {k: v for k, v in msg.items() if k not in ("event", "attempt")}
+        self.jobs.event("diagnosis", attempt=attempt.number, **fields)
+
+    def _started_up(self, attempt: Attempt, nodes: dict[int, LiveNode]) -> None:
+        """Once every node has launched and a step was seen: where the start-up went, per
+        stage (the slowest node's)."""
+        if (
+            attempt.startup is not None
+            or not self._startup
+            or self._training_started is None
+            or self._first_step_at is None
+        ):
+            return
+        now = self._first_step_at
+        stages = dict(self._startup)
+        for node in nodes.values():
+            # (a RunningProcess of a provider that times nothing has no startup)
+            provider_stages = getattr(node.proc, "startup", None) or {}
+            for name, seconds in {**provider_stages, **node.startup}.items():
+                stages[name] = max(stages.get(name, 0.0), float(seconds))
+        # A quick node's first step can come before a slow node says it launched.
+        stages["launch"] = max(0.0, now - self._training_started)
+        stages["total"] = now - self._attempt_started
+        attempt.startup = {k: round(v, 3) for k, v in stages.items()}
+        self.jobs.event("startup", attempt=attempt.number, **attempt.startup)
 
     def _resumed(self, attempt: Attempt, step: int) -> None:
         if attempt.resumed_from_step is not None:
@@ -795,6 +862,8 @@ class Controller:
             elif line is not None and (msg := parse_control(line)):
                 if msg.get("event") == "result":
                     nodes[rank].result = msg
+                elif msg.get("event") == "diagnosis":
+                    self._diagnosis(self.record.attempts[-1], msg)
                 else:  # the last steps and their metric values before the nodes stopped
                     self._progress_message(self.record.attempts[-1], rank, msg)
 
@@ -842,17 +911,33 @@ class Controller:
         self.jobs.transition(rec, state, **detail_fields)
 
     def _teardown(self) -> None:
+        kept: list[str] = []
+        keep = self.record.spec.keep_alive_period_in_seconds
+        if keep and self.record.state in (JobState.COMPLETED, JobState.FAILED):
+            # Billed up to now as the job's; from here on as warm time (see record_idle).
+            self._record_usage()
+            try:
+                kept = self.provider.keep_warm(self.name, keep)
+            except Exception as exc:  # then they are terminated with the rest
+                self._info(f"could not keep the instances warm: {exc}")
         try:
             self.provider.terminate(self.name, grace=self.settings.stop_grace_seconds)
         except Exception as exc:  # never leave silently: say what may still be running
             sys.stderr.write(f"[trainctl] teardown of {self.name} failed: {exc}\n")
+        if kept:
+            self.jobs.event("kept_warm", instances=kept, seconds=keep)
+            self._info(
+                f"job {self.name}: {len(kept)} instance(s) kept warm for {keep} s for the next "
+                "job with the same capacity spec (`trainctl warm` lists them)"
+            )
         self.jobs.event("teardown", provider=self.provider.name)
         self._record_usage()
 
     def _record_usage(self) -> None:
-        """Billable instance time of every attempt so far, from the provider (EC2)."""
-        from trainctl.record import InstanceCost
-        from trainctl.spec.catalog import CATALOG
+        """Billable instance time of every attempt so far, from the provider (EC2); rows
+        already recorded for instances the provider no longer counts as the job's (kept
+        warm, then claimed by another job) stay as they were."""
+        from trainctl.controller.usage import instance_costs, merge_costs
 
         try:
             usage = self.provider.usage(self.name)
@@ -861,23 +946,5 @@ class Controller:
             return
         if not usage:
             return
-        now = time.time()
-        self.record.instances = [
-            InstanceCost(
-                attempt=u.attempt,
-                rank=u.rank,
-                instance_id=u.instance_id,
-                instance_type=u.instance_type,
-                market=u.market,
-                zone=u.zone,
-                seconds=round(max(0.0, (u.ended or now) - u.started), 1),
-                usd_per_hour=u.usd_per_hour,
-                on_demand_usd_per_hour=(
-                    CATALOG[u.instance_type].on_demand_usd_per_hour
-                    if u.instance_type in CATALOG
-                    else None
-                ),
-            )
-            for u in usage
-        ]
+        self.record.instances = merge_costs(self.record.instances, instance_costs(usage))
         self.jobs.save(self.record)

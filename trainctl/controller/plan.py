@@ -128,11 +128,13 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
                 "env": _node_env(spec, cluster, node.rank, command.env),
             }
         )
+    capacity = provider.capacity_plan(spec)
     return {
         "job": name,
         "provider": provider.name,
         "instance_type": spec.instance_type,
         "instance_count": spec.instance_count,
+        **({"capacity": capacity} if capacity else {}),
         "requests": requests,
         "nodes": nodes,
     }

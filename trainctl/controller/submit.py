@@ -143,13 +143,49 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
         if not store.exists(key):  # content-addressed: an unchanged source is not re-sent
             with progress_task("uploading source", total=packaged.size) as advance:
                 store.put_file(key, packaged.path, progress=advance)
+    return _record_new_job(
+        jobs,
+        spec.model_copy(update={"job_name": name}),
+        store.url(key),
+        packaged.sha256,
+        files=packaged.file_count,
+        bytes=packaged.size,
+    )
+
+
+def create_derived_job(
+    store: Store, record: JobRecord, name: str, updates: dict[str, object]
+) -> JobRecord:
+    """A new job (state Pending) that runs `record`'s packaged source with its spec changed
+    by `updates`: nothing is packaged again (the source_dir may be gone, or have changed)."""
+    from pydantic import ValidationError
+
+    from trainctl.spec.build import spec_error
+    from trainctl.spec.job import RECORDED
+
+    fields = {**record.spec.model_dump(), **updates, "job_name": name}
+    try:
+        spec = JobSpec.model_validate(fields, context={RECORDED: True})
+    except ValidationError as exc:
+        raise spec_error(exc) from None
+    preflight(spec, store.uri)
+    jobs = JobStore(store, name)
+    if jobs.exists():
+        raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
+    return _record_new_job(jobs, spec, record.source_uri, record.source_sha256, of=record.name)
+
+
+def _record_new_job(
+    jobs: JobStore, spec: JobSpec, source_uri: str, source_sha256: str, **source: object
+) -> JobRecord:
+    """Record a job (state Pending) whose source is in the store."""
     now = now_iso()
     record = JobRecord(
-        name=name,
-        spec=spec.model_copy(update={"job_name": name}),
-        store_uri=store.uri,
-        source_uri=store.url(key),
-        source_sha256=packaged.sha256,
+        name=jobs.name,
+        spec=spec,
+        store_uri=jobs.store.uri,
+        source_uri=source_uri,
+        source_sha256=source_sha256,
         owner=owner_id(),
         trainctl_version=__version__,
         created_at=now,
@@ -157,13 +193,7 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
     )
     jobs.save(record)
     jobs.event("state", state=JobState.PENDING.value, previous=None)
-    jobs.event(
-        "source",
-        uri=record.source_uri,
-        sha256=packaged.sha256,
-        files=packaged.file_count,
-        bytes=packaged.size,
-    )
+    jobs.event("source", uri=source_uri, sha256=source_sha256, **source)
     return record
 
 

@@ -223,6 +223,7 @@ class Estimator:
         instance_profile: str | None = None,
         volume_size: int | None = None,
         hosts: list[dict[str, Any]] | None = None,
+        keep_alive_period_in_seconds: int | None = None,
         controller: str | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
@@ -261,6 +262,7 @@ class Estimator:
             "instance_profile": instance_profile,
             "volume_size": volume_size,
             "hosts": hosts,
+            "keep_alive_period_in_seconds": keep_alive_period_in_seconds,
             "controller": controller,
         }
         self.base_job_name = base_job_name

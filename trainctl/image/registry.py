@@ -113,10 +113,11 @@ def registry_has(repository: str, tag: str, verify: bool) -> bool:
 
 
 def _ecr_client(region: str) -> Any:
-    import boto3
     from botocore.config import Config
 
-    return boto3.client("ecr", region_name=region, config=Config(retries={"mode": "adaptive"}))
+    from trainctl.store.boto import new_session
+
+    return new_session(region).client("ecr", config=Config(retries={"mode": "adaptive"}))
 
 
 def ensure_ecr_repository(name: str, region: str) -> str:

@@ -37,7 +37,7 @@ from trainctl.node.priority import yield_cpu_to_training
 from trainctl.node.procs import children, descendants, signal_all
 from trainctl.node.staging import pack_directory, stage_channel, write_json
 from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
-from trainctl.protocol import parse as parse_control
+from trainctl.protocol import split as split_control
 
 
 class Agent:
@@ -299,8 +299,11 @@ class Agent:
             threading.Thread(target=yielding(work), name=name, daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
+            started = time.monotonic()
             self.stage()
+            staged = time.monotonic()
             python = self.python()
+            startup = {"code": staged - started, "venv": time.monotonic() - staged}
         except Exception as exc:
             return self.finish(EXIT_INFRA, f"node setup failed: {exc}", None)
         command = build_node_command(self.spec, self.cluster, self.rank, python=python)
@@ -327,14 +330,16 @@ class Agent:
             )
         except OSError as exc:
             return self.finish(EXIT_INFRA, f"cannot start {command.argv[0]}: {exc}", None)
-        self.say("launched", pid=self.proc.pid)
+        self.say(
+            "launched", pid=self.proc.pid, startup={k: round(v, 3) for k, v in startup.items()}
+        )
         # From here on this thread forwards the workers' output: it yields to them (the
         # launcher, already started, keeps its priority).
         yield_cpu_to_training()
         assert self.proc.stdout is not None
+        started_line = ""  # a line of the script's that a control message cut in two
         for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            msg = parse_control(line)
+            started_line, msg = split_control(started_line + line.rstrip("\n"))
             if msg is not None:  # the script's progress messages: for the controller only
                 self.status.observe(msg)
                 if msg.get("event") == "preempted":
@@ -343,8 +348,12 @@ class Agent:
                     self.sync.wake()
                 console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
                 continue
+            line, started_line = started_line, ""
             self.tail.append(line)
             self.logs.write(line)
+        if started_line:
+            self.tail.append(started_line)
+            self.logs.write(started_line)
         code = self.proc.wait()
         if code == 0 and self.notice is None:
             return self.succeed()

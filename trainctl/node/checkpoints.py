@@ -140,6 +140,7 @@ class CheckpointSync:
         self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
         self.uploads = 0
         self.bytes_uploaded = 0
+        self.skipped = 0  # rewritten with the content already stored: not uploaded again
 
     def start(self) -> CheckpointSync:
         self._thread.start()
@@ -165,16 +166,21 @@ class CheckpointSync:
             current = scan(self.local)
             changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
             removed = [rel for rel in self.uploaded if rel not in current]
+            # Rewritten with the same size: the same content too? (size + hash, as the store
+            # can tell: S3's ETag). Only these are hashed; new files never are.
+            for rel in [r for r in changed if r in self.uploaded]:
+                if self.uploaded[rel][0] == current[rel][0] and self.store.matches(
+                    rel, self.local / rel
+                ):
+                    self.uploaded[rel] = current[rel]
+                    self.skipped += 1
+                    changed.remove(rel)
             if not changed and not removed:
                 return 0
 
-            def upload(rel: str) -> None:
-                self.store.put_file(rel, self.local / rel)
-
-            background = threading.current_thread() is self._thread
-            initializer = yield_cpu_to_training if background else None
-            with ThreadPoolExecutor(max_workers=self.workers, initializer=initializer) as pool:
-                list(pool.map(upload, changed))
+            # From the sync thread (at a lower CPU priority once training runs) the store's
+            # transfer threads start, and inherit that priority.
+            self.store.put_files([(rel, self.local / rel) for rel in changed], workers=self.workers)
             for rel in changed:
                 self.uploaded[rel] = current[rel]
                 self.bytes_uploaded += current[rel][0]

@@ -15,14 +15,19 @@ from typing import Any
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.protocol import message
 
+# The forwarding thread and the heartbeat both write (re-entrant: a signal handler on the
+# main thread may write while that thread is writing)
+_console_lock = threading.RLock()
+
 
 def console(text: str) -> None:
     """Write to the controller's pipe; once the controller is gone, the log file still has it."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError, OSError):
-        pass
+    with _console_lock:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
 
 
 def yielding(work: Callable[[], None]) -> Callable[[], None]:

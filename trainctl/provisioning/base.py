@@ -43,6 +43,19 @@ class InstanceUsage:
     started: float  # epoch seconds (launch time)
     ended: float | None  # epoch seconds; None while running
     usd_per_hour: float | None  # None when unknown (then no cost is claimed)
+    # Idle time kept warm after the job for a next one (keep_alive_period_in_seconds).
+    warm: bool = False
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """An attempt that started on warm capacity: the pool it claimed, and the idle time the
+    pool's instances spent waiting, which the job that left them is billed for."""
+
+    pool: str
+    from_job: str
+    instance_ids: list[str]
+    idle: list[InstanceUsage]
 
 
 class Provider(ABC):
@@ -93,6 +106,21 @@ class Provider(ABC):
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
         return {}
+
+    def keep_warm(self, job: str, seconds: float) -> list[str]:
+        """Keep the job's healthy nodes up `seconds` after it for a next job with the same
+        capacity spec, instead of terminating them; the ids kept ([]: nothing to keep, as
+        on providers whose nodes are not released after a job)."""
+        return []
+
+    def warm_start(self, job: str, attempt: int) -> WarmStart | None:
+        """The warm pool the attempt's `provision` claimed, if it claimed one."""
+        return None
+
+    def capacity_plan(self, spec: JobSpec) -> str | None:
+        """For a dry run: where the capacity would come from (e.g. a warm pool), found with
+        read-only calls; None when the provider has nothing to say."""
+        return None
 
     def usage(self, job: str) -> list[InstanceUsage]:
         """Billable instance time of every attempt of `job` so far."""

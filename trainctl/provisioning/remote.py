@@ -55,10 +55,13 @@ def start_agent_on(
     from trainctl.transport.ssh import SshConnector, SshProcess
 
     connector = SshConnector(host, known_hosts=known_hosts)
-    deadline = time.monotonic() + connect_timeout
+    started = time.monotonic()
+    deadline = started + connect_timeout
+    timings: dict[str, float] = {}
     conn = connector.connect(timeout=connect_timeout, retry_auth=True)
     root = cluster.node(rank).root
     try:
+        handed_on = False
         while wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code != 0:
             if time.monotonic() > deadline:
                 raise SshProvisionError(
@@ -66,12 +69,14 @@ def start_agent_on(
                     f"finish within {connect_timeout:.0f} s"
                 )
             time.sleep(2.0)
+        timings["ssh"] = time.monotonic() - started
         host_root = host_root or root  # differs from root when the agent runs in an image
         run_dir = (
             f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
             if host_root == "/"
             else f"{host_root}/{AGENT_RUN_DIR}"
         )
+        mark = time.monotonic()
         if spec is not None and spec.image_uri:
             # The agent runs in the job's image: the host needs its engine and the image.
             engine_path = remote_engine(conn)
@@ -79,36 +84,46 @@ def start_agent_on(
             ensure_remote_image(conn, engine_path, spec.image_uri)
             conn.makedirs(f"{host_root.rstrip('/')}/opt/ml")
             conn.makedirs(run_dir)
+            timings["image"] = time.monotonic() - mark
         else:
             conn.makedirs(root)
             conn.makedirs(run_dir)
             runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
+            timings["agent"] = time.monotonic() - mark
+        handed_on = True  # the process starts on this very connection and keeps it
+        proc: RunningProcess
+        if spec is not None and spec.image_uri:
+            proc = start_in_container(
+                connector,
+                spec,
+                cluster,
+                rank,
+                argv,
+                env,
+                engine_path=engine_path,
+                host_root=host_root,
+                run_dir=run_dir,
+                gpus=host.gpus,
+                efa_devices=efa_devices,
+                connect_timeout=connect_timeout,
+                conn=conn,
+            )
+        else:
+            tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
+            proc = SshProcess(
+                connector,
+                argv,
+                {**runtime_env, **env, **tags},
+                cwd=root,
+                run_dir=run_dir,
+                connect_timeout=connect_timeout,
+                conn=conn,
+            )
     finally:
-        conn.close()
-    if spec is not None and spec.image_uri:
-        return start_in_container(
-            connector,
-            spec,
-            cluster,
-            rank,
-            argv,
-            env,
-            engine_path=engine_path,
-            host_root=host_root,
-            run_dir=run_dir,
-            gpus=host.gpus,
-            efa_devices=efa_devices,
-            connect_timeout=connect_timeout,
-        )
-    tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-    return SshProcess(
-        connector,
-        argv,
-        {**runtime_env, **env, **tags},
-        cwd=root,
-        run_dir=run_dir,
-        connect_timeout=connect_timeout,
-    )
+        if not handed_on:
+            conn.close()
+    proc.startup = {k: round(v, 3) for k, v in timings.items()}
+    return proc
 
 
 def start_in_container(
@@ -125,9 +140,11 @@ def start_in_container(
     gpus: int,
     efa_devices: int,
     connect_timeout: float,
+    conn: Any = None,
 ) -> RunningProcess:
     """The node agent `argv` in the job's image on a host, through the host's engine: the
-    same per-node container command as the local provider's, run detached over SSH."""
+    same per-node container command as the local provider's, run detached over SSH (on
+    `conn` if one is open)."""
     from trainctl.image.container import container_command, container_labels, container_name
     from trainctl.image.engine import Engine
     from trainctl.provisioning.local import container_mounts
@@ -157,6 +174,7 @@ def start_in_container(
         cwd=host_root,
         run_dir=run_dir,
         connect_timeout=connect_timeout,
+        conn=conn,
     )
 
 

@@ -93,11 +93,16 @@ def build_spec(**fields: Any) -> JobSpec:
     try:
         return JobSpec(**fields)
     except ValidationError as exc:
-        errors = exc.errors()
-        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
-        if not field and errors:  # model-level checks name their field in the text
-            field = str(errors[0]["msg"]).removeprefix("Value error, ").split(":", 1)[0]
-        raise SpecError(field, _format_error(exc), prefixed=True) from None
+        raise spec_error(exc) from None
+
+
+def spec_error(exc: ValidationError) -> SpecError:
+    """A spec's validation errors as one SpecError naming the first field."""
+    errors = exc.errors()
+    field = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+    if not field and errors:  # model-level checks name their field in the text
+        field = str(errors[0]["msg"]).removeprefix("Value error, ").split(":", 1)[0]
+    return SpecError(field, _format_error(exc), prefixed=True)
 
 
 def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:

@@ -145,6 +145,7 @@ class PoolConfig(_Strict):
     instance_profile: str | None = None
     volume_size: int | None = Field(default=None, ge=8, le=16384)
     max_instances: int | None = Field(default=None, ge=1, le=512)
+    keep_alive_period_in_seconds: int | None = Field(default=None, ge=0, le=3600)
     hosts: list[SshHost] = Field(default_factory=list)
 
 
@@ -165,6 +166,7 @@ def pool_fields(pool: PoolConfig) -> dict[str, object]:
         "image_id",
         "instance_profile",
         "volume_size",
+        "keep_alive_period_in_seconds",
     ):
         value = getattr(pool, name)
         if value not in (None, [], False):

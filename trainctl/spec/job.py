@@ -38,6 +38,8 @@ from trainctl.spec.parts import (
 )
 
 # SageMaker's job-name rule, so names carry over both ways.
+# SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
+MAX_KEEP_ALIVE_SECONDS = 3600
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -140,6 +142,11 @@ class JobSpec(StrictModel):
     instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
     volume_size: int = Field(default=200, ge=8, le=16384, strict=True)
     hosts: list[SshHost] = Field(default_factory=list)
+    # Warm capacity (EC2): after the job, its healthy instances stay up this long for the
+    # next job with the same capacity spec (SageMaker's warm pools; 0: terminate at once).
+    keep_alive_period_in_seconds: int = Field(
+        default=0, ge=0, le=MAX_KEEP_ALIVE_SECONDS, strict=True
+    )
     # Where the job's controller runs (trainctl.spec.controller): local, ssh://..., a pool, ec2.
     controller: str = "local"
 
@@ -367,6 +374,8 @@ class JobSpec(StrictModel):
                 "security_group_ids": bool(self.security_group_ids),
                 "image_id": self.image_id is not None,
                 "instance_profile": self.instance_profile is not None,
+                # Local and SSH hosts are not released after a job: nothing to keep warm.
+                "keep_alive_period_in_seconds": self.keep_alive_period_in_seconds > 0,
             }
             given = [name for name, is_set in aws_only.items() if is_set]
             if given:

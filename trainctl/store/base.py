@@ -48,6 +48,19 @@ class Store(ABC):
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         """Upload `path`; `progress(n)` is called with each n bytes sent."""
 
+    def matches(self, key: str, path: Path) -> bool:
+        """Whether the stored object `key` has the content of `path` (checked by content
+        hash where the store can tell cheaply; False when it cannot: then upload)."""
+        return False
+
+    def put_files(self, items: list[tuple[str, Path]], *, workers: int = 8) -> None:
+        """Upload many files (key, path) at once, up to `workers` at a time; stores with a
+        transfer engine of their own (S3) schedule every part of every file together."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(lambda item: self.put_file(item[0], item[1]), items))
+
     @abstractmethod
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         """Download to `path` (parents created). Raises NotFoundError. `progress(n)` is

@@ -23,8 +23,28 @@ if TYPE_CHECKING:
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _MULTIPART_THRESHOLD = 8 * 1024 * 1024
+# Bulk uploads (a checkpoint's files): requests in flight and part size. Measured on the
+# upload bench (1 GiB, 787 files, moto on loopback): 16 threads and 16 MiB parts (see README).
+BULK_CONCURRENCY = 16
+BULK_PART_SIZE = 16 * 1024 * 1024
 _DELETE_BATCH = 1000  # the DeleteObjects maximum
 _SSE = {"ServerSideEncryption": "AES256"}
+
+
+def local_etag(path: Path, size: int) -> str:
+    """The ETag S3 gives `path` uploaded by `S3Store.put_files`: the MD5 of the content, or
+    for a multipart upload (from _MULTIPART_THRESHOLD on, BULK_PART_SIZE parts) the MD5 of
+    the parts' MD5s and the part count."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        if size < _MULTIPART_THRESHOLD:
+            return hashlib.md5(f.read(), usedforsecurity=False).hexdigest()
+        digests = []
+        while chunk := f.read(BULK_PART_SIZE):
+            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    combined = hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()
+    return f"{combined}-{len(digests)}"
 
 
 class _ClientHolder:
@@ -42,13 +62,14 @@ class _ClientHolder:
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    import boto3
                     from botocore.config import Config
+
+                    from trainctl.store.boto import new_session
 
                     # Adaptive mode retries throttling (SlowDown/503) with client-side rate
                     # limiting, which matters when many nodes upload checkpoints at once.
                     config = Config(retries={"mode": "adaptive", "max_attempts": 10})
-                    self._client = boto3.session.Session().client("s3", config=config)
+                    self._client = new_session().client("s3", config=config)
         return self._client
 
     # Clients hold sockets and locks and are not fork/pickle-safe: a copy starts without one.
@@ -173,6 +194,42 @@ class S3Store(Store):
                 Config=self._transfer_config(),
                 Callback=progress,
             )
+
+    def matches(self, key: str, path: Path) -> bool:
+        """Compare S3's ETag (MD5 of the content, or of the MD5s of its parts for a
+        multipart upload) with the same hash of the local file, as `put_files` would have
+        uploaded it. A different part size or encryption just reads as "changed"."""
+        try:
+            with self._errors(key, "head"):
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (NotFoundError, StoreError):
+            return False
+        size = Path(path).stat().st_size
+        if int(head.get("ContentLength", -1)) != size:
+            return False
+        return str(head.get("ETag", "")).strip('"') == local_etag(Path(path), size)
+
+    def put_files(self, items: list[tuple[str, Path]], *, workers: int = 8) -> None:
+        """Every file through one s3transfer TransferManager on the store's one client: the
+        parts of all files share `BULK_CONCURRENCY` request threads (a manager per file made
+        a pool of 10 threads per file, 80 at once for 8 files, and scheduled files, not
+        parts). The threads start from the calling thread and share its CPU priority."""
+        from s3transfer.manager import TransferManager
+
+        for _, path in items:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path} is not a file")
+        config = self._transfer_config()
+        config.max_request_concurrency = BULK_CONCURRENCY
+        config.multipart_chunksize = BULK_PART_SIZE
+        with TransferManager(self.client, config) as manager:
+            futures = [
+                (key, manager.upload(str(path), self.bucket, self._key(key), dict(_SSE)))
+                for key, path in items
+            ]
+            for key, future in futures:
+                with self._errors(key, "upload"):
+                    future.result()
 
     def append_bytes(self, key: str, data: bytes) -> None:
         # S3 has no append: read-modify-write. Safe because the contract is one writer per key;

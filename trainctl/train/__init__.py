@@ -52,6 +52,8 @@ What is where:
 - `PreemptionFlag`: SIGTERM flag all-reduced across ranks, emergency exit with code 85
   (trainctl.train.preemption).
 - `report_step`: throttled progress messages for the controller (trainctl.train.progress).
+- `batches`: a loader's batches, timed for `trainctl diagnose`, which can also substitute
+  synthetic data through it (trainctl.train.diagnosis).
 - `finish`: end the process without process-group destructors, which can deadlock at exit
   with gloo (trainctl.train.finish).
 - `per_worker_batch`, `scaled_lr`, `warmup_lr`, `linear_warmup_scheduler`: large-batch
@@ -71,6 +73,7 @@ from __future__ import annotations
 from trainctl.train.adaptive import AdaptiveBatch
 from trainctl.train.checkpoint import Checkpointer, CheckpointInfo, unwrap_model
 from trainctl.train.context import TrainContext, context, init_distributed
+from trainctl.train.diagnosis import batches
 from trainctl.train.elastic import GlobalBatchSampler
 from trainctl.train.finish import finish
 from trainctl.train.preemption import PreemptionFlag
@@ -91,6 +94,7 @@ __all__ = [
     "PreemptionFlag",
     "ResumableDistributedSampler",
     "TrainContext",
+    "batches",
     "context",
     "finish",
     "init_distributed",

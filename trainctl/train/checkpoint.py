@@ -18,15 +18,23 @@ On-disk format (the agent depends on it)::
         rank-<r>.pt     every rank r: {"rng": {"python", "numpy", "torch", "cuda"},
                         "sampler": sampler.state_dict() or None}
         meta.json       global rank 0, last: {"step", "epoch", "world_size", "files"}
+        dcp/            sharded models (FSDP: parameters are DTensors, or `sharded=True`):
+                        the model's and optimizer's shards, written by every rank with
+                        torch.distributed.checkpoint (`__<r>_0.distcp`, and rank 0's
+                        `.metadata`); state.pt's "model" and "optimizer" are then None and
+                        its "sharded" names the directory. `restore` reads them back on any
+                        world size (DCP reshards), so a job can resume on fewer or more nodes.
 
 Each file is written to `<name>.tmp` in the same directory and renamed into place, so a name
 without `.tmp` is always a whole file to every reader (the agent included). Save order: every
-rank writes its files, barrier, rank 0 writes meta.json, barrier; the training loop goes on
-from there. Durability is background work: a thread of each rank fsyncs the files it wrote and
-their directories, then (local rank 0 of each node) prunes old step directories. The next
-`save`, `wait()` and `finish()` join it, and a normal interpreter exit waits for it, so the
-loop is blocked only for the serialisation, as with a bare `torch.save` (bench/stall.py
-measured fsync + prune in line at 2.3x a `torch.save`). The cost is that after a crash of the
+rank writes its files, the ranks agree that all did, rank 0 writes meta.json, barrier. By
+default (`async_save`) that whole sequence runs in a background thread of each rank on a copy
+of the state taken in host memory, and the loop is blocked only for the copy; with
+`async_save=False` the loop waits for the writes, as with a bare `torch.save`. Durability is
+background work either way: the thread fsyncs the files it wrote and their directories, then
+(local rank 0 of each node) prunes old step directories. The next `save`, `wait()` and
+`finish()` join it, and a normal interpreter exit waits for it (bench/stall.py measured
+fsync + prune in line at 2.3x a `torch.save`). The cost is that after a crash of the
 machine itself (power loss, not a killed process) the newest step's files may be torn under a
 meta.json; `restore` loads before trusting and falls back to the next older step, and the
 store's copy, which the agent uploads on every checkpoint, is the durable one anyway. A step
@@ -49,12 +57,16 @@ import re
 import shutil
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl import protocol
-from trainctl.train import _background
+from trainctl.train import _background, diagnosis
 from trainctl.train.context import TrainContext, _dist_ready, _global_rank, _world_size, context
 from trainctl.train.progress import _report_now
 
@@ -249,6 +261,170 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- Checkpointer
 
 
+@dataclass
+class _StepWrite:
+    """One rank's save of one step: where, and the files it wrote (for the fsyncs)."""
+
+    step: int
+    epoch: int
+    rank: int
+    world: int
+    step_dir: Path
+    local_leader: bool  # local rank 0: prunes the node's old steps, tells the agent
+    written: list[Path] = field(default_factory=list)
+    sharded: bool = False
+
+
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None))
+SHARDED_DIR = "dcp"  # in a step directory: the model's and optimizer's shards
+
+
+def _has_sharded_parameters(model: Any) -> bool:
+    """FSDP (its parameters are DTensors, or the model is an FSDP1 wrapper)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(model, FullyShardedDataParallel):
+        return True
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _sharded_files(world: int) -> list[str]:
+    """The files torch.distributed.checkpoint's file system writer makes for `world` ranks
+    (one file a rank, plus the coordinator's metadata)."""
+    return [f"{SHARDED_DIR}/.metadata"] + [f"{SHARDED_DIR}/__{r}_0.distcp" for r in range(world)]
+
+
+def _sharded_content(model: Any, optimizer: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _sharded_save(
+    model: Any, optimizer: Any, step_dir: Path, dist: Any, group: Any, *, background: bool
+) -> Any:
+    """The model's and optimizer's shards with torch.distributed.checkpoint (each rank its
+    own; resumable on another world size). In line, or (`background`) DCP's async_save:
+    the shards are copied now and written in DCP's thread; its future is returned."""
+    import torch.distributed.checkpoint as dcp
+
+    content = _sharded_content(model, optimizer)
+    target = step_dir / SHARDED_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    if background and dist is not None:
+        return dcp.async_save(content, checkpoint_id=str(target), process_group=group)
+    dcp.save(content, checkpoint_id=str(target), no_dist=dist is None)
+    return None
+
+
+def _sharded_load(model: Any, optimizer: Any, source: Path) -> None:
+    """Load the shards into `model` (and `optimizer`) whatever the world size that saved
+    them: DCP reads the pieces each rank's shards need."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    content = _sharded_content(model, optimizer)
+    dcp.load(content, checkpoint_id=str(source), no_dist=not _dist_ready())
+    if optimizer is None:
+        set_model_state_dict(model, content["model"])
+    else:
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=content["model"],
+            optim_state_dict=content["optimizer"],
+        )
+
+
+@contextmanager
+def _copy_threads(local_world_size: int) -> Iterator[None]:
+    """The copy is memory-bound and the loop waits for it: it gets this rank's share of the
+    node's cores for its few milliseconds, whatever the loop's own thread count (a copy of
+    110 MB: 12 ms on one thread, 8 ms on two, on the 2-core test machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    share = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    if share > before:
+        torch.set_num_threads(share)
+    try:
+        yield
+    finally:
+        if share > before:
+            torch.set_num_threads(before)
+
+
+def _snapshot(value: Any, path: str, buffers: dict[str, Any]) -> Any:
+    """A copy of `value` that training can no longer change: tensors copied to host memory
+    (pinned from a GPU, waited for before returning), containers rebuilt, other values
+    deep-copied once they are known to pickle. TypeError names a value that cannot be.
+
+    `buffers` keeps the host copies from one save to the next, by place in the state: a
+    copy into memory already mapped (and pinned) is several times faster than into fresh
+    pages. The caller makes sure the last save's writer is done with them."""
+    import copy
+    import pickle
+
+    import torch
+
+    copies: dict[int, Any] = {}  # a tensor held twice (tied weights) is copied once
+    on_gpu = False
+
+    def visit(item: Any, where: str) -> Any:
+        nonlocal on_gpu
+        if isinstance(item, _IMMUTABLE):
+            return item
+        if isinstance(item, torch.Tensor):
+            if id(item) not in copies:
+                tensor = item.detach()
+                on_gpu = on_gpu or tensor.is_cuda
+                host = buffers.get(where)
+                if (
+                    host is None
+                    or host.size() != tensor.size()
+                    or host.stride() != tensor.stride()
+                    or host.dtype != tensor.dtype
+                ):
+                    host = torch.empty_strided(
+                        tensor.size(),
+                        tensor.stride(),
+                        dtype=tensor.dtype,
+                        device="cpu",
+                        pin_memory=tensor.is_cuda,
+                    )
+                    buffers[where] = host
+                host.copy_(tensor, non_blocking=tensor.is_cuda)
+                copies[id(item)] = host
+            return copies[id(item)]
+        if isinstance(item, dict):
+            out = type(item)() if type(item) in (dict, OrderedDict) else {}
+            for key, sub in item.items():
+                out[key] = visit(sub, f"{where}[{key!r}]")
+            metadata = getattr(item, "_metadata", None)  # a state_dict's version info
+            if metadata is not None:
+                out._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
+            return out
+        if type(item) in (list, tuple):
+            return type(item)(visit(sub, f"{where}[{i}]") for i, sub in enumerate(item))
+        try:
+            pickle.dumps(item)
+        except Exception as exc:
+            raise TypeError(
+                f"Checkpointer.save: {where} cannot be saved ({type(item).__name__}: {exc}); "
+                "a checkpoint holds picklable values only"
+            ) from None
+        return copy.deepcopy(item)
+
+    result = visit(value, path)
+    if on_gpu:
+        torch.cuda.synchronize()  # the pinned copies are whole before the loop goes on
+    return result
+
+
 def _comm_device(dist: Any) -> torch.device:
     import torch
 
@@ -264,6 +440,16 @@ class Checkpointer:
     the `keep` newest on its node (by step number, never the one just written and never a
     newer one); None keeps everything. Pruning runs in the background with the fsyncs:
     `wait()` for it.
+
+    `async_save` (default on; off with False or TRAINCTL_ASYNC_CHECKPOINT=0): `save` blocks
+    the loop only for a copy of the state in host memory (pinned buffers from a GPU); the
+    serialisation, the writes, meta.json, the fsyncs and the agent's upload happen in a
+    background thread of each rank, which agree through a gloo group of their own. At most
+    one save is in flight: a `save` while the previous one is still being written waits for
+    it first (so saving more often than a write takes turns the stall back into a write).
+    `finish()` and a normal exit wait for the last one, so the emergency checkpoint of a
+    preemption is whole before the process ends. A value in the state that cannot be pickled
+    is refused by `save` itself (TypeError naming it), before anything is written.
     """
 
     def __init__(
@@ -271,20 +457,34 @@ class Checkpointer:
         directory: str | os.PathLike[str] | None = None,
         keep: int | None = 3,
         ctx: TrainContext | None = None,
+        *,
+        async_save: bool | None = None,
+        sharded: bool | None = None,
     ) -> None:
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 (or None to keep everything), got {keep}")
         self.ctx = ctx if ctx is not None else context()
         self.directory = Path(directory) if directory is not None else self.ctx.checkpoint_dir
         self.keep = keep
+        if async_save is None:
+            async_save = os.environ.get("TRAINCTL_ASYNC_CHECKPOINT", "1") not in ("0", "false")
+        self.async_save = bool(async_save)
+        self.sharded = sharded  # None: when the model's parameters are sharded (FSDP)
         self._durability: threading.Thread | None = None
+        self._failure: BaseException | None = None  # of the last background write
+        self._group: Any = None  # the gloo group of the background writers
+        self._buffers: dict[str, Any] = {}  # host copies of the state, reused (async_save)
 
     def wait(self) -> None:
-        """Block until the last save's files are on disk and old steps are pruned."""
+        """Block until the last save is written (async), on disk and old steps are pruned;
+        re-raises what made an asynchronous write fail."""
         thread, self._durability = self._durability, None
         if thread is not None:
             thread.join()
             _background.forget(thread)
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise RuntimeError(f"the last checkpoint could not be written: {failure}") from failure
 
     # ------------------------------------------------------------------ save
 
@@ -304,68 +504,157 @@ class Checkpointer:
 
         `extra` (rank 0's value) is any picklable object stored in state.pt and handed back
         by `restore` (e.g. running metrics). Rank 0 then reports the step and sends the
-        `checkpoint` control message.
+        `checkpoint` control message (from the background writer once the step is whole,
+        with async_save).
         """
         if int(step) != step or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         step = int(step)
-        self.wait()  # the previous save's fsyncs and pruning must not race this one
+        began = time.perf_counter()
+        self.wait()  # one save in flight at most; its fsyncs and pruning must not race this
         dist = _dist_ready()
         rank, world = _global_rank(self.ctx), _world_size(self.ctx)
         step_dir = self.directory / step_dir_name(step)
-        step_dir.mkdir(parents=True, exist_ok=True)
-        # Saving a step again (after resuming from an older one): incomplete until rewritten.
-        (step_dir / META_FILE).unlink(missing_ok=True)
-
+        sharded = self._sharded(model)
+        state: dict[str, Any] | None = None
         if rank == 0:
             state = {
                 "step": step,
                 "epoch": int(epoch),
-                "model": unwrap_model(model).state_dict(),
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "model": None if sharded else unwrap_model(model).state_dict(),
+                "optimizer": (
+                    optimizer.state_dict() if optimizer is not None and not sharded else None
+                ),
+                "sharded": SHARDED_DIR if sharded else None,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "extra": extra,
                 "world_size": world,
             }
-            _atomic_torch_save(state, step_dir / STATE_FILE)
-        sampler_state = sampler.state_dict() if sampler is not None else None
-        own = {"rng": _rng_state(), "sampler": sampler_state}
-        written = [step_dir / rank_file_name(rank)]
-        _atomic_torch_save(own, written[0])
-        if rank == 0:
-            written.append(step_dir / STATE_FILE)
-
-        if dist is not None:
-            dist.barrier()  # every rank's files are in place (on its own node)
-        if rank == 0:
-            files = [STATE_FILE] + [rank_file_name(r) for r in range(world)]
-            meta = {"step": step, "epoch": int(epoch), "world_size": world, "files": files}
-            _atomic_json(meta, step_dir / META_FILE)
-            written.append(step_dir / META_FILE)
-        if dist is not None:
-            dist.barrier()  # nobody prunes or trains on before meta.json is written
-        prune = self.ctx.local_rank == 0
-        self._durability = _background.start(
-            f"trainctl-checkpoint-{step}", lambda: self._make_durable(step, written, prune)
+        own = {
+            "rng": _rng_state(),
+            "sampler": sampler.state_dict() if sampler is not None else None,
+        }
+        write = _StepWrite(
+            step, int(epoch), rank, world, step_dir, self.ctx.local_rank == 0, sharded=sharded
+        )
+        if not self.async_save:
+            if sharded:
+                _sharded_save(model, optimizer, step_dir, dist, None, background=False)
+            self._write(write, state, own, dist, None)
+            self._durability = _background.start(
+                f"trainctl-checkpoint-{step}", lambda: self._make_durable(write)
+            )
+            if rank == 0:
+                _report_now(step)
+            held = time.perf_counter() - began
+            diagnosis.checkpoint_saved(held)
+            diagnosis.checkpoint_written(held)
+            return step_dir
+        # The loop goes on once the state is copied: the copy is what gets written.
+        with _copy_threads(self.ctx.local_world_size):
+            if state is not None:
+                state = _snapshot(state, "the checkpoint state", self._buffers)
+            own = _snapshot(own, "the rank state", self._buffers)
+        group = self._writers_group(dist, world)
+        # Sharded state: DCP's own asynchronous save copies each rank's shards now and writes
+        # them in a thread of its own, through the writers' group.
+        pending = (
+            _sharded_save(model, optimizer, step_dir, dist, group, background=True)
+            if sharded
+            else None
         )
         if rank == 0:
             _report_now(step)
-        if self.ctx.local_rank == 0:
-            # Every node's agent uploads its part at once on this message: a node lost
-            # moments after a checkpoint then cannot leave it incomplete in the store.
-            protocol.send("checkpoint", step=step)
+
+        def background() -> None:
+            writing = time.perf_counter()
+            try:
+                if pending is not None:
+                    pending.result()
+                self._write(write, state, own, dist, group)
+                self._make_durable(write)
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            diagnosis.checkpoint_written(time.perf_counter() - writing)
+
+        self._durability = _background.start(f"trainctl-checkpoint-{step}", background)
+        diagnosis.checkpoint_saved(time.perf_counter() - began)
         return step_dir
 
-    def _make_durable(self, step: int, written: list[Path], prune: bool) -> None:
-        """fsync this rank's files of `step` and their directories, then prune (background)."""
-        for path in written:
+    def _sharded(self, model: Any) -> bool:
+        if self.sharded is not None:
+            return self.sharded
+        return _has_sharded_parameters(model)
+
+    def _writers_group(self, dist: Any, world: int) -> Any:
+        """A gloo group for the background writers' agreement (collectives on the training
+        group from another thread would race the loop's own); made on the first save, which
+        every rank calls at the same step."""
+        if dist is None or world == 1:
+            return None
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _write(
+        self, write: _StepWrite, state: Any, own: dict[str, Any], dist: Any, group: Any
+    ) -> None:
+        """Every rank's files, then (once every rank wrote its own) rank 0's meta.json; the
+        `checkpoint` message once the step is whole. `group`: the process group the ranks
+        agree through (the training group in line, the writers' group in the background)."""
+        step_dir = write.step_dir
+        ok = 1
+        error: BaseException | None = None
+        try:
+            step_dir.mkdir(parents=True, exist_ok=True)
+            # Saving a step again (after resuming from an older one): incomplete until rewritten.
+            (step_dir / META_FILE).unlink(missing_ok=True)
+            if state is not None:
+                _atomic_torch_save(state, step_dir / STATE_FILE)
+                write.written.append(step_dir / STATE_FILE)
+            _atomic_torch_save(own, step_dir / rank_file_name(write.rank))
+            write.written.append(step_dir / rank_file_name(write.rank))
+        except BaseException as exc:  # still agree with the others, then fail
+            ok, error = 0, exc
+        if dist is not None:
+            ok = self._agree_all(dist, group, ok)  # every rank's files are in place (or not)
+        if error is not None:
+            raise error
+        if not ok:
+            raise RuntimeError(f"another rank could not write its part of step {write.step}")
+        if write.rank == 0:
+            files = [STATE_FILE] + [rank_file_name(r) for r in range(write.world)]
+            if write.sharded:
+                files += _sharded_files(write.world)
+            meta = {"step": write.step, "epoch": write.epoch, "world_size": write.world}
+            _atomic_json({**meta, "files": files}, step_dir / META_FILE)
+            write.written.append(step_dir / META_FILE)
+        if dist is not None:
+            dist.barrier(group=group)  # nobody prunes or trains on before meta.json is written
+        if write.local_leader:
+            # Every node's agent uploads its part at once on this message: a node lost
+            # moments after a checkpoint then cannot leave it incomplete in the store.
+            protocol.send("checkpoint", step=write.step)
+
+    def _agree_all(self, dist: Any, group: Any, ok: int) -> int:
+        import torch
+
+        device = torch.device("cpu") if group is not None else _comm_device(dist)
+        flag = torch.tensor([ok], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return int(flag.item())
+
+    def _make_durable(self, write: _StepWrite) -> None:
+        """fsync this rank's files of the step and their directories, then prune."""
+        for path in write.written:
             _fsync_file(path)
-        if written:
-            _fsync_dir(written[0].parent)
+        if write.written:
+            _fsync_dir(write.step_dir)
         _fsync_dir(self.directory)
-        if prune:
-            self._prune(step)
+        if write.local_leader:
+            self._prune(write.step)
 
     def _prune(self, current: int) -> None:
         if self.keep is None:
@@ -412,6 +701,7 @@ class Checkpointer:
         unpickled fully unless `weights_only=True`. If the world size changed since the
         save, RNG states are not restored and the sampler's position is rescaled.
         """
+        self.wait()  # a save of this process still being written
         dist = _dist_ready()
         rank, world = _global_rank(self.ctx), _world_size(self.ctx)
         candidates = self.complete()
@@ -430,7 +720,10 @@ class Checkpointer:
         state, own, saved_world = loaded
         _, path, meta = entry
 
-        unwrap_model(model).load_state_dict(state["model"])
+        if state.get("sharded"):
+            _sharded_load(model, optimizer, path / str(state["sharded"]))
+        else:
+            unwrap_model(model).load_state_dict(state["model"])
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state.get("scheduler") is not None:
@@ -491,6 +784,8 @@ class Checkpointer:
             own = torch.load(path / name, map_location="cpu", weights_only=weights_only)
             if not isinstance(state, dict) or "model" not in state or not isinstance(own, dict):
                 raise ValueError("unexpected content")
+            if state.get("sharded") and not (path / str(state["sharded"])).is_dir():
+                raise FileNotFoundError(f"{state['sharded']}/ is not part of this checkpoint")
         except Exception as e:
             _warn(f"cannot load checkpoint {path}: {type(e).__name__}: {e}; trying an older one")
             return None

@@ -26,6 +26,9 @@ def finish(code: int = 0) -> NoReturn:
     (a SystemExit that in-process callers, tests say, can catch).
     """
     _background.join_all()  # checkpoint fsyncs and pruning still running
+    from trainctl.train.diagnosis import report_early_end
+
+    report_early_end()  # a diagnose run whose script ended before its steps were measured
     if "torch.distributed" not in sys.modules:
         sys.exit(code)
     import torch.distributed as dist

@@ -109,8 +109,12 @@ class PreemptionFlag:
         """Stop after the emergency checkpoint: rank 0 sends `preempted`, the process group
         is left behind after a barrier (call it on every rank, as after `should_stop()`), and
         the process exits with protocol.EXIT_PREEMPTED (85)."""
+        from trainctl.train import _background
         from trainctl.train.finish import finish
 
+        # The emergency checkpoint is whole (written in the background with async_save, and
+        # announced with `checkpoint`) before anyone is told the job may resume from it.
+        _background.join_all()
         if _global_rank(self.ctx) == 0:
             protocol.send("preempted", step=step)
         # Every rank is here at the same step (should_stop agreed): barrier, flush, and exit

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from trainctl import protocol
+from trainctl.train import diagnosis
 
 __all__ = ["report_step"]
 
@@ -27,17 +28,28 @@ _last_sent: float | None = None
 def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
     """Send `{"event": "step", "step": step}` from global rank 0, throttled to `min_interval`.
 
+    Call it on every rank, once per optimizer step: under `trainctl diagnose` it counts
+    the measured steps and ends the run (see trainctl.train.diagnosis).
+
     The first call always sends. `Checkpointer.save` reports its step unthrottled. With
     `metrics` (numbers: loss=0.31, acc=0.9) every call is sent, so no value is lost; the
     controller thins a metric's history once it is long (see trainctl.metrics).
     """
-    global _last_sent
     if not protocol.under_trainctl():
         return
     from trainctl.train.context import _global_rank
 
-    if _global_rank() != 0:
-        return
+    rank = _global_rank()
+    if rank == 0:
+        _send(step, min_interval, metrics)
+    if diagnosis.on_step(step, rank):  # a `trainctl diagnose` run, measured
+        from trainctl.train.finish import finish
+
+        finish(0)
+
+
+def _send(step: int, min_interval: float, metrics: dict[str, float]) -> None:
+    global _last_sent
     now = time.monotonic()
     if metrics:
         _last_sent = now

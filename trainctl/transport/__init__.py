@@ -11,6 +11,9 @@ from collections.abc import Iterator
 
 
 class RunningProcess(ABC):
+    # Seconds per start-up stage the provider spent starting it (ssh, agent, image).
+    startup: dict[str, float] | None = None
+
     @abstractmethod
     def lines(self) -> Iterator[str]:
         """Output lines (without newline) until the process closes its output."""

@@ -24,9 +24,9 @@ class AwsError(TrainctlError):
 
 
 def default_session(region: str) -> Any:
-    import boto3
+    from trainctl.store.boto import new_session
 
-    return boto3.session.Session(region_name=region)
+    return new_session(region)
 
 
 def client_config() -> Any:

@@ -33,9 +33,9 @@ PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 
 
 def known_regions() -> set[str]:
-    import boto3
+    from trainctl.store.boto import new_session
 
-    session = boto3.session.Session()
+    session = new_session()
     regions: set[str] = set()
     for partition in PARTITIONS:
         regions.update(session.get_available_regions("ec2", partition_name=partition))

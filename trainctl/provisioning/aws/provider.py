@@ -28,7 +28,7 @@ from trainctl.cluster import (
 )
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.provisioning.aws import requests as rq
-from trainctl.provisioning.aws import resources
+from trainctl.provisioning.aws import resources, warm
 from trainctl.provisioning.aws.capacity import Backoff, BootFailed, launch, wait_running
 from trainctl.provisioning.aws.clients import (
     AwsError,
@@ -39,7 +39,7 @@ from trainctl.provisioning.aws.clients import (
     tags_of,
 )
 from trainctl.provisioning.aws.keys import default_key_path, ensure_key
-from trainctl.provisioning.aws.lookups import caller_name, resolve_image, resolve_network
+from trainctl.provisioning.aws.lookups import caller_name, resolve_image, resolve_network, scrub
 from trainctl.provisioning.aws.preflight import check_ssh_cidr, require_instance_profile
 from trainctl.provisioning.aws.pricing import on_demand_price, spot_price
 from trainctl.provisioning.aws.resources import (
@@ -50,7 +50,7 @@ from trainctl.provisioning.aws.resources import (
     terminate_job,
     wait_terminated,
 )
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider, WarmStart
 from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.settings import get_settings
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
@@ -120,6 +120,7 @@ class AwsProvider(Provider):
         # (job, attempt) -> each node's directory on its host; job -> its spec (the image)
         self._host_roots: dict[tuple[str, int], list[str]] = {}
         self._specs: dict[str, JobSpec] = {}
+        self._warm_starts: dict[tuple[str, int], WarmStart] = {}
 
     # -- where ----------------------------------------------------------------------------
     def spec_region(self, spec: JobSpec) -> str:
@@ -224,37 +225,14 @@ class AwsProvider(Provider):
         require_instance_profile(spec)
         self._remember(job, region)
         ec2 = self.client("ec2", region)
-        image = resolve_image(
-            ec2, self.client("ssm", region), spec.image_id or settings.aws_default_image, region
-        )
-        network = resolve_network(ec2, list(spec.subnets), region)
-        ctx = rq.LaunchContext(
-            job=job,
-            attempt=attempt,
-            region=region,
-            owner=caller_name(self.client("sts", region)),
-            image_id=image.image_id,
-            root_device_name=image.root_device_name,
-            vpc_id=network.vpc_id,
-            ssh_cidr="",
-            public_key=ensure_key(default_key_path()),
-            ssh_user=settings.ssh_user,
-        )
-        if spec.security_group_ids:
-            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
-        else:
-            check_ssh_cidr(settings.aws_ssh_cidr)
-            cidr = settings.aws_ssh_cidr or self._public_address()
-            ctx = dataclasses.replace(ctx, ssh_cidr=cidr)
-            group_id = resources.ensure_security_group(ec2, ctx)
-            ctx = dataclasses.replace(ctx, security_group_ids=(group_id,))
-        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
-            resources.ensure_placement_group(ec2, ctx)
-            ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(job))
-        resources.ensure_key_pair(ec2, ctx)
-
+        ctx = self._identity_context(spec, region, job, attempt)
         instances = self._reuse(ec2, spec, job, attempt, settings.aws_boot_timeout_seconds)
         if instances is None:
+            instances = self._claim_warm(ec2, spec, job, attempt, ctx)
+        if instances is None:
+            network = resolve_network(ec2, list(spec.subnets), region)
+            ctx = dataclasses.replace(ctx, vpc_id=network.vpc_id)
+            ctx = self._ensure_job_resources(ec2, spec, ctx)
             earlier = len(job_instances(ec2, job, attempt))
             ctx = dataclasses.replace(ctx, launched_before=earlier)
             launched = launch(
@@ -271,6 +249,282 @@ class AwsProvider(Provider):
         with self._lock:
             self._nodes[(job, attempt)] = instances
         return self._cluster(spec, job, attempt, instances)
+
+    def _identity_context(
+        self, spec: JobSpec, region: str, job: str, attempt: int
+    ) -> rq.LaunchContext:
+        """The launch context of what a warm pool is matched on and a launch needs first:
+        the resolved image, the caller's name and trainctl's public key (the network,
+        groups and SSH CIDR are resolved for a launch only)."""
+        settings = get_settings()
+        image = resolve_image(
+            self.client("ec2", region),
+            self.client("ssm", region),
+            spec.image_id or settings.aws_default_image,
+            region,
+        )
+        return rq.LaunchContext(
+            job=job,
+            attempt=attempt,
+            region=region,
+            owner=caller_name(self.client("sts", region)),
+            image_id=image.image_id,
+            root_device_name=image.root_device_name,
+            vpc_id="",
+            ssh_cidr="",
+            public_key=ensure_key(default_key_path()),
+            ssh_user=settings.ssh_user,
+        )
+
+    def _ensure_job_resources(
+        self, ec2: Any, spec: JobSpec, ctx: rq.LaunchContext
+    ) -> rq.LaunchContext:
+        """The job's security group (unless the spec names its own), placement group and
+        key pair, made if missing; the launch context that uses them."""
+        settings = get_settings()
+        if spec.security_group_ids:
+            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
+        else:
+            check_ssh_cidr(settings.aws_ssh_cidr)
+            cidr = settings.aws_ssh_cidr or self._public_address()
+            ctx = dataclasses.replace(ctx, ssh_cidr=cidr)
+            group_id = resources.ensure_security_group(ec2, ctx)
+            ctx = dataclasses.replace(ctx, security_group_ids=(group_id,))
+        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
+            resources.ensure_placement_group(ec2, ctx)
+            ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(ctx.job))
+        resources.ensure_key_pair(ec2, ctx)
+        return ctx
+
+    # -- warm capacity --------------------------------------------------------------------
+    def _warm_keys(
+        self, spec: JobSpec, region: str, owner: str, image_id: str, public_key: str
+    ) -> list[str]:
+        """The capacity keys `spec` matches, in the order its launch choices try them."""
+        pairs: list[tuple[str, str]] = []
+        for choice in rq.launch_choices(spec, ["-"]):
+            if (choice.instance_type, choice.market) not in pairs:
+                pairs.append((choice.instance_type, choice.market))
+        return [
+            _capacity_key(spec, owner, public_key, region, t, spec.instance_count, image_id, m)
+            for t, m in pairs
+        ]
+
+    def _matching_pools(
+        self, ec2: Any, spec: JobSpec, ctx: rq.LaunchContext
+    ) -> tuple[list[warm.WarmPool], list[warm.WarmPool]]:
+        """(claimable, broken) warm pools for `spec`, best first; broken ones have expired or
+        lost a member (a spot reclaim) and are to be released."""
+        keys = self._warm_keys(spec, ctx.region, ctx.owner, ctx.image_id, ctx.public_key)
+        pools = warm.find_pools(ec2, ctx.region, keys)
+        pools = [p for p in pools if p.owner == ctx.owner]  # the key covers it; belt and braces
+        now = time.time() + warm.CLAIM_MARGIN_SECONDS
+        good = [p for p in pools if p.problem(now) is None]
+        good.sort(key=lambda p: (keys.index(p.key), p.since))  # found by these very keys
+        return good, [p for p in pools if p.problem(now) is not None]
+
+    def _claim_warm(
+        self, ec2: Any, spec: JobSpec, job: str, attempt: int, ctx: rq.LaunchContext
+    ) -> list[dict[str, Any]] | None:
+        """A warm pool's instances for this attempt (rank order), or None if none matches."""
+        settings = get_settings()
+        good, broken = self._matching_pools(ec2, spec, ctx)
+        for pool in broken:
+            self._release_pool(ec2, pool)
+        for pool in good:
+            instances = warm.claim(
+                ec2,
+                pool,
+                job,
+                attempt,
+                public_key=ctx.public_key,
+                owner=ctx.owner,
+                placement_groups=settings.aws_cluster_placement_group,
+            )
+            if instances is None:
+                continue  # another job claimed it first
+            try:
+                self._halt_timer(self.known_hosts(pool.name), instances, None)
+            except TrainctlError:
+                # A node that cannot be reached could halt under the job: not this pool.
+                terminate_job(
+                    ec2,
+                    job,
+                    self.timing,
+                    settings.aws_cleanup_timeout_seconds,
+                    placement_groups=settings.aws_cluster_placement_group,
+                )
+                continue
+            pinned = self.known_hosts(pool.name)
+            if pinned.exists():  # the host keys seen by the job that left them
+                self.known_hosts(job).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(pinned, self.known_hosts(job))
+                pinned.unlink(missing_ok=True)
+            with self._lock:
+                self._warm_starts[(job, attempt)] = WarmStart(
+                    pool=pool.name,
+                    from_job=pool.from_job,
+                    instance_ids=pool.ids,
+                    idle=self._idle_usage(ec2, pool, time.time()),
+                )
+            return instances
+        return None
+
+    def capacity_plan(self, spec: JobSpec) -> str | None:
+        """Whether a submit now would start on a warm pool, by read-only calls (the pool
+        could still be taken by another job first: then new instances are launched)."""
+        if not default_key_path().exists():
+            return "new instances (no warm pool can match: this machine has no trainctl key yet)"
+        try:
+            region = self.spec_region(spec)
+            ctx = self._identity_context(spec, region, "-", 1)
+            good, _ = self._matching_pools(self.client("ec2", region), spec, ctx)
+        except Exception as exc:
+            return f"new instances unless a warm pool matches (could not look: {scrub(str(exc))})"
+        if not good:
+            return "new instances (no warm pool matches this capacity spec)"
+        pool = good[0]
+        left = pool.until - time.time()
+        return (
+            f"reuses warm pool {pool.name} ({len(pool.ids)} x "
+            f"{pool.instances[0].get('InstanceType')}, left by job {pool.from_job}, "
+            f"expires in {left:.0f} s): {', '.join(pool.ids)}; no RunInstances"
+        )
+
+    def warm_start(self, job: str, attempt: int) -> WarmStart | None:
+        with self._lock:
+            return self._warm_starts.get((job, attempt))
+
+    def keep_warm(self, job: str, seconds: float) -> list[str]:
+        """Park the job's running instances (one whole attempt, every rank running) as a
+        warm pool for `seconds`; their ids ([] when there is nothing healthy to keep)."""
+        spec = self._specs.get(job)
+        if spec is None or seconds <= 0:
+            return []
+        settings = get_settings()
+        region = self.job_region(job)
+        ec2 = self.client("ec2", region)
+        running = job_instances(ec2, job, states=["running"])
+        attempts = {tags_of(i).get(rq.TAG_ATTEMPT) for i in running}
+        ranked = warm.whole_in_rank_order(running) if len(attempts) == 1 else None
+        if not ranked:
+            return []
+        first = ranked[0]
+        key = _capacity_key(
+            spec,
+            caller_name(self.client("sts", region)),
+            ensure_key(default_key_path()),
+            region,
+            str(first["InstanceType"]),
+            len(ranked),
+            str(first.get("ImageId", "")),
+            rq.SPOT if first.get("InstanceLifecycle") == "spot" else rq.ON_DEMAND,
+        )
+        try:
+            self._halt_timer(self.known_hosts(job), ranked, seconds)
+        except TrainctlError:
+            return []  # a warm instance without its own halt timer could outlive everything
+        warm.park(
+            ec2,
+            job,
+            ranked,
+            key=key,
+            seconds=seconds,
+            placement_groups=settings.aws_cluster_placement_group,
+        )
+        with self._lock:
+            for known in [k for k in self._nodes if k[0] == job]:
+                del self._nodes[known]
+        if self.known_hosts(job).exists():
+            self.known_hosts(job).replace(self.known_hosts(warm.pool_name(job)))
+        return [str(i["InstanceId"]) for i in ranked]
+
+    def _halt_timer(
+        self, known_hosts: Path, instances: list[dict[str, Any]], seconds: float | None
+    ) -> None:
+        """Each warm instance halts itself (so terminates) at the pool's expiry even if no
+        trainctl process is left to end it: `shutdown -h +M`; `seconds=None` cancels it
+        (a claim). Stand-in hosts (the test seam) are this machine: nothing is scheduled."""
+        from trainctl.transport.ssh import SshConnector
+
+        settings = get_settings()
+        if settings.ssh_address_override:
+            return
+        if seconds is None:
+            # `shutdown -c` exits non-zero on some systems when nothing is scheduled: what
+            # counts is that systemd has no shutdown scheduled afterwards.
+            command = "sudo shutdown -c 2>/dev/null; test ! -e /run/systemd/shutdown/scheduled"
+        else:
+            command = f"sudo shutdown -h +{max(1, int(seconds // 60))}"
+        for instance in instances:
+            host = SshHost(
+                address=_node_address(instance, settings.ssh_proxy_jump),
+                user=settings.ssh_user,
+                key_file=str(default_key_path()),
+                python=settings.aws_node_python,
+            )
+            conn = SshConnector(host, known_hosts=known_hosts).connect(timeout=30)
+            try:
+                done = conn.run(command, timeout=30)
+            finally:
+                conn.close()
+            if done.code != 0:
+                raise TrainctlError(f"{conn.label}: {command} failed: {done.tail(1)}")
+
+    def warm_pools(self, region: str, *, mine: bool = False) -> list[warm.WarmPool]:
+        """The warm pools in `region`: every one (gc), or the caller's own (`trainctl warm`:
+        a pool is only ever used or released by whoever left it)."""
+        pools = warm.find_pools(self.client("ec2", region), region)
+        if mine:
+            owner = caller_name(self.client("sts", region))
+            pools = [p for p in pools if p.owner == owner]
+        return pools
+
+    def release_warm(
+        self, region: str, names: list[str] | None = None, *, unusable_only: bool = False
+    ) -> list[tuple[warm.WarmPool, list[InstanceUsage]]]:
+        """End the warm pools `names` (all if None; with `unusable_only` only the expired
+        and broken ones): each with the idle time its instances were billed for."""
+        ec2 = self.client("ec2", region)
+        out = []
+        now = time.time()
+        for pool in self.warm_pools(region, mine=not unusable_only):
+            if names is not None and pool.name not in names:
+                continue
+            if unusable_only and pool.problem(now) is None:
+                continue
+            idle = self._idle_usage(ec2, pool, now)
+            self._release_pool(ec2, pool)
+            out.append((pool, idle))
+        return out
+
+    def _release_pool(self, ec2: Any, pool: warm.WarmPool) -> None:
+        settings = get_settings()
+        warm.release(
+            ec2,
+            pool,
+            self.timing,
+            settings.aws_cleanup_timeout_seconds,
+            placement_groups=settings.aws_cluster_placement_group,
+        )
+        self.known_hosts(pool.name).unlink(missing_ok=True)
+
+    def _idle_usage(self, ec2: Any, pool: warm.WarmPool, ended: float) -> list[InstanceUsage]:
+        """The time the pool's instances waited, warm, for the job that left them: billed as
+        that job's (its cost counts it)."""
+        out = []
+        for rank, instance in enumerate(pool.instances):
+            usage = self._usage_of(ec2, instance, pool.region or self.job_region(pool.from_job), {})
+            out.append(
+                dataclasses.replace(
+                    usage,
+                    rank=rank,
+                    started=pool.since,
+                    ended=min(ended, _ended(instance) or ended),
+                    warm=True,
+                )
+            )
+        return out
 
     def _reuse(
         self, ec2: Any, spec: JobSpec, job: str, attempt: int, boot_timeout: float
@@ -373,10 +627,7 @@ class AwsProvider(Provider):
                     f"job {cluster.job} attempt {cluster.attempt}: no running instance of rank "
                     f"{rank}"
                 )
-            # Through a jump host (ssh_proxy_jump) the node's private address is the one
-            # to reach (EFA instances with several interfaces get no public one).
-            public = None if settings.ssh_proxy_jump else instance.get("PublicIpAddress")
-            address = str(public or instance.get("PrivateIpAddress"))
+            address = _node_address(instance, settings.ssh_proxy_jump)
         return SshHost(
             address=address,
             port=port,
@@ -497,7 +748,15 @@ class AwsProvider(Provider):
         from trainctl.provisioning.aws.resources import find_leftovers
 
         enabled = get_settings().aws_cluster_placement_group
-        return find_leftovers(self.client("ec2", region), region, is_live, placement_groups=enabled)
+        ec2 = self.client("ec2", region)
+        # A warm pool's groups are in use while it has instances (gc releases the pools
+        # themselves when they expire); without any they are leftovers as a job's would be.
+        pools = {pool.name for pool in warm.find_pools(ec2, region)}
+
+        def live(job: str) -> bool:
+            return job in pools if warm.is_pool(job) else is_live(job)
+
+        return find_leftovers(ec2, region, live, placement_groups=enabled)
 
     def delete_leftovers(
         self, region: str, leftovers: list[dict[str, Any]]
@@ -513,33 +772,41 @@ class AwsProvider(Provider):
         region = self.job_region(job)
         ec2 = self.client("ec2", region)
         spot_prices: dict[tuple[str, str | None], float | None] = {}
-        out = []
-        for instance in job_instances(ec2, job):
-            tags = tags_of(instance)
-            instance_type = str(instance["InstanceType"])
-            zone = instance.get("Placement", {}).get("AvailabilityZone")
-            market = "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand"
-            if market == "spot":
-                key = (instance_type, zone)
-                if key not in spot_prices:
-                    spot_prices[key] = spot_price(ec2, instance_type, zone)
-                price = spot_prices[key]
-            else:
-                price = on_demand_price(instance_type, region)
-            out.append(
-                InstanceUsage(
-                    attempt=int(tags.get(rq.TAG_ATTEMPT, "0") or 0),
-                    rank=int(tags.get(rq.TAG_RANK, "-1") or -1),
-                    instance_id=str(instance["InstanceId"]),
-                    instance_type=instance_type,
-                    market=market,
-                    zone=zone,
-                    started=_epoch(instance.get("LaunchTime")),
-                    ended=_ended(instance),
-                    usd_per_hour=price,
-                )
-            )
+        out = [self._usage_of(ec2, i, region, spot_prices) for i in job_instances(ec2, job)]
         return sorted(out, key=lambda u: (u.attempt, u.rank, u.instance_id))
+
+    def _usage_of(
+        self,
+        ec2: Any,
+        instance: dict[str, Any],
+        region: str,
+        spot_prices: dict[tuple[str, str | None], float | None],
+    ) -> InstanceUsage:
+        tags = tags_of(instance)
+        instance_type = str(instance["InstanceType"])
+        zone = instance.get("Placement", {}).get("AvailabilityZone")
+        market = "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand"
+        if market == "spot":
+            key = (instance_type, zone)
+            if key not in spot_prices:
+                spot_prices[key] = spot_price(ec2, instance_type, zone)
+            price = spot_prices[key]
+        else:
+            price = on_demand_price(instance_type, region)
+        started = _epoch(instance.get("LaunchTime"))
+        if tags.get(warm.TAG_SINCE):  # a warm instance this job claimed: billed from then
+            started = max(started, float(tags[warm.TAG_SINCE]))
+        return InstanceUsage(
+            attempt=int(tags.get(rq.TAG_ATTEMPT, "0") or 0),
+            rank=int(tags.get(rq.TAG_RANK, "-1") or -1),
+            instance_id=str(instance["InstanceId"]),
+            instance_type=instance_type,
+            market=market,
+            zone=zone,
+            started=started,
+            ended=_ended(instance),
+            usd_per_hour=price,
+        )
 
     def hourly_cost(self, spec: JobSpec) -> float | None:
         """USD/hour of the first launch choice: the spot price (lowest latest price of the
@@ -557,6 +824,40 @@ class AwsProvider(Provider):
         else:
             price = spot_price(ec2, spec.instance_type)
         return None if price is None else price * spec.instance_count
+
+
+def _capacity_key(
+    spec: JobSpec,
+    owner: str,
+    public_key: str,
+    region: str,
+    instance_type: str,
+    count: int,
+    image_id: str,
+    market: str,
+) -> str:
+    """The warm-pool key of `spec`'s capacity as it was (or would be) launched."""
+    return warm.capacity_key(
+        owner=owner,
+        ssh_key=public_key,
+        region=region,
+        instance_type=instance_type,
+        count=count,
+        image_id=image_id,
+        image_uri=spec.image_uri,
+        market=market,
+        instance_profile=spec.instance_profile,
+        subnets=list(spec.subnets),
+        security_group_ids=list(spec.security_group_ids),
+        volume_size=spec.volume_size,
+    )
+
+
+def _node_address(instance: dict[str, Any], proxy_jump: str | None) -> str:
+    """Where the controller reaches an instance: its public address, else (or through a
+    jump host: EFA instances with several interfaces get no public one) its private one."""
+    public = None if proxy_jump else instance.get("PublicIpAddress")
+    return str(public or instance.get("PrivateIpAddress"))
 
 
 def _epoch(value: Any) -> float:

@@ -200,7 +200,10 @@ class SshProcess(RunningProcess):
         unreachable_timeout: float | None = None,
         connect_timeout: float = 30.0,
         poll_interval: float = 0.2,
+        conn: SshConnection | None = None,
     ) -> None:
+        """`conn`: a connection to the host already open (it is the process's from now on):
+        one connection per host from the bootstrap to the end, not a second handshake."""
         if unreachable_timeout is None:
             from trainctl.settings import get_settings
 
@@ -212,7 +215,7 @@ class SshProcess(RunningProcess):
         self.unreachable_timeout = unreachable_timeout
         self.poll_interval = poll_interval
         self._lock = threading.RLock()
-        self._conn: SshConnection | None = connector.connect(timeout=connect_timeout)
+        self._conn: SshConnection | None = conn or connector.connect(timeout=connect_timeout)
         self._log_handle: Any = None
         self._returncode: int | None = None
         self._end_reason: str | None = None
