@@ -43,11 +43,12 @@ def count_step(attempt: Attempt, event: str, step: int) -> None:
         attempt.last_checkpoint_step = step
 
 
-def settle_steps_lost(earlier: list[Attempt], resumed_from: int) -> None:
+def settle_steps_lost(earlier: list[Attempt], resumed_from: int) -> list[Attempt]:
     """A new attempt resumed from step `resumed_from`: every earlier attempt not yet accounted
     for (one cut short before it trained, say) lost what it reached beyond that point; one
-    that reached no step lost nothing."""
-    for attempt in earlier:
-        if attempt.steps_lost is None:
-            reached = attempt.last_step if attempt.last_step is not None else resumed_from
-            attempt.steps_lost = max(0, reached - resumed_from)
+    that reached no step lost nothing. Returns the attempts it accounted for."""
+    settled = [attempt for attempt in earlier if attempt.steps_lost is None]
+    for attempt in settled:
+        reached = attempt.last_step if attempt.last_step is not None else resumed_from
+        attempt.steps_lost = max(0, reached - resumed_from)
+    return settled

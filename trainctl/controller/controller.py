@@ -96,6 +96,9 @@ class Controller:
         self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
+        # Earlier attempts whose loss was counted from a resume guessed (rank 0 stepped
+        # before it said `resumed`): the script's own `resumed` counts them again.
+        self._guessed_resume: list[Attempt] | None = None
         self._growing: str | None = None  # an elastic job is checkpointing to grow
         # Each fault fires once, in the first attempt that trains long enough.
         self._pending_faults = list(self.record.spec.parsed_faults)
@@ -433,6 +436,7 @@ class Controller:
         self._training_started = None
         self._first_step_at = None
         self._notices = {}
+        self._guessed_resume = None
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
                 target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
@@ -766,8 +770,11 @@ class Controller:
                 self._info("training started on every node")
                 self._started_up(attempt, nodes)  # a quick node may have stepped already
         elif self._progress_message(attempt, node.rank, msg):
-            if attempt.resumed_from_step is None:  # stepping without a resume: from scratch
-                self._resumed(attempt, 0)
+            if attempt.resumed_from_step is None and node.rank == 0:
+                # Stepping without a resume: from scratch. Only rank 0's stream tells: its
+                # `resumed` comes before its steps, but another node's `checkpoint` travels
+                # another stream and can overtake it (seen under load over SSH).
+                self._resumed(attempt, 0, guessed=True)
             if self._first_step_at is None:
                 self._first_step_at = time.monotonic()
             self._started_up(attempt, nodes)
@@ -814,11 +821,23 @@ class Controller:
         attempt.startup = {k: round(v, 3) for k, v in stages.items()}
         self.jobs.event("startup", attempt=attempt.number, **attempt.startup)
 
-    def _resumed(self, attempt: Attempt, step: int) -> None:
+    def _resumed(self, attempt: Attempt, step: int, *, guessed: bool = False) -> None:
+        """`attempt` resumed from `step`: the script said so, or (`guessed`) it stepped
+        first. What the script says replaces a guess, and the losses counted from it."""
         if attempt.resumed_from_step is not None:
-            return
-        attempt.resumed_from_step = step
-        settle_steps_lost(self.record.attempts[:-1], step)
+            if guessed or self._guessed_resume is None:
+                return
+            counted, self._guessed_resume = self._guessed_resume, None
+            if step == attempt.resumed_from_step:
+                return  # the guess was right
+            for earlier in counted:
+                reached = earlier.last_step if earlier.last_step is not None else step
+                earlier.steps_lost = max(0, reached - step)
+            attempt.resumed_from_step = step
+        else:
+            attempt.resumed_from_step = step
+            settled = settle_steps_lost(self.record.attempts[:-1], step)
+            self._guessed_resume = settled if guessed else None
         if step:
             self._info(f"attempt {attempt.number} resumed from the checkpoint of step {step}")
         self.jobs.event("resumed", attempt=attempt.number, step=step)
