@@ -202,12 +202,9 @@ def test_user_failure_counts_against_max_restarts_but_kills_do_not(home, source)
     assert outcomes == ["interrupted", "failed", "failed"]
 
 
-@pytest.mark.timeout(30)
-def test_a_resume_is_what_rank_0_says_even_when_another_node_overtakes_it(home, source):
-    """Node 1's `checkpoint` of attempt 2 can reach the controller before rank 0's `resumed`
-    (two streams; CI saw it over SSH under load): that is not a run from scratch, which made
-    attempt 1 lose all its 48 steps. A resume guessed from rank 0 stepping first gives way
-    to the `resumed` the script sends after."""
+def _controller_in_attempt_2(probe, reached: int):
+    """A controller of a new job whose attempt 1 reached step `reached` and whose attempt 2
+    has just begun, and that attempt's two nodes (no process is read here)."""
     from trainctl.controller.attempts import LiveNode
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job, default_store
@@ -215,23 +212,29 @@ def test_a_resume_is_what_rank_0_says_even_when_another_node_overtakes_it(home, 
     from trainctl.spec.build import build_spec
 
     store = default_store()
-    record = create_job(build_spec(entry_point="probe.py", source_dir=str(source("probe"))), store)
+    record = create_job(build_spec(entry_point="probe.py", source_dir=str(probe)), store)
     ctl = Controller(store, record.name)
-    first = Attempt(number=1, started_at=now_iso(), last_step=48)
+    first = Attempt(number=1, started_at=now_iso(), last_step=reached)
     second = Attempt(number=2, started_at=now_iso())
     ctl.record.attempts = [first, second]
     nodes = {r: LiveNode(r, proc=None) for r in (0, 1)}  # type: ignore[arg-type]
+    return ctl, first, second, nodes
 
+
+@pytest.mark.timeout(30)
+def test_a_resume_is_what_rank_0_says_even_when_another_node_overtakes_it(home, source):
+    """Node 1's `checkpoint` of attempt 2 can reach the controller before rank 0's `resumed`
+    (two streams; CI saw it over SSH under load): that is not a run from scratch, which made
+    attempt 1 lose all its 48 steps. A resume guessed from rank 0 stepping first gives way
+    to the `resumed` the script sends after."""
+    probe = source("probe")
+    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
     ctl._on_control(nodes[1], {"event": "checkpoint", "step": 58}, nodes)
     assert (second.resumed_from_step, first.steps_lost, second.last_step) == (None, None, 58)
     ctl._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
     assert (second.resumed_from_step, first.steps_lost) == (48, 0)
 
-    first, second = (
-        Attempt(number=1, started_at=now_iso(), last_step=48),
-        Attempt(number=2, started_at=now_iso()),
-    )
-    ctl.record.attempts = [first, second]
+    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
     ctl._on_control(nodes[0], {"event": "step", "step": 49}, nodes)  # before its `resumed`
     assert (second.resumed_from_step, first.steps_lost) == (0, 48)
     ctl._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
@@ -245,21 +248,9 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     """A node of attempt 1 whose stream still drains after attempt 2 began (its emergency
     checkpoint's step, say) must not be taken for attempt 2's node of the same rank: that
     made attempt 2 look as if it trained from scratch, and attempt 1 lose every step."""
-    from trainctl.controller.attempts import LiveNode
-    from trainctl.controller.controller import Controller
-    from trainctl.controller.submit import create_job, default_store
     from trainctl.protocol import CONTROL_PREFIX
-    from trainctl.record import Attempt, now_iso
-    from trainctl.spec.build import build_spec
 
-    store = default_store()
-    record = create_job(build_spec(entry_point="probe.py", source_dir=str(source("probe"))), store)
-    ctl = Controller(store, record.name)
-    first = Attempt(number=1, started_at=now_iso(), last_step=40)
-    second = Attempt(number=2, started_at=now_iso())
-    ctl.record.attempts = [first, second]
-    nodes = {0: LiveNode(0, proc=None)}  # type: ignore[arg-type]  (no process is read here)
-
+    ctl, first, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
     ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "preempted", "step": 59}'))
     ctl._lines.put((1, 0, None))  # attempt 1's stream ends: not attempt 2's node
     ctl._drain_lines(nodes)
