@@ -384,6 +384,32 @@ def test_s3_error_is_one_line_store_error_without_secrets(moto_endpoint: str) ->
     assert "testing" not in msg  # the (fake) access key and secret
 
 
+def test_probe_answers_at_once_and_an_unreachable_s3_store_fails_fast(
+    store: Store, monkeypatch
+) -> None:
+    """A reachable store probes fine (local and moto S3 alike); nothing listening at the S3
+    endpoint is a one-line StoreError in seconds, not the half minute its requests retry."""
+    import time
+
+    from tests.conftest import free_port
+
+    store.probe()
+    unreachable = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for key, value in unreachable.items():
+        monkeypatch.setenv(key, value)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as exc_info:
+        S3Store("s3://unreachable/store").probe()
+    assert time.monotonic() - started < 10, "the probe retried as long as a node would"
+    assert "EndpointConnectionError" in str(exc_info.value)
+    assert "\n" not in str(exc_info.value)
+
+
 def test_s3_root_of_bucket_and_uri_forms(moto_endpoint: str) -> None:
     root = S3Store(f"s3://{BUCKET}/")
     assert root.uri == f"s3://{BUCKET}" and root.prefix == ""

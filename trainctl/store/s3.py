@@ -350,6 +350,19 @@ class S3Store(Store):
                         names.add(name)
         return sorted(names)
 
+    def probe(self) -> None:
+        """One listing with two tries and a short connect timeout (see Store.probe)."""
+        from botocore.config import Config
+
+        from trainctl.store.boto import new_session
+
+        config = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5)
+        client = new_session().client("s3", config=config)
+        with self._errors("jobs", "list"):
+            client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._dir_prefix("jobs"), Delimiter="/", MaxKeys=1
+            )
+
     # -- deletes ----------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:

@@ -52,7 +52,7 @@ def serve(store: Any, *, host: str, port: int, token: str | None, ready: Any = N
     from trainctl.ui.app import make_app
 
     try:
-        store.list_dirs("jobs")  # an unreachable store is one line now, not a 500 later
+        store.probe()  # an unreachable store is one line now, not a 500 later
     except (OSError, StoreError) as exc:
         raise TrainctlError(f"cannot read the store {store.uri}: {exc}") from None
     check_port_free(host, port)
