@@ -48,7 +48,12 @@ def settle_steps_lost(earlier: list[Attempt], resumed_from: int) -> list[Attempt
     for (one cut short before it trained, say) lost what it reached beyond that point; one
     that reached no step lost nothing. Returns the attempts it accounted for."""
     settled = [attempt for attempt in earlier if attempt.steps_lost is None]
-    for attempt in settled:
+    count_steps_lost(settled, resumed_from)
+    return settled
+
+
+def count_steps_lost(earlier: list[Attempt], resumed_from: int) -> None:
+    """What each of `earlier` reached beyond `resumed_from` (nothing if it reached no step)."""
+    for attempt in earlier:
         reached = attempt.last_step if attempt.last_step is not None else resumed_from
         attempt.steps_lost = max(0, reached - resumed_from)
-    return settled

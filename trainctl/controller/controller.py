@@ -19,7 +19,13 @@ from typing import Any
 
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
-from trainctl.controller.attempts import AttemptEnd, LiveNode, count_step, settle_steps_lost
+from trainctl.controller.attempts import (
+    AttemptEnd,
+    LiveNode,
+    count_step,
+    count_steps_lost,
+    settle_steps_lost,
+)
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
@@ -830,9 +836,7 @@ class Controller:
             counted, self._guessed_resume = self._guessed_resume, None
             if step == attempt.resumed_from_step:
                 return  # the guess was right
-            for earlier in counted:
-                reached = earlier.last_step if earlier.last_step is not None else step
-                earlier.steps_lost = max(0, reached - step)
+            count_steps_lost(counted, step)
             attempt.resumed_from_step = step
         else:
             attempt.resumed_from_step = step
