@@ -44,6 +44,21 @@ def test_redone_steps_are_marked_and_values_filtered():
     assert len(sparkline(list(range(1000)), width=24)) == 24
 
 
+def test_a_chart_names_each_attempts_steps_even_when_a_relaunch_line_crosses_its_corner():
+    """plotext's legend sits where a loss curve starts; a relaunch at step 13 draws its line
+    through it (CI saw "attempt 1" gone from the chart): the steps per attempt follow it."""
+    from trainctl.metrics import terminal_chart
+
+    points = [
+        {"name": "loss", "value": 2.3 - 0.01 * step, "step": step, "attempt": 1 + (step > 12)}
+        for step in range(1, 185)
+    ]
+    chart = terminal_chart(points, "loss")
+    assert chart.splitlines()[-1].split() == [
+        "attempt", "1:", "steps", "1-12", "·", "attempt", "2:", "steps", "13-184"
+    ]  # fmt: skip
+
+
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([TRAINCTL, *args], capture_output=True, text=True, timeout=120)
     if check:

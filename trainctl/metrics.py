@@ -151,16 +151,21 @@ def terminal_chart(
     plt.plotsize(width, height)
     plt.theme("clear")
     attempts = sorted({p.get("attempt") or 0 for p in curve})
+    legend = []
     for attempt in attempts:
         mine = [p for p in curve if (p.get("attempt") or 0) == attempt]
         xs = [p["step"] if p.get("step") is not None else index for index, p in enumerate(mine)]
         plt.plot(xs, [p["value"] for p in mine], label=f"attempt {attempt}")
         if attempt != attempts[0] and xs:
             plt.vline(xs[0])
+        legend.append(f"attempt {attempt}: steps {xs[0]}-{xs[-1]}" if xs else f"attempt {attempt}")
     last = curve[-1] if curve else None
     title = name if last is None else f"{name}: {last['value']:g}"
     if last is not None and last.get("step") is not None:
         title += f" at step {last['step']}"
     plt.title(title)
     text = plt.build()
-    return text if colour else plt.uncolorize(text)
+    text = text if colour else plt.uncolorize(text)
+    # plotext's own legend sits in the plot's top-left corner, where a loss curve starts and
+    # where an early relaunch's line crosses it: the attempts' steps go below the chart too.
+    return text.rstrip("\n") + "\n    " + " · ".join(legend) + "\n"
