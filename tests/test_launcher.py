@@ -134,12 +134,35 @@ def test_torchrun_argv(src: Path, rank: int) -> None:
         "127.0.0.1",
         "--master-port",
         "29500",
+        "--tee",  # 2 processes per host: each line tagged with its rank
+        "3",
         "--max-restarts",
         "0",
         "train.py",
         *HP_ARGV,
     ]
-    assert cmd.env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert cmd.env == {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "\x1f${rank}\x1f",
+    }
+
+
+def test_one_process_per_host_needs_no_rank_tags(src: Path) -> None:
+    spec = _spec(src, distribution="torch_distributed")
+    cmd = build_node_command(spec, _cluster(per_host=1), 0, python=PY)
+    assert "--tee" not in cmd.argv
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in cmd.env
+
+
+@pytest.mark.parametrize("distribution", ["torch_distributed", "mpi", None])
+def test_script_arguments_come_before_the_hyperparameters(src: Path, distribution) -> None:
+    """`trainctl submit multinode.py -- 50 10` is `python multinode.py 50 10 --key value`
+    under every launcher."""
+    spec = _spec(src, hyperparameters=HPS, distribution=distribution, arguments=["50", "10"])
+    argv = build_node_command(spec, _cluster(), 0, python=PY).argv
+    at = argv.index("train.py")
+    assert argv[at:] == ["train.py", "50", "10", *HP_ARGV]
 
 
 def test_torchrun_master_is_rank_0_address(src: Path) -> None:

@@ -140,14 +140,14 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
         "<tr>"
         + "".join(
             f"<td>{esc(str(a.get(key) if a.get(key) is not None else '-'))}</td>"
-            for key in ("number", "outcome", "resumed_from_step", "last_step", "steps_lost")
+            for key in ("number", "outcome", "started_from", "last_step", "steps_lost")
         )
         + f"<td>{len(a.get('nodes') or []) or '-'}</td>"
         + f"<td style='text-align:left'>{esc(_attempt_cause(a))}</td></tr>"
         for a in info.get("attempts", [])
     )
     attempts_table = (
-        "<table><tr><th>#</th><th>outcome</th><th>resumed from</th><th>last step</th>"
+        "<table><tr><th>#</th><th>outcome</th><th>started from</th><th>last step</th>"
         f"<th>steps lost</th><th>nodes</th><th>cause</th></tr>{attempts}</table>"
         if attempts
         else ""

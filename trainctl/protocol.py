@@ -76,6 +76,27 @@ def _decode(line: str, at: int) -> dict[str, Any] | None:
     return msg if isinstance(msg, dict) and "event" in msg else None
 
 
+# Lines of several worker processes on one node. torchrun's tee (`--tee 3`, several
+# processes per host) starts every piece of a worker's output it forwards with this tag
+# (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE): a unit separator, which no one prints, so a piece
+# is always told from the text. The node log keeps a line of rank R as `[rank R]<TAB>text`,
+# printed as `[algo-N:R] text`.
+RANK_MARK = "\x1f"
+TORCHRUN_PREFIX_TEMPLATE = RANK_MARK + "${rank}" + RANK_MARK
+RANKED_LINE = re.compile(r"^\[rank (\d+)\]\t")
+
+
+def ranked_line(rank: int | None, text: str) -> str:
+    """A line as the node log keeps it (see RANK_MARK)."""
+    return text if rank is None else f"[rank {rank}]\t{text}"
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """(rank, text) of a node log line (rank None: not one of several processes')."""
+    found = RANKED_LINE.match(line)
+    return (int(found[1]), line[found.end() :]) if found else (None, line)
+
+
 # What a launcher puts before each line of a worker: torchrun's "[rank0]:" or
 # "[default0]:", OpenMPI's "[1,0]<stdout>:".
 _LAUNCHER_TAG = re.compile(r"\s*(\[[\w,]+\](<std(out|err)>)?:)?\s*")

@@ -66,6 +66,11 @@ class JobKeys:
     def checkpoints(self) -> str:
         return f"{self.prefix}/checkpoints"
 
+    @property
+    def workdir(self) -> str:
+        """Each node's working directory, kept across attempts (see node.workdir)."""
+        return f"{self.prefix}/workdir"
+
     def log(self, attempt: int, rank: int) -> str:
         return f"{self.prefix}/logs/attempt-{attempt}/node-{rank}.log"
 
@@ -82,6 +87,11 @@ class JobKeys:
         """The node's heartbeat and progress, written by its agent (see node.output)."""
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.status.json"
 
+    def stopping(self, attempt: int) -> str:
+        """Why the controller is stopping an attempt's nodes (written before it signals them,
+        so a node stopped for its peer's sake says so, not that it failed)."""
+        return f"{self.prefix}/attempts/attempt-{attempt}/stopping.json"
+
     def notice(self, attempt: int, rank: int) -> str:
         """An interruption notice for one node (fault injection, or any provider's relay)."""
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.notice.json"
@@ -97,6 +107,62 @@ class AttemptNode(BaseModel):
     rank: int
     host: str
     address: str
+
+
+class Restored(BaseModel):
+    """What an attempt's nodes put back before the script started (node.workdir and the
+    checkpoint restore), summed over the nodes that said."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: int = 0  # working-directory files (with SM_MODEL_DIR's and SM_OUTPUT_DATA_DIR's)
+    bytes: int = 0
+    from_attempt: int | None = None  # the attempt that left them (the newest, over nodes)
+    largest: list[str] = Field(default_factory=list)  # up to 3 paths, largest first
+    # Every node restores the union of all nodes' checkpoints: the most any node got.
+    checkpoint_files: int = 0
+    checkpoint_bytes: int = 0
+    nodes: int = 0  # how many nodes reported
+
+    def add(self, node: dict[str, Any]) -> None:
+        """One node's report (the agent's `restored` message)."""
+
+        def count(key: str) -> int:
+            value = node.get(key)
+            return value if isinstance(value, int) and value >= 0 else 0
+
+        self.nodes += 1
+        if count("files"):
+            self.files += count("files")
+            self.bytes += count("bytes")
+            names = [n for n in node.get("largest") or [] if isinstance(n, str)]
+            self.largest = list(dict.fromkeys([*self.largest, *names]))[:3]
+            attempt = node.get("from_attempt")
+            if isinstance(attempt, int):
+                self.from_attempt = max(attempt, self.from_attempt or 0)
+        self.checkpoint_files = max(self.checkpoint_files, count("checkpoint_files"))
+        self.checkpoint_bytes = max(self.checkpoint_bytes, count("checkpoint_bytes"))
+
+    def files_text(self) -> str:
+        """'snapshot.pt, 2.1 MB, from attempt 1'; with more files than names (several nodes,
+        or many files): 'snapshot.pt (2 files on 2 nodes), 4.2 MB, from attempt 1'."""
+        names = ", ".join(self.largest)
+        if self.files > len(self.largest):
+            where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
+            names += f" ({self.files} files{where})"
+        source = f", from attempt {self.from_attempt}" if self.from_attempt else ""
+        return f"{names}, {_size(self.bytes)}{source}"
+
+    def files_short(self) -> str:
+        """'snapshot.pt +1': the largest file and how many more."""
+        more = f" +{self.files - 1}" if self.files > 1 else ""
+        return f"{self.largest[0] if self.largest else 'files'}{more}"
+
+
+def _size(n: int) -> str:
+    from rich.filesize import decimal
+
+    return decimal(n)
 
 
 class Attempt(BaseModel):
@@ -121,6 +187,38 @@ class Attempt(BaseModel):
     # Where the attempt's start-up went, seconds per stage (slowest node for node stages):
     # capacity, ssh, agent, image, code, venv, launch (launcher start -> first step), total.
     startup: dict[str, float] | None = None
+    # What its nodes restored before the script started (None: not reported).
+    restored: Restored | None = None
+
+    def started_from(self, *, short: bool = False) -> str:
+        """Where the attempt started, in words: the step it resumed from (the script said,
+        through report_step or Checkpointer), the files it restored, or from scratch.
+        `short`: a table cell ('step 120', 'snapshot.pt +1', 'scratch')."""
+        restored = self.restored
+        files = None
+        if restored and restored.files:
+            files = restored.files_short() if short else restored.files_text()
+        if self.resumed_from_step:
+            if short or not files:
+                return f"step {self.resumed_from_step}"
+            return f"step {self.resumed_from_step} (restored {files})"
+        if files:
+            return files if short else f"restored {files}"
+        if restored and restored.checkpoint_files:
+            size = _size(restored.checkpoint_bytes)
+            if short:
+                return f"{restored.checkpoint_files} ckpt files"
+            return f"restored {restored.checkpoint_files} checkpoint file(s), {size}"
+        if restored is None and self.resumed_from_step is None and self.number > 1:
+            return "-"  # nothing reported (a controller that took over the attempt)
+        if short:
+            return "scratch"
+        return "from scratch" if self.number == 1 else "from scratch: nothing to restore"
+
+    def restored_nothing(self) -> bool:
+        """Whether the attempt's nodes said they had nothing to put back."""
+        r = self.restored
+        return r is not None and not r.files and not r.checkpoint_files
 
 
 class InstanceCost(BaseModel):
@@ -217,7 +315,9 @@ class JobRecord(BaseModel):
             "entry_point": spec.entry_point,
             "source_dir": spec.source_dir,
             "hyperparameters": spec.hyperparameters,
-            "attempts": [a.model_dump() for a in self.attempts],
+            "attempts": [
+                {**a.model_dump(), "started_from": a.started_from()} for a in self.attempts
+            ],
             "failure_reason": self.failure_reason,
             "failure_detail": self.failure_detail,
             "exit_code": self.exit_code,

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     checkpoint_sync_seconds: float = Field(
         default=0.5, gt=0, description="How often a node looks for new checkpoint files."
     )
+    workdir_sync_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often a node copies new files of its working directory (and model and "
+        "output data dirs) to the store, so that a relaunch starts with them.",
+    )
     imds: bool = Field(
         default=False,
         description="The node agent runs on EC2 and polls IMDSv2 for spot interruption "

@@ -21,6 +21,15 @@ from trainctl.cli.app import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app, err
 __all__ = ["app", "main"]
 
 
+def split_script_arguments(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`trainctl submit ENTRY [OPTIONS] -- ARG ...`: the words after the first `--` are the
+    entry point's own arguments (None when there is no `--`), never trainctl's options."""
+    if argv[:1] != ["submit"] or "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
 def main() -> None:
     """The `trainctl` command. Usage mistakes (an unknown option, a missing argument, a value
     of the wrong type) get the same one-line `error:` as every other bad input, exit 2,
@@ -30,8 +39,9 @@ def main() -> None:
     classes = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
     usage_error, click_error = classes["UsageError"], classes["ClickException"]
     no_args = getattr(sys.modules[usage_error.__module__], "NoArgsIsHelpError", ())
+    args, script_arguments = split_script_arguments(sys.argv[1:])
     try:
-        code = app(standalone_mode=False)
+        code = app(args=args, standalone_mode=False, obj={"arguments": script_arguments})
     except no_args as exc:  # a bare command: its help, as click would show it
         sys.stdout.write(exc.ctx.get_help() + "\n" if exc.ctx else "")
         code = EXIT_BAD_INPUT
@@ -39,7 +49,10 @@ def main() -> None:
         from trainctl.errors import one_line
 
         where = exc.ctx.command_path if exc.ctx else "trainctl"
-        err(f"{one_line(exc.format_message())} (see '{where} --help')")
+        message = one_line(exc.format_message())
+        if where.endswith(" submit") and "unexpected extra argument" in message:
+            message += "; the script's own arguments go after `--`: submit ENTRY_POINT -- ARG ..."
+        err(f"{message} (see '{where} --help')")
         code = EXIT_BAD_INPUT
     except click_error as exc:
         err(exc.format_message())

@@ -126,6 +126,8 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         rows.append(("failure", record.failure_reason))
     if (cost := info["cost"]) is not None:
         rows.append(("cost", _cost_text(cost)))
+    if record.attempts:
+        rows.append(("started from", record.attempts[-1].started_from()))
     if record.attempts and (startup := record.attempts[-1].startup):
         rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
     for key, value in rows:
@@ -135,7 +137,11 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         console.print(record.failure_detail, markup=False)
     if record.attempts:
         attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
-        for col in ("#", "NODES", "STARTED", "ENDED", "OUTCOME", "RESUMED", "LAST STEP", "LOST"):
+        for col in ("#", "NODES", "STARTED", "ENDED", "OUTCOME"):
+            attempts.add_column(col, no_wrap=True)
+        # where it started ('step 120', 'snapshot.pt +1', 'scratch'; in full above)
+        attempts.add_column("FROM", no_wrap=True, overflow="ellipsis", max_width=16)
+        for col in ("STEP", "LOST"):
             attempts.add_column(col, no_wrap=True)
         attempts.add_column("CAUSE", overflow="fold")
 
@@ -151,7 +157,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
                 a.started_at[11:19],
                 (a.ended_at or "")[11:19] or "-",
                 a.outcome or "running",
-                num(a.resumed_from_step),
+                a.started_from(short=True),
                 num(a.last_step),
                 num(a.steps_lost),
                 cause,

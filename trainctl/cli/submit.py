@@ -56,6 +56,7 @@ def _load_job_file(path: Path) -> dict[str, Any]:
 @app.command()
 @handle_errors
 def submit(
+    ctx: typer.Context,
     entry_point: str | None = typer.Argument(None, help="The training script."),
     source_dir: str | None = typer.Option(None, "--source-dir", help="Code directory."),
     instance_type: str | None = typer.Option(None, "--instance-type", help="'local' (default)."),
@@ -141,13 +142,34 @@ def submit(
         "an ssh pool's name, or ec2 (trainctl's own small instance). A remote one keeps the "
         "job going when this machine goes away.",
     ),
+    input_mode: list[str] | None = typer.Option(
+        None,
+        "--input-mode",
+        help="CHANNEL=File (a copy of a file:// channel, the default) or CHANNEL=FastFile "
+        "(a link to it: no copy of large data, but a script's writes reach the original).",
+    ),
+    workdir_max_mb: float | None = typer.Option(
+        None,
+        "--workdir-max-mb",
+        help="The working directory is kept across relaunches: at most this many MB per node "
+        "(default 1024; 0: not kept).",
+    ),
+    workdir_ignore: list[str] | None = typer.Option(
+        None,
+        "--workdir-ignore",
+        help="gitignore-style pattern of working-directory files not to keep; repeatable.",
+    ),
     file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
 ) -> None:
-    """Submit a training job; streams its logs and exits 0 only if it Completed."""
+    """Submit a training job; streams its logs and exits 0 only if it Completed.
+
+    Words after `--` are the script's own arguments, before its hyperparameters:
+    `trainctl submit multinode.py --instance-count 2 -- 50 10`."""
     from trainctl.controller.controller import Controller
     from trainctl.controller.logs import LogPrinter
     from trainctl.controller.submit import create_job, default_store, start_detached
+    from trainctl.errors import SpecError
     from trainctl.estimator import _print_summary
     from trainctl.spec.build import build_spec
     from trainctl.spec.parts import parse_distribution
@@ -155,8 +177,10 @@ def submit(
 
     check_output(output)
     fields: dict[str, Any] = _load_job_file(file) if file else {}
+    arguments = (ctx.obj or {}).get("arguments")
     flags: dict[str, Any] = {
         "entry_point": entry_point,
+        "arguments": arguments,
         "source_dir": str(Path(source_dir).resolve()) if source_dir else None,
         "instance_type": instance_type,
         "instance_count": instance_count,
@@ -189,6 +213,8 @@ def submit(
         "keep_alive_period_in_seconds": keep_alive,
         "hosts": [parse_host(h, ssh_key) for h in host] if host else None,
         "controller": controller,
+        "workdir_max_mb": workdir_max_mb,
+        "workdir_ignore": workdir_ignore or None,
     }
     if host and instance_type is None and "instance_type" not in fields:
         flags["instance_type"] = "ssh"
@@ -207,6 +233,15 @@ def submit(
     ):
         if values:
             fields[key] = {**(fields.get(key) or {}), **parse_pairs(values, flag, typed=typed)}
+    if input_mode:
+        fields["channel_config"] = _channel_modes(
+            fields.get("channel_config"), parse_pairs(input_mode, "--input-mode")
+        )
+    if arguments is not None and not fields.get("entry_point"):
+        raise SpecError(
+            "entry_point",
+            "is required before `--`: trainctl submit ENTRY_POINT [OPTIONS] -- ARG ...",
+        )
     spec = build_spec(**fields)
     store = default_store()
     if dry_run or estimate:
@@ -248,6 +283,15 @@ def submit(
         raise typer.Exit(EXIT_INTERRUPTED)
     if final.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _channel_modes(config: Any, modes: dict[str, str]) -> dict[str, Any]:
+    """The job file's channel_config with `--input-mode CHANNEL=MODE` on top."""
+    merged = dict(config) if isinstance(config, dict) else {}
+    for channel, mode in modes.items():
+        entry = merged.get(channel)
+        merged[channel] = {**(entry if isinstance(entry, dict) else {}), "input_mode": mode}
+    return merged
 
 
 @app.command()

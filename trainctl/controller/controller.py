@@ -34,7 +34,15 @@ from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import NoCapacityError, Provider, WarmStart
-from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore, now_iso, output_store
+from trainctl.record import (
+    Attempt,
+    AttemptNode,
+    JobRecord,
+    JobStore,
+    Restored,
+    now_iso,
+    output_store,
+)
 from trainctl.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
@@ -54,6 +62,9 @@ MACHINE_CHECK_SECONDS = 5.0
 ELASTIC_CHECK_SECONDS = 3.0
 # Node agents started at once (each start is SSH round trips on remote providers).
 START_CONCURRENCY = 32
+# A relaunch that restores nothing after an attempt that trained this long (or reported a
+# step) starts over: worth a warning.
+FROM_SCRATCH_WARNING_SECONDS = 30.0
 
 
 class LeaseLost(Exception):
@@ -571,13 +582,14 @@ class Controller:
                 self.stop_reason = self.jobs.stop_requested()
                 self.stop_reason = self.stop_reason or self._time_limit_reached()
             if self.stop_reason is not None:
-                self._stop_nodes(nodes, self.settings.stop_grace_seconds)
+                self._stop_nodes(nodes, self.settings.stop_grace_seconds, self.stop_reason)
                 return AttemptEnd("stopped", self.stop_reason)
             if lost:
                 # The survivors cannot finish a step without their peer: end them, keeping
                 # what they already checkpointed (their agents flush uploads on the way out).
-                self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
                 first = min(lost, key=lambda n: n.exited_at or now)
+                grace = min(self.settings.stop_grace_seconds, 5.0)
+                self._stop_nodes(nodes, grace, f"algo-{first.rank + 1} was lost")
                 return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
             if now >= next_capacity_check:
                 next_capacity_check = now + ELASTIC_CHECK_SECONDS
@@ -586,11 +598,10 @@ class Controller:
                 grace = self.settings.notice_grace_seconds + 30.0
                 first_notice = min(self._notices.values())
                 if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
-                    self._stop_nodes(nodes, self.settings.stop_grace_seconds)
                     ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
-                    return AttemptEnd(
-                        "interrupted", self._growing or f"interruption notice to {ranks}"
-                    )
+                    why = self._growing or f"interruption notice to {ranks}"
+                    self._stop_nodes(nodes, self.settings.stop_grace_seconds, why)
+                    return AttemptEnd("interrupted", why)
                 continue
             if first_abnormal is not None and (
                 all(n.exit_code is not None for n in runners)
@@ -603,7 +614,8 @@ class Controller:
                 # it fails, counted against max_restarts, and everything is torn down.
                 self.jobs.event("hung", attempt=cluster.attempt, reason=hang)
                 self._info(f"attempt {cluster.attempt} hung: {hang}")
-                self._stop_nodes(nodes, min(self.settings.stop_grace_seconds, 5.0))
+                grace = min(self.settings.stop_grace_seconds, 5.0)
+                self._stop_nodes(nodes, grace, f"the attempt hung ({hang})")
                 return AttemptEnd("failed", hang, exit_code=1)
 
     def _record_metric(
@@ -710,12 +722,12 @@ class Controller:
 
     def _classify_failure(self, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""
-        self._stop_nodes(nodes, self.settings.stop_grace_seconds)
-        if any(n.result.get("preempted") for n in nodes.values()):
-            return AttemptEnd("interrupted", "workers stopped after an emergency checkpoint")
         failed = [n for n in nodes.values() if n.exit_code not in (0, None) and not n.idle]
         # The first node to fail holds the cause; the others fail because their peer went.
         node = min(failed, key=lambda n: n.exited_at or 0.0)
+        self._stop_nodes(nodes, self.settings.stop_grace_seconds, f"algo-{node.rank + 1} failed")
+        if any(n.result.get("preempted") for n in nodes.values()):
+            return AttemptEnd("interrupted", "workers stopped after an emergency checkpoint")
         result = node.result
         code = int(result.get("exit_code", node.exit_code or 1))
         reason = result.get("reason") or f"exit code {code}"
@@ -774,7 +786,11 @@ class Controller:
                 if self.record.state is JobState.STARTING:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
+                self._warn_if_from_scratch(attempt)
                 self._started_up(attempt, nodes)  # a quick node may have stepped already
+        elif event == "restored":
+            attempt.restored = attempt.restored or Restored()
+            attempt.restored.add(msg)
         elif self._progress_message(attempt, node.rank, msg):
             if attempt.resumed_from_step is None and node.rank == 0:
                 # Stepping without a resume: from scratch. Only rank 0's stream tells: its
@@ -798,6 +814,23 @@ class Controller:
             node.result = msg
         elif event == "diagnosis":
             self._diagnosis(attempt, msg)
+
+    def _warn_if_from_scratch(self, attempt: Attempt) -> None:
+        """A relaunch whose nodes found nothing to restore, after an attempt that trained
+        a while, starts over: say so (the script keeps no state trainctl can see)."""
+        if attempt.number < 2 or not attempt.restored_nothing():
+            return
+        before = self.record.attempts[attempt.number - 2]
+        trained = before.training_seconds or 0.0
+        if not before.last_step and trained < FROM_SCRATCH_WARNING_SECONDS:
+            return
+        what = f"step {before.last_step}" if before.last_step else f"{trained:.0f} s of training"
+        self.jobs.event("from_scratch", attempt=attempt.number, lost=what)
+        self._info(
+            f"warning: attempt {attempt.number} starts from scratch: nothing to restore after "
+            f"attempt {before.number} reached {what}. Save state in the working directory or "
+            "SM_CHECKPOINT_DIR (trainctl.train.Checkpointer) to resume from it"
+        )
 
     def _diagnosis(self, attempt: Attempt, msg: dict[str, Any]) -> None:
         """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
@@ -857,10 +890,16 @@ class Controller:
                     continue
                 self._record_metric(metric, value, rank)
 
-    def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float) -> None:
+    def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float, why: str) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure. The
         grace is for the nodes that answer: a lost one (silent, its machine gone) is not
-        waited for."""
+        waited for. `why` goes to the store first: each stopped node says it in its log."""
+        if any(n.exit_code is None for n in nodes.values()):
+            try:
+                attempt = self.record.attempts[-1].number
+                self.store.put_text(self.jobs.keys.stopping(attempt), json.dumps({"why": why}))
+            except Exception as exc:  # the nodes then only say they were stopped
+                self._info(f"could not record why the nodes stop: {exc}")
         for node in nodes.values():
             if node.exit_code is None:
                 node.proc.terminate()

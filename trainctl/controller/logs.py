@@ -27,11 +27,16 @@ class LogPrinter:
         )
 
     def node_line(self, rank: int, line: str, *, attempt: int | None = None) -> None:
+        """`[algo-N] line`; a line of one of several processes `[algo-N:R] line` (R: its
+        rank, see protocol.RANK_MARK); an attempt after the first `[algo-N#A] line`."""
         from rich.text import Text
 
-        label = (
-            f"algo-{rank + 1}" if attempt is None or attempt == 1 else f"algo-{rank + 1}#{attempt}"
-        )
+        from trainctl.protocol import split_rank
+
+        process, line = split_rank(line)
+        label = f"algo-{rank + 1}" + ("" if process is None else f":{process}")
+        if attempt is not None and attempt != 1:
+            label += f"#{attempt}"
         text = Text(f"[{label}] ", style=f"bold {COLOURS[rank % len(COLOURS)]}")
         text.append(line)
         self.console.print(text)

@@ -51,6 +51,49 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file" and not Path(rest).exists():
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
+    if spec.provider == "local":
+        check_channel_copies(spec, get_settings().home / "nodes")
+
+
+def check_channel_copies(spec: JobSpec, nodes_dir: Path) -> None:
+    """Each local node gets its own copy of a file:// channel (File mode): refuse a job whose
+    copies the disk under `nodes_dir` cannot hold, naming the channel that does not fit."""
+    import shutil
+
+    from rich.filesize import decimal
+
+    need = 0
+    for name, uri in sorted(spec.inputs.items()):
+        config = spec.channel_config.get(name)
+        scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+        if scheme != "file" or (config is not None and config.input_mode == "FastFile"):
+            continue
+        sharded = config is not None and config.distribution == "ShardedByS3Key"
+        need += _tree_size(Path(rest)) * (1 if sharded else spec.instance_count)
+        where = nodes_dir
+        while not where.exists():
+            where = where.parent
+        free = shutil.disk_usage(where).free
+        if need > free:
+            raise SpecError(
+                f"inputs.{name}",
+                f"a copy per node needs {decimal(need)} and {where} has {decimal(free)} free; "
+                f"link the channel instead with input mode FastFile (--input-mode "
+                f"{name}=FastFile, or TrainingInput(..., input_mode='FastFile'))",
+            )
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for leaf in files:
+            try:
+                total += os.stat(os.path.join(dirpath, leaf)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def preflight(spec: JobSpec, store_uri: str) -> None:
@@ -58,8 +101,12 @@ def preflight(spec: JobSpec, store_uri: str) -> None:
     from trainctl.provisioning import get_provider
 
     validate_offline(spec, store_uri)
+    check_reachable(store_uri, "TRAINCTL_STORE")
     check_controller_reachable(target_of(spec, store_uri))
     get_provider(spec.instance_type, spec.region).preflight(spec)
+    for name, uri in sorted(spec.inputs.items()):
+        if uri.startswith("s3://"):
+            check_readable(uri, f"inputs.{name}")
     if spec.checkpoint_s3_uri:
         check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
     if spec.output_path:
@@ -86,10 +133,39 @@ def check_controller_reachable(target: ControllerTarget) -> None:
         raise SpecError("controller", f"{target.label}: {exc}") from None
 
 
+def check_reachable(uri: str, field: str) -> bool:
+    """One quick listing (Store.probe): credentials that cannot reach `uri`, or an endpoint
+    that does not answer, are one line before anything is made, not a node's failure.
+    Returns whether anything is stored under `uri`."""
+    from trainctl.errors import StoreError
+
+    try:
+        return open_store(uri, field=field).probe("")
+    except (OSError, StoreError) as exc:
+        raise SpecError(field, f"{uri} cannot be reached with your credentials: {exc}") from None
+
+
+def check_readable(uri: str, field: str) -> None:
+    """An s3:// input must be reachable and hold something: objects under the prefix, or
+    the one object it names (the URI of a single file)."""
+    from trainctl.errors import StoreError
+
+    if check_reachable(uri, field):
+        return
+    parent, _, leaf = uri.rstrip("/").rpartition("/")
+    try:
+        found = "/" in uri.removeprefix("s3://").strip("/") and open_store(parent).exists(leaf)
+    except (OSError, StoreError) as exc:
+        raise SpecError(field, f"{uri} cannot be read: {exc}") from None
+    if not found:
+        raise SpecError(field, f"{uri} holds no object (an empty or mistyped prefix?)")
+
+
 def check_writable(uri: str, field: str) -> None:
     """Write and delete a probe object, so a job does not train for hours to fail at upload."""
     from trainctl.errors import StoreError
 
+    check_reachable(uri, field)
     store = open_store(uri, field=field)
     key = f".trainctl/write-test-{secrets.token_hex(4)}"
     try:

@@ -225,10 +225,14 @@ class Estimator:
         hosts: list[dict[str, Any]] | None = None,
         keep_alive_period_in_seconds: int | None = None,
         controller: str | None = None,
+        arguments: list[str] | None = None,
+        workdir_max_mb: float | None = None,
+        workdir_ignore: list[str] | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
             "entry_point": entry_point,
             "source_dir": source_dir,
+            "arguments": arguments,
             "instance_type": instance_type,
             "instance_count": instance_count,
             "min_instance_count": min_instance_count,
@@ -264,6 +268,8 @@ class Estimator:
             "hosts": hosts,
             "keep_alive_period_in_seconds": keep_alive_period_in_seconds,
             "controller": controller,
+            "workdir_max_mb": workdir_max_mb,
+            "workdir_ignore": workdir_ignore,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri

@@ -15,9 +15,10 @@ DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 
 
 class TrainingInput:
-    """One input channel: `s3_data` (an s3:// or file:// URI) and its `distribution`:
+    """One input channel: `s3_data` (an s3:// or file:// URI), its `distribution`:
     FullyReplicated (every node gets all of it) or ShardedByS3Key (each of N nodes gets
-    every N-th object, in key order)."""
+    every N-th object, in key order), and its `input_mode`: File (the default: the script
+    gets a copy) or FastFile (a file:// channel is linked, not copied)."""
 
     def __init__(
         self,
@@ -47,8 +48,8 @@ class TrainingInput:
             "s3_data_type": (s3_data_type != "S3Prefix", "only S3Prefix (manifests: not yet)"),
             "instance_groups": (bool(instance_groups), "no heterogeneous clusters"),
             "input_mode": (
-                input_mode not in (None, "File"),
-                "File mode only (Pipe and FastFile: not yet)",
+                input_mode not in (None, "File", "FastFile"),
+                "File (a copy of the channel) or FastFile (a link to it); no Pipe mode",
             ),
             "attribute_names": (bool(attribute_names), "no augmented manifests"),
             "target_attribute_name": (target_attribute_name is not None, "no such input"),
@@ -60,9 +61,12 @@ class TrainingInput:
         self.s3_data = s3_data
         self.distribution = distribution
         self.content_type = content_type
+        self.input_mode = input_mode or "File"
         self.config: dict[str, Any] = {"distribution": distribution}
         if content_type:
             self.config["content_type"] = content_type
+        if self.input_mode != "File":
+            self.config["input_mode"] = self.input_mode
 
     def __repr__(self) -> str:
         return f"TrainingInput({self.s3_data!r}, distribution={self.distribution!r})"

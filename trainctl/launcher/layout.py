@@ -77,6 +77,12 @@ class Layout:
         ]
 
 
+def script_args(spec: JobSpec) -> list[str]:
+    """What the entry point gets after its name: the job's `arguments`, then each
+    hyperparameter as `--key value`."""
+    return [*spec.arguments, *hyperparameter_args(spec.hyperparameters)]
+
+
 def hyperparameter_args(hyperparameters: dict[str, Any]) -> list[str]:
     """`--key value` pairs, keys verbatim (SageMaker semantics: 'batch-size' stays as is)."""
     args: list[str] = []
@@ -115,7 +121,7 @@ def input_data_config(spec: JobSpec) -> dict[str, Any]:
     for name in spec.inputs:
         config = spec.channel_config.get(name)
         entry = {
-            "TrainingInputMode": "File",
+            "TrainingInputMode": config.input_mode if config else "File",
             "S3DistributionType": config.distribution if config else "FullyReplicated",
         }
         if config and config.content_type:
@@ -137,7 +143,7 @@ def sagemaker_env(
     """The SM_* (and MASTER_*) variables for the node of this rank."""
     node = cluster.node(rank)
     channels = sorted(spec.inputs)
-    user_args = hyperparameter_args(spec.hyperparameters)
+    user_args = script_args(spec)
     resources = resource_config(cluster, rank)
     training_env: dict[str, Any] = {
         "job_name": cluster.job,

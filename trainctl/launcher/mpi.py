@@ -11,7 +11,7 @@ import shlex
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import hyperparameter_args
+from trainctl.launcher.layout import script_args
 from trainctl.spec.job import JobSpec
 
 
@@ -24,6 +24,9 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
     for node in cluster.nodes:
         slots[node.address] = slots.get(node.address, 0) + per_host
     total = per_host * len(cluster.nodes)
+    custom = shlex.split(mpi.custom_mpi_options if mpi else "")
+    # each line's rank (node.output.RankedLines), unless the user's options ask already
+    tag = ["--tag-output"] if total > 1 and "--tag-output" not in custom else []
     argv = [
         "mpirun",
         "--allow-run-as-root",
@@ -33,6 +36,7 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         str(total),
         "--bind-to",
         "none",
+        *tag,
         "-x",
         "PATH",
         "-x",
@@ -41,10 +45,10 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         "MASTER_ADDR",
         "-x",
         "MASTER_PORT",
-        *shlex.split(mpi.custom_mpi_options if mpi else ""),
+        *custom,
         python,
         spec.entry_point,
-        *hyperparameter_args(spec.hyperparameters),
+        *script_args(spec),
     ]
     env = {"MASTER_ADDR": cluster.master.address, "MASTER_PORT": str(cluster.master_port)}
     return NodeCommand(argv, env)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import hyperparameter_args
+from trainctl.launcher.layout import script_args
 from trainctl.spec.job import JobSpec
 
 
@@ -21,4 +21,4 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         "WORLD_SIZE": str(len(cluster.nodes)),
         "LOCAL_WORLD_SIZE": "1",
     }
-    return NodeCommand([python, spec.entry_point, *hyperparameter_args(spec.hyperparameters)], env)
+    return NodeCommand([python, spec.entry_point, *script_args(spec)], env)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import hyperparameter_args
+from trainctl.launcher.layout import script_args
+from trainctl.protocol import TORCHRUN_PREFIX_TEMPLATE
 from trainctl.spec.job import JobSpec
 
 
@@ -33,9 +34,14 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         "--max-restarts",
         "0",
         spec.entry_point,
-        *hyperparameter_args(spec.hyperparameters),
+        *script_args(spec),
     ]
     # torchrun sets RANK/LOCAL_RANK/WORLD_SIZE per worker; MASTER_* here are for tools
     # that read them in the launcher's own environment.
     env = {"MASTER_ADDR": cluster.master.address, "MASTER_PORT": str(cluster.master_port)}
+    if cluster.processes_per_host > 1:
+        # Each worker's output tagged with its rank, so the node log tells them apart
+        # (reassembled by node.output.RankedLines).
+        argv[argv.index("--max-restarts") : argv.index("--max-restarts")] = ["--tee", "3"]
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = TORCHRUN_PREFIX_TEMPLATE
     return NodeCommand(argv, env)

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.node.output import (
+    LauncherNoise,
     LogShipper,
     NodeStatus,
+    RankedLines,
     console,
     emit,
     failure_from_output,
@@ -36,7 +38,7 @@ from trainctl.node.output import (
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.node.procs import children, descendants, signal_all
 from trainctl.node.staging import pack_directory, stage_channel, write_json
-from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED
+from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED, ranked_line
 from trainctl.protocol import split as split_control
 
 
@@ -70,6 +72,10 @@ class Agent:
         self.status = NodeStatus(rank)
         self.finished = False  # the result is being recorded: no more status writes
         self.sync = None
+        self.workdir = None  # the working directory's sync (node.workdir), once staged
+        # Per rank (None: not told apart), a line of a script's that a control message cut.
+        self.started_lines: dict[int | None, str] = {}
+        self.noise = LauncherNoise()
         log_path = self.layout.output / "node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.logs = LogShipper(
@@ -106,10 +112,20 @@ class Agent:
             config = self.spec.channel_config.get(name)
             sharded = config is not None and config.distribution == "ShardedByS3Key"
             shard = (self.rank, nodes) if sharded else None
-            stage_channel(name, uri, self.layout.channel(name), self.log, shard=shard)
-        self.start_checkpoint_sync()
+            link = config is not None and config.input_mode == "FastFile"
+            stage_channel(name, uri, self.layout.channel(name), self.log, shard=shard, link=link)
+        checkpoints = self.start_checkpoint_sync()
+        workdir = self.start_workdir_sync(members)
+        # Where this attempt starts from, for the record (controller: Attempt.restored).
+        self.say(
+            "restored",
+            checkpoint_files=len(checkpoints),
+            checkpoint_bytes=sum(size for size, _ in checkpoints.values()),
+            **workdir,
+        )
 
-    def start_checkpoint_sync(self) -> None:
+    def start_checkpoint_sync(self) -> dict[str, tuple[int, int]]:
+        """Restore the checkpoints and start uploading new ones; returns what was restored."""
         from trainctl.node.checkpoints import CheckpointSync, restore
         from trainctl.record import checkpoint_store
 
@@ -124,6 +140,45 @@ class Agent:
             log=self.log,
             known=known,
         ).start()
+        return known
+
+    def start_workdir_sync(self, shipped: list[str]) -> dict[str, Any]:
+        """Put back this rank's working directory as an earlier attempt left it, and keep
+        copying it (node.workdir); returns what was restored."""
+        from trainctl.node.workdir import (
+            StateRoots,
+            WorkdirSync,
+            ignore_spec,
+            normalise_member,
+            restore,
+        )
+        from trainctl.store import open_store
+
+        if self.spec.workdir_max_mb <= 0:
+            return {"files": 0, "bytes": 0, "from_attempt": None, "largest": []}
+        roots = StateRoots(
+            dirs={
+                "code": self.layout.code,
+                "model": self.layout.model,
+                "output": self.layout.output_data,
+            },
+            shipped=frozenset(normalise_member(m) for m in shipped),
+            skip_dirs=(self.layout.checkpoints(self.spec),),
+            ignore=ignore_spec(self.spec.workdir_ignore),
+        )
+        store = open_store(self.record.store_uri).child(self.jobs.keys.workdir)
+        restored = restore(store, self.rank, roots, self.log)
+        self.workdir = WorkdirSync(
+            store,
+            self.rank,
+            self.attempt,
+            roots,
+            max_bytes=int(self.spec.workdir_max_mb * 2**20),
+            interval=self.settings.workdir_sync_seconds,
+            log=self.log,
+            known=restored.known,
+        ).start()
+        return restored.summary()
 
     def python(self) -> str:
         from trainctl.node.pyenv import prepare_python
@@ -337,23 +392,16 @@ class Agent:
         # launcher, already started, keeps its priority).
         yield_cpu_to_training()
         assert self.proc.stdout is not None
-        started_line = ""  # a line of the script's that a control message cut in two
-        for line in self.proc.stdout:
-            started_line, msg = split_control(started_line + line.rstrip("\n"))
-            if msg is not None:  # the script's progress messages: for the controller only
-                self.status.observe(msg)
-                if msg.get("event") == "preempted":
-                    self.preempted_at = int(msg.get("step", 0))
-                if msg.get("event") in ("checkpoint", "preempted") and self.sync is not None:
-                    self.sync.wake()
-                console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
-                continue
-            line, started_line = started_line, ""
-            self.tail.append(line)
-            self.logs.write(line)
-        if started_line:
-            self.tail.append(started_line)
-            self.logs.write(started_line)
+        pieces = RankedLines()
+        for raw in self.proc.stdout:
+            for rank, text in pieces.feed(raw.rstrip("\n")):
+                self.forward(rank, text)
+        for rank, text in pieces.flush():
+            self.forward(rank, text)
+        for rank, started in sorted(self.started_lines.items(), key=lambda i: str(i[0])):
+            self.keep_line(rank, started)
+        for line in self.noise.flush():
+            self.keep_line(None, line)
         code = self.proc.wait()
         if code == 0 and self.notice is None:
             return self.succeed()
@@ -362,9 +410,47 @@ class Agent:
         reason, detail = self.failure_reason(code)
         return self.finish(code, reason, detail)
 
+    def forward(self, rank: int | None, text: str) -> None:
+        """One line of a worker's output (`rank`: which of several processes, if known):
+        its control message to the controller, its text to the log."""
+        started, msg = split_control(self.started_lines.pop(rank, "") + text)
+        if msg is None:
+            self.keep_line(rank, started)
+            return
+        if started:  # a line of the script's that the message cut in two
+            self.started_lines[rank] = started
+        self.status.observe(msg)  # the script's progress messages: for the controller only
+        if msg.get("event") == "preempted":
+            self.preempted_at = int(msg.get("step", 0))
+        if msg.get("event") in ("checkpoint", "preempted"):
+            for sync in (self.sync, self.workdir):
+                if sync is not None:
+                    sync.wake()
+        console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
+
+    def keep_line(self, rank: int | None, text: str) -> None:
+        """A line for the node log; torchrun's own noise is dropped once the node is being
+        stopped on purpose (see LauncherNoise)."""
+        kept = self.noise.feed(text, self.stopping) if rank is None else [text]
+        for line in kept:
+            self.tail.append(line)
+            self.logs.write(ranked_line(rank, line))
+
+    def stopped_why(self) -> str:
+        """Why the controller stopped this node (a lost peer, the user...), as it said."""
+        try:
+            why = json.loads(self.store.get_text(self.jobs.keys.stopping(self.attempt)))["why"]
+        except Exception:  # not said (a stop from elsewhere): the job's stop request, if any
+            try:
+                why = self.jobs.stop_requested()
+            except Exception:
+                why = None
+        why = str(why or "the controller stopped the job")
+        return why if why.startswith("stopped") else f"stopped: {why}"
+
     def failure_reason(self, code: int) -> tuple[str, str | None]:
         if self.stopping:
-            return f"stopped (exit code {code})", None
+            return self.stopped_why(), None
         if self.layout.failure.is_file():
             text = self.layout.failure.read_text(errors="replace").strip()
             if text:
@@ -403,7 +489,14 @@ class Agent:
                 self.sync.close()
             except Exception as exc:
                 self.log(f"final checkpoint upload failed: {exc}")
-        if reason:
+        if self.workdir is not None:
+            try:  # on success the model and output data go up packed, not copied again
+                self.workdir.close(outputs=code != 0)
+            except Exception as exc:
+                self.log(f"final working directory upload failed: {exc}")
+        if reason and self.stopping and code != EXIT_PREEMPTED:
+            self.log(reason)  # "stopped: algo-2 was lost", "stopped by the user"
+        elif reason:
             verb = "ended" if code == EXIT_PREEMPTED else "failed"
             self.log(f"node {verb}: {reason}")
         result = {

@@ -11,19 +11,16 @@ picks the newest checkpoint that is complete across ranks (see trainctl.train).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trainctl.errors import NotFoundError
-from trainctl.node.priority import yield_cpu_to_training
+from trainctl.node.sync import PeriodicSync, Signature, download_all
 from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
 
 MANIFEST_DIR = ".trainctl"
-Signature = tuple[int, int]  # (size, mtime_ns)
 
 
 def manifest_key(rank: int) -> str:
@@ -64,46 +61,14 @@ def stored_files(store: Store) -> dict[str, int]:
     return files
 
 
-RESTORE_REPORT_SECONDS = 5.0
-
-
 def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, Signature]:
     """Download the stored checkpoints into `local`; returns what is now known to be stored."""
     local.mkdir(parents=True, exist_ok=True)
     files = stored_files(store)
-    restored: dict[str, Signature] = {}
-
-    total = sum(files.values())
-    received = [0]
-    lock = threading.Lock()
     started = time.monotonic()
-    next_report = [started + RESTORE_REPORT_SECONDS]
-
-    def advance(n: int) -> None:
-        """A progress line every RESTORE_REPORT_SECONDS of a long restore (the node log is
-        where its user sees it, in a terminal, a notebook or the dashboard alike)."""
-        with lock:
-            received[0] += n
-            now = time.monotonic()
-            if now < next_report[0] or not total:
-                return
-            next_report[0] = now + RESTORE_REPORT_SECONDS
-            done = received[0]
-        log(
-            f"checkpoints: restoring {done / 2**20:.0f} of {total / 2**20:.0f} MiB "
-            f"({100 * done / total:.0f} %, {done / 2**20 / (now - started):.0f} MiB/s)"
-        )
-
-    def fetch(rel: str) -> None:
-        try:
-            store.get_file(rel, local / rel, progress=advance)
-        except NotFoundError:
-            return  # pruned by a node after its manifest was read
-        st = (local / rel).stat()
-        restored[rel] = (st.st_size, st.st_mtime_ns)
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(fetch, sorted(files)))
+    restored = download_all(
+        store, {rel: local / rel for rel in files}, log, what="checkpoints", sizes=files
+    )
     if restored:
         size = sum(s for s, _ in restored.values())
         log(
@@ -113,8 +78,10 @@ def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, 
     return restored
 
 
-class CheckpointSync:
+class CheckpointSync(PeriodicSync):
     """Uploads new and changed checkpoint files in the background, manifest last."""
+
+    name = "checkpoint upload"
 
     def __init__(
         self,
@@ -127,80 +94,48 @@ class CheckpointSync:
         known: dict[str, Signature] | None = None,
         workers: int = 8,
     ) -> None:
+        super().__init__(interval=interval, log=log)
         self.store = store
         self.local = local
         self.rank = rank
-        self.interval = interval
-        self.log = log
         self.uploaded: dict[str, Signature] = dict(known or {})
         self.workers = workers
-        self._lock = threading.Lock()  # one sync pass at a time (thread vs. final flush)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
         self.uploads = 0
         self.bytes_uploaded = 0
         self.skipped = 0  # rewritten with the content already stored: not uploaded again
 
-    def start(self) -> CheckpointSync:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        yield_cpu_to_training()
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            try:
-                self.sync_once()
-            except Exception as exc:  # the store retries; a failed pass is retried next time
-                self.log(f"checkpoint upload failed (will retry): {exc}")
-
-    def wake(self) -> None:
-        """Sync now: the script says a checkpoint is complete (don't wait for the poll)."""
-        self._wake.set()
-
     def sync_once(self) -> int:
         """One pass: upload what changed, then the manifest, then delete what was pruned."""
-        with self._lock:
-            current = scan(self.local)
-            changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
-            removed = [rel for rel in self.uploaded if rel not in current]
-            # Rewritten with the same size: the same content too? (size + hash, as the store
-            # can tell: S3's ETag). Only these are hashed; new files never are.
-            for rel in [r for r in changed if r in self.uploaded]:
-                if self.uploaded[rel][0] == current[rel][0] and self.store.matches(
-                    rel, self.local / rel
-                ):
-                    self.uploaded[rel] = current[rel]
-                    self.skipped += 1
-                    changed.remove(rel)
-            if not changed and not removed:
-                return 0
-
-            # From the sync thread (at a lower CPU priority once training runs) the store's
-            # transfer threads start, and inherit that priority.
-            self.store.put_files([(rel, self.local / rel) for rel in changed], workers=self.workers)
-            for rel in changed:
+        current = scan(self.local)
+        changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
+        removed = [rel for rel in self.uploaded if rel not in current]
+        # Rewritten with the same size: the same content too? (size + hash, as the store
+        # can tell: S3's ETag). Only these are hashed; new files never are.
+        for rel in [r for r in changed if r in self.uploaded]:
+            if self.uploaded[rel][0] == current[rel][0] and self.store.matches(
+                rel, self.local / rel
+            ):
                 self.uploaded[rel] = current[rel]
-                self.bytes_uploaded += current[rel][0]
-            self.uploads += len(changed)
-            for rel in removed:
-                del self.uploaded[rel]
-            manifest = {
-                "node": self.rank,
-                "time": time.time(),
-                "files": {rel: sig[0] for rel, sig in sorted(self.uploaded.items())},
-            }
-            self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
-            for rel in removed:  # only once no manifest of ours lists them
-                self.store.delete(rel)
-            return len(changed)
+                self.skipped += 1
+                changed.remove(rel)
+        if not changed and not removed:
+            return 0
 
-    def close(self) -> None:
-        """Stop the background pass and flush what is left (the emergency checkpoint too)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
-        self.sync_once()
+        # From the sync thread (at a lower CPU priority once training runs) the store's
+        # transfer threads start, and inherit that priority.
+        self.store.put_files([(rel, self.local / rel) for rel in changed], workers=self.workers)
+        for rel in changed:
+            self.uploaded[rel] = current[rel]
+            self.bytes_uploaded += current[rel][0]
+        self.uploads += len(changed)
+        for rel in removed:
+            del self.uploaded[rel]
+        manifest = {
+            "node": self.rank,
+            "time": time.time(),
+            "files": {rel: sig[0] for rel, sig in sorted(self.uploaded.items())},
+        }
+        self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        for rel in removed:  # only once no manifest of ours lists them
+            self.store.delete(rel)
+        return len(changed)

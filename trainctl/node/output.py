@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.node.priority import yield_cpu_to_training
-from trainctl.protocol import message
+from trainctl.protocol import RANK_MARK, message
 
 # The forwarding thread and the heartbeat both write (re-entrant: a signal handler on the
 # main thread may write while that thread is writing)
@@ -75,12 +75,91 @@ def emit(event: str, **fields: Any) -> None:
 
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
-
-
 _LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
 _CHAINED = ("During handling", "The above exception")
 # The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+
+# OpenMPI's `--tag-output`: "[jobid,rank]<stdout>:" before each line.
+_MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
+
+
+class RankedLines:
+    """The lines of several worker processes from one launcher's output, whole and with
+    their ranks. torchrun's tee reads each worker's log file as it grows and writes what it
+    read with the worker's tag: a piece of a line that is still being written ends with no
+    newline, and another worker's piece may follow it on the same output line. The pieces
+    of each rank are joined here until its line ends."""
+
+    def __init__(self) -> None:
+        self.partial: dict[int, str] = {}
+
+    def feed(self, line: str) -> list[tuple[int | None, str]]:
+        if (mpi := _MPI_TAG.match(line)) is not None:
+            return [(int(mpi[1]), line[mpi.end() :])]
+        if RANK_MARK not in line:
+            return [(None, line)]
+        head, *pieces = line.split(RANK_MARK)
+        out: list[tuple[int | None, str]] = [(None, head)] if head else []
+        pairs = list(zip(pieces[0::2], pieces[1::2], strict=False))
+        for index, (tag, text) in enumerate(pairs):
+            if not tag.isdigit():  # not a tag of ours after all: keep the text as it was
+                out.append((None, RANK_MARK + tag + RANK_MARK + text))
+                continue
+            rank = int(tag)
+            joined = self.partial.pop(rank, "") + text
+            if index == len(pairs) - 1:  # the output line ended: so did this piece's line
+                out.append((rank, joined))
+            else:
+                self.partial[rank] = joined
+        return out
+
+    def flush(self) -> list[tuple[int | None, str]]:
+        """Pieces of lines that never ended (the process is gone)."""
+        out: list[tuple[int | None, str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
+        self.partial.clear()
+        return out
+
+
+class LauncherNoise:
+    """torchrun's own account of being stopped: once trainctl stops a node on purpose (a lost
+    peer, the user's stop), its 'death signal' warnings and its SignalException traceback
+    tell nothing and make the node look guilty. The worker's own output stays."""
+
+    SHUTDOWN = re.compile(
+        r"torch/distributed/elastic/\S+\] (?:Received \S+ death signal|"
+        r"Sending process \d+ closing signal)"
+    )
+    MAX_BLOCK = 400  # a traceback longer than this is shown whatever it is
+
+    def __init__(self) -> None:
+        self.block: list[str] | None = None
+
+    def feed(self, line: str, stopping: bool) -> list[str]:
+        """The lines to keep, now (a traceback is held until its exception line)."""
+        if self.block is not None:
+            self.block.append(line)
+            body = line.rstrip()
+            at_margin = bool(body) and not body[0].isspace()
+            if at_margin and not body.startswith(("Traceback", *_CHAINED)):
+                if _EXCEPTION_LINE.match(body):
+                    block, self.block = self.block, None
+                    return [] if "SignalException" in body else block
+            if len(self.block) >= self.MAX_BLOCK:
+                return self.flush()
+            return []
+        if not stopping:
+            return [line]
+        if self.SHUTDOWN.search(line):
+            return []
+        if line.startswith("Traceback (most recent call last):"):
+            self.block = [line]
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        block, self.block = self.block or [], None
+        return block
 
 
 def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:

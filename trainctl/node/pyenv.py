@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
+import re
 import site
 import subprocess
 import sys
@@ -26,7 +28,10 @@ def prepare_python(code_dir: Path, envs_dir: Path, log: Callable[[str], None]) -
     if not req.is_file():
         return sys.executable
     digest = hashlib.sha256(req.read_bytes())
-    digest.update(sys.executable.encode() + sys.version.encode())
+    # The interpreter itself, however it was called (`python`, `python3`, a venv's link to
+    # it): one environment per requirements and interpreter, not per path to it.
+    digest.update(os.path.realpath(sys.executable).encode() + sys.version.encode())
+    digest.update(sys.prefix.encode())  # a venv's packages are what the overlay shows
     env_dir = envs_dir / digest.hexdigest()[:20]
     python = env_dir / "bin" / "python"
     envs_dir.mkdir(parents=True, exist_ok=True)
@@ -36,6 +41,8 @@ def prepare_python(code_dir: Path, envs_dir: Path, log: Callable[[str], None]) -
             log(f"[trainctl] requirements: reusing {env_dir}")
             return str(python)
         log(f"[trainctl] requirements: installing {req.name} into {env_dir}")
+        for warning in replaced_packages(req.read_text(errors="replace")):
+            log(f"[trainctl] warning: {warning}")
         _create_overlay_venv(env_dir)
         _run(
             [
@@ -55,6 +62,55 @@ def prepare_python(code_dir: Path, envs_dir: Path, log: Callable[[str], None]) -
         )
         (env_dir / ".ready").touch()
     return str(python)
+
+
+# A requirement line's name and version specifier (PEP 508, without markers or URLs).
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;#@]*)")
+# Packages whose download is several GB when pip picks their CUDA build.
+_HEAVY = {"torch": "with its CUDA packages, several GB", "torchvision": "", "torchaudio": ""}
+
+
+def replaced_packages(requirements: str) -> list[str]:
+    """One warning per requirement that pins an installed package to a version it is not:
+    pip will download that version into the job's environment, which shadows the
+    installed one (a torch pin that differs from the installed torch pulls its CUDA wheels)."""
+    from importlib import metadata
+
+    specifier_set = _specifier_class()
+    warnings = []
+    for line in requirements.splitlines():
+        found = _REQUIREMENT.match(line)
+        if not found or line.lstrip().startswith(("-", "#")):
+            continue
+        name, spec = found[1], found[2].strip()
+        if not spec:
+            continue
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        try:
+            wanted = specifier_set(spec)
+            if wanted.contains(installed, prereleases=True):
+                continue
+        except Exception:  # a specifier pip may still understand: not ours to judge
+            continue
+        size = _HEAVY.get(name.lower().replace("_", "-"), "")
+        warnings.append(
+            f"{REQUIREMENTS} asks for {name}{spec} and {name} {installed} is installed: pip "
+            f"will download {name}{spec}{f' ({size})' if size else ''} into the job's "
+            f"environment. To use the installed one, write '{name}' without a version (or "
+            f"'{name}=={installed}')"
+        )
+    return warnings
+
+
+def _specifier_class():
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:  # pip carries its own copy
+        from pip._vendor.packaging.specifiers import SpecifierSet
+    return SpecifierSet
 
 
 def _create_overlay_venv(env_dir: Path) -> None:

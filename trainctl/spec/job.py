@@ -100,6 +100,9 @@ class JobSpec(StrictModel):
 
     entry_point: str
     source_dir: str  # absolute, resolved
+    # Positional arguments of the entry point (`python train.py 50 10`), before the
+    # hyperparameters' `--key value` pairs; the name SageMaker Processing uses.
+    arguments: list[str] = Field(default_factory=list)
     instance_type: str = "local"
     # strict: True is not a count, and "2" from an untyped source is a mistake worth naming
     instance_count: int = Field(default=1, ge=1, le=512, strict=True)
@@ -149,6 +152,38 @@ class JobSpec(StrictModel):
     )
     # Where the job's controller runs (trainctl.spec.controller): local, ssh://..., a pool, ec2.
     controller: str = "local"
+    # The working directory (and SM_MODEL_DIR, SM_OUTPUT_DATA_DIR) survives a relaunch
+    # (trainctl.node.workdir): at most this many MB per node, newest files first (0: not
+    # kept), leaving out what these gitignore-style patterns match.
+    workdir_max_mb: float = Field(default=1024, ge=0, le=1024 * 1024)
+    workdir_ignore: list[str] = Field(default_factory=list)
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _arguments(cls, v: Any) -> Any:
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be a list of strings, e.g. ['50', '10']")
+        for index, arg in enumerate(v):
+            if not isinstance(arg, str):
+                raise ValueError(
+                    f"[{index}] is {type(arg).__name__} {arg!r}: arguments are strings, as on a "
+                    f"command line (write '{arg}'; in YAML, quote it)"
+                )
+            if "\0" in arg:
+                raise ValueError(f"[{index}] holds a NUL byte, which no command line can carry")
+        return list(v)
+
+    @field_validator("workdir_ignore")
+    @classmethod
+    def _workdir_ignore(cls, v: list[str]) -> list[str]:
+        import pathspec
+
+        for pattern in v:
+            try:
+                pathspec.GitIgnoreSpec.from_lines([pattern])
+            except Exception as exc:
+                raise ValueError(f"{pattern!r} is not a gitignore-style pattern ({exc})") from None
+        return v
 
     @field_validator("controller")
     @classmethod

@@ -111,13 +111,20 @@ class Distribution(StrictModel):
         return "python"
 
 
+INPUT_MODES = ("File", "FastFile")
+
+
 class ChannelConfig(StrictModel):
     """How one input channel reaches the nodes (SageMaker's TrainingInput, the parts that
     trainctl honours): every node gets every object (FullyReplicated), or each of N nodes
-    gets every N-th object of the channel in key order (ShardedByS3Key)."""
+    gets every N-th object of the channel in key order (ShardedByS3Key). `input_mode`: File
+    gives the script its own copy of a file:// channel, which nothing it writes can reach
+    through; FastFile links the original instead (no copy of very large data, but a write
+    changes it). s3:// channels are downloaded either way."""
 
     distribution: Literal["FullyReplicated", "ShardedByS3Key"] = "FullyReplicated"
     content_type: str | None = Field(default=None, min_length=1, max_length=256)
+    input_mode: Literal["File", "FastFile"] = "File"
 
 
 class MetricDefinition(StrictModel):

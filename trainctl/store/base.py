@@ -94,11 +94,12 @@ class Store(ABC):
         """Compare and swap: write only if the object is still at `version` (None: only if it
         does not exist). The new version, or None when another writer got there first."""
 
-    def probe(self) -> None:
+    def probe(self, prefix: str = "jobs") -> bool:
         """Raise StoreError now if the store cannot be read: for a person waiting at a
         command's start. (An S3 store's own requests retry for about half a minute, which
-        carries nodes through a short outage but is too long to learn of a wrong endpoint.)"""
-        self.list_dirs("jobs")
+        carries nodes through a short outage but is too long to learn of a wrong endpoint.)
+        Returns whether anything is stored under `prefix`."""
+        return bool(self.list_dirs(prefix)) or any(True for _ in self.list(prefix))
 
     def put_text(self, key: str, text: str) -> None:
         self.put_bytes(key, text.encode())

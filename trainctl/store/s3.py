@@ -350,7 +350,7 @@ class S3Store(Store):
                         names.add(name)
         return sorted(names)
 
-    def probe(self) -> None:
+    def probe(self, prefix: str = "jobs") -> bool:
         """One listing with two tries and a short connect timeout (see Store.probe)."""
         from botocore.config import Config
 
@@ -358,10 +358,11 @@ class S3Store(Store):
 
         config = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5)
         client = new_session().client("s3", config=config)
-        with self._errors("jobs", "list"):
-            client.list_objects_v2(
-                Bucket=self.bucket, Prefix=self._dir_prefix("jobs"), Delimiter="/", MaxKeys=1
+        with self._errors(prefix, "list"):
+            listed = client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._dir_prefix(prefix), MaxKeys=1
             )
+        return bool(listed.get("KeyCount"))
 
     # -- deletes ----------------------------------------------------------------------------
 

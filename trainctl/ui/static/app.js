@@ -56,10 +56,10 @@
       document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
         return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
       document.getElementById("attempts").innerHTML = "<table id='attempts-table'><tr><th>#</th><th>nodes</th><th>started</th><th>ended</th><th>outcome</th>" +
-        "<th>resumed from</th><th>last step</th><th>steps lost</th><th>cause</th></tr>" + info.attempts.map(function (a) {
+        "<th>started from</th><th>last step</th><th>steps lost</th><th>cause</th></tr>" + info.attempts.map(function (a) {
           var cause = [a.resized, a.cause].filter(function (t) { return t; }).join("; ");
           return "<tr class='attempt'><td>" + a.number + "</td><td>" + (a.nodes || []).length + "</td><td>" + esc((a.started_at || "").slice(11, 19)) + "</td><td>" +
-            esc((a.ended_at || "").slice(11, 19)) + "</td><td>" + esc(a.outcome || "running") + "</td><td>" + esc(a.resumed_from_step) +
+            esc((a.ended_at || "").slice(11, 19)) + "</td><td>" + esc(a.outcome || "running") + "</td><td>" + esc(a.started_from) +
             "</td><td>" + esc(a.last_step) + "</td><td>" + esc(a.steps_lost) + "</td><td>" + esc(cause || null) + "</td></tr>";
         }).join("") + "</table>";
       info.attempts.forEach(function (a) {
@@ -85,8 +85,12 @@
           o.offset = r.offset;
           if (!r.lines.length) return grew;
           var pre = document.getElementById(id);
-          var label = "[algo-" + (o.rank + 1) + "] ";
-          pre.textContent += r.lines.map(function (l) { return label + l; }).join("\n") + "\n";
+          var node = "algo-" + (o.rank + 1);
+          pre.textContent += r.lines.map(function (l) {
+            /* a line of one of several processes: "[rank R]<TAB>text" (trainctl/protocol.py) */
+            var ranked = /^\[rank (\d+)\]\t/.exec(l);
+            return ranked ? "[" + node + ":" + ranked[1] + "] " + l.slice(ranked[0].length) : "[" + node + "] " + l;
+          }).join("\n") + "\n";
           pre.scrollTop = pre.scrollHeight;
           return true;
         });

@@ -1,0 +1,227 @@
+"""A node's working directory kept across attempts (trainctl.node.workdir), against a real
+file store: what counts as state, copies that are never torn, per-node restores, the files
+every node wrote, the size cap, and stored copies that cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trainctl.node.workdir import (
+    StateRoots,
+    WorkdirSync,
+    ignore_spec,
+    manifest_key,
+    restore,
+)
+from trainctl.store import open_store
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def roots_at(base: Path, *, shipped=(), patterns=(), skip=()) -> StateRoots:
+    dirs = {name: base / name for name in ("code", "model", "output")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return StateRoots(
+        dirs=dirs,
+        shipped=frozenset(shipped),
+        skip_dirs=tuple(skip),
+        ignore=ignore_spec(patterns),
+    )
+
+
+def sync_for(store, rank, roots, *, attempt=1, max_bytes=2**30, logs=None, known=None):
+    log = (logs.append if logs is not None else lambda _: None)
+    return WorkdirSync(
+        store, rank, attempt, roots, max_bytes=max_bytes, interval=60, log=log, known=known
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(f"file://{tmp_path / 'store'}").child("jobs/j/workdir")
+
+
+def test_state_is_what_the_script_wrote_not_the_code_nor_caches(tmp_path):
+    roots = roots_at(
+        tmp_path / "n0",
+        shipped={"train.py", "lib/util.py"},
+        patterns=["data/", "*.log"],
+        skip=[tmp_path / "n0" / "code" / "ckpt"],
+    )
+    code = roots.dirs["code"]
+    for rel in ("train.py", "lib/util.py", "snapshot.pt", "runs/events.out", "data/big.bin"):
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_text(rel)
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "train.cpython-311.pyc").write_text("x")
+    (code / "half.pt.tmp").write_text("being written")
+    (code / "ckpt").mkdir()
+    (code / "ckpt" / "step-1.pt").write_text("the checkpoint sync's")
+    (code / "train.log").write_text("ignored by pattern")
+    (code / "link.pt").symlink_to(code / "snapshot.pt")
+    (roots.dirs["model"] / "model.pt").write_text("m")
+    (roots.dirs["output"] / "plot.png").write_text("p")
+    assert sorted(roots.scan()) == [
+        "code/runs/events.out",
+        "code/snapshot.pt",
+        "model/model.pt",
+        "output/plot.png",
+    ]
+
+
+def test_a_node_gets_back_its_own_files_with_their_times(store, tmp_path):
+    first = roots_at(tmp_path / "a1", shipped={"train.py"})
+    (first.dirs["code"] / "train.py").write_text("code")
+    (first.dirs["code"] / "snapshot.pt").write_bytes(b"epoch 7")
+    (first.dirs["code"] / "notes").mkdir()
+    (first.dirs["code"] / "notes" / "rank0.txt").write_text("mine")
+    (first.dirs["output"] / "curve.csv").write_text("1,2")
+    os.utime(first.dirs["code"] / "snapshot.pt", ns=(10**18, 10**18))
+    sync = sync_for(store, 0, first)
+    assert sync.sync_once() == 3
+    assert sync.sync_once() == 0  # nothing changed: nothing goes up again
+
+    again = roots_at(tmp_path / "a2", shipped={"train.py"})
+    (again.dirs["code"] / "train.py").write_text("the record's code")
+    logs: list[str] = []
+    restored = restore(store, 0, again, logs.append)
+    assert (restored.files, restored.from_attempt) == (3, 1)
+    assert restored.largest[0] == "snapshot.pt"
+    assert (again.dirs["code"] / "snapshot.pt").read_bytes() == b"epoch 7"
+    assert (again.dirs["code"] / "notes" / "rank0.txt").read_text() == "mine"
+    assert (again.dirs["output"] / "curve.csv").read_text() == "1,2"
+    assert (again.dirs["code"] / "train.py").read_text() == "the record's code"
+    assert (again.dirs["code"] / "snapshot.pt").stat().st_mtime_ns == 10**18
+    assert any("restored 3 file(s)" in line for line in logs), logs
+    # what was restored is known to be stored: the next attempt's first pass uploads nothing
+    assert sync_for(store, 0, again, attempt=2, known=restored.known).sync_once() == 0
+
+    assert restore(store, 1, roots_at(tmp_path / "other"), print).files == 0  # not rank 1's
+
+
+def test_a_file_every_node_wrote_comes_back_newest_on_every_node(store, tmp_path):
+    """The DDP tutorial: each node saves snapshot.pt. Node 1 was lost before its last copy
+    went up; both nodes must resume from the same (newest) snapshot."""
+    nodes = [roots_at(tmp_path / f"n{r}") for r in (0, 1)]
+    for rank, (epoch, when) in enumerate([(20, 2 * 10**18), (10, 10**18)]):
+        code = nodes[rank].dirs["code"]
+        (code / "snapshot.pt").write_text(f"epoch {epoch}")
+        os.utime(code / "snapshot.pt", ns=(when, when))
+        (code / f"rank{rank}.log").write_text(f"node {rank}")  # only this node's
+        sync_for(store, rank, nodes[rank]).sync_once()
+    fresh = [roots_at(tmp_path / f"m{r}") for r in (0, 1, 2)]
+    results = [restore(store, r, fresh[r], print) for r in (0, 1, 2)]
+    for rank in (0, 1, 2):  # rank 2: a node new to the job (an elastic job grown)
+        assert (fresh[rank].dirs["code"] / "snapshot.pt").read_text() == "epoch 20"
+    assert (fresh[0].dirs["code"] / "rank0.log").exists()
+    assert not (fresh[0].dirs["code"] / "rank1.log").exists()
+    assert (fresh[1].dirs["code"] / "rank1.log").read_text() == "node 1"
+    # node 0's own copy is in the store; node 1 took node 0's and must upload it as its own
+    assert "code/snapshot.pt" in results[0].known
+    assert "code/snapshot.pt" not in results[1].known
+    again = sync_for(store, 1, fresh[1], attempt=2, known=results[1].known)
+    assert again.sync_once() == 1
+    manifest = json.loads(store.get_text(manifest_key(1)))
+    assert manifest["files"]["code/snapshot.pt"]["key"].startswith("node-1/a2-")
+
+
+def test_a_file_written_while_it_uploads_is_not_listed_until_it_is_still(store, tmp_path):
+    roots = roots_at(tmp_path / "n0")
+    snapshot = roots.dirs["code"] / "snapshot.pt"
+    snapshot.write_bytes(b"v1")
+
+    original = store.put_files
+
+    def put_files(items, **kwargs):  # the script writes a new version during the upload
+        original(items, **kwargs)
+        snapshot.write_bytes(b"v2 longer")
+
+    store.put_files = put_files
+    sync = sync_for(store, 0, roots)
+    sync.sync_once()
+    manifest = json.loads(store.get_text(manifest_key(0)))
+    assert manifest["files"] == {}, "a copy that may be torn is never listed"
+    assert not any(i.key.startswith("node-0/a1-p1/") for i in store.list("")), "deleted"
+    store.put_files = original
+    sync.sync_once()
+    manifest = json.loads(store.get_text(manifest_key(0)))
+    key = manifest["files"]["code/snapshot.pt"]["key"]
+    assert store.get_bytes(key) == b"v2 longer"
+
+
+def test_replaced_and_deleted_files_leave_no_old_versions(store, tmp_path):
+    roots = roots_at(tmp_path / "n0")
+    a, b = roots.dirs["code"] / "a.pt", roots.dirs["code"] / "b.pt"
+    a.write_text("1")
+    b.write_text("1")
+    sync = sync_for(store, 0, roots)
+    sync.sync_once()
+    a.write_text("22")
+    b.unlink()
+    sync.sync_once()
+    keys = sorted(i.key for i in store.list(""))
+    assert keys == ["node-0/a1-p2/code/a.pt", "node-0/manifest.json"], keys
+
+
+def test_over_the_cap_newest_files_first_and_the_rest_named_once(store, tmp_path):
+    roots = roots_at(tmp_path / "n0")
+    code = roots.dirs["code"]
+    for name, size, when in [("old.bin", 600, 1), ("new.pt", 300, 3), ("mid.pt", 300, 2)]:
+        (code / name).write_bytes(b"x" * size)
+        os.utime(code / name, ns=(when * 10**18, when * 10**18))
+    logs: list[str] = []
+    sync = sync_for(store, 0, roots, max_bytes=700, logs=logs)
+    sync.sync_once()
+    sync.sync_once()
+    stored = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert sorted(stored) == ["code/mid.pt", "code/new.pt"]
+    warnings = [line for line in logs if "not kept" in line]
+    assert len(warnings) == 1 and "old.bin" in warnings[0], logs
+
+
+def test_a_stored_copy_that_cannot_be_trusted_restores_nothing_outside(store, tmp_path):
+    roots = roots_at(tmp_path / "n0", shipped={"train.py"})
+    (roots.dirs["code"] / "train.py").write_text("the record's code")
+    store.put_bytes("node-0/a1-p1/x", b"evil")
+    entry = {"key": "node-0/a1-p1/x", "size": 4}
+    files = {
+        "code/../../escaped": entry,
+        "/etc/passwd": entry,
+        "code/train.py": entry,  # the code is the record's
+        "elsewhere/file": entry,
+        "code/ok.txt": entry,
+        "code/other.txt": {"key": "node-1/a1-p1/y", "size": 1},  # another node's key
+    }
+    store.put_text(manifest_key(0), json.dumps({"attempt": 1, "files": files}))
+    logs: list[str] = []
+    restored = restore(store, 0, roots, logs.append)
+    assert restored.files == 1 and (roots.dirs["code"] / "ok.txt").read_bytes() == b"evil"
+    assert (roots.dirs["code"] / "train.py").read_text() == "the record's code"
+    assert not (tmp_path / "escaped").exists()
+    assert sum("skipping" in line for line in logs) == 5, logs
+
+    for corrupt in ("not json", json.dumps({"files": ["a"]}), json.dumps([1])):
+        store.put_text(manifest_key(0), corrupt)
+        logs.clear()
+        assert restore(store, 0, roots_at(tmp_path / "c"), logs.append).files == 0
+        assert any("unreadable" in line for line in logs), logs
+
+
+def test_the_last_pass_of_a_node_that_succeeded_leaves_model_and_output_as_they_were(
+    store, tmp_path
+):
+    roots = roots_at(tmp_path / "n0")
+    (roots.dirs["model"] / "model.pt").write_text("periodic")
+    sync = sync_for(store, 0, roots).start()
+    sync.sync_once()
+    (roots.dirs["model"] / "model.pt").write_text("final, packed in model.tar.gz")
+    (roots.dirs["code"] / "plot.png").write_text("written last")
+    sync.close(outputs=False)
+    files = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert sorted(files) == ["code/plot.png", "model/model.pt"]
+    assert store.get_text(files["model/model.pt"]["key"]) == "periodic"
