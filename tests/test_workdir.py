@@ -35,7 +35,7 @@ def roots_at(base: Path, *, shipped=(), patterns=(), skip=()) -> StateRoots:
 
 
 def sync_for(store, rank, roots, *, attempt=1, max_bytes=2**30, logs=None, known=None):
-    log = (logs.append if logs is not None else lambda _: None)
+    log = logs.append if logs is not None else lambda _: None
     return WorkdirSync(
         store, rank, attempt, roots, max_bytes=max_bytes, interval=60, log=log, known=known
     )

@@ -106,9 +106,10 @@ class Settings(BaseSettings):
     )
     container_engine: str = Field(
         default="",
-        pattern=r"^(|docker|podman)$",
+        pattern=r"^(|docker|podman|none)$",
         description="Container engine for builds and container jobs: docker or podman "
-        "(default: whichever is installed, docker first).",
+        "(default: whichever is installed, docker first); none: use no engine, as on a "
+        "machine without one (SageMaker's framework_version then runs as processes).",
     )
     image_repository: str = Field(
         default="",
@@ -134,6 +135,12 @@ class Settings(BaseSettings):
         "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id",
         description="Image of EC2 nodes when a job gives no image_id: an AMI id or "
         "resolve:ssm:<public parameter> (default: the AWS Deep Learning AMI with PyTorch).",
+    )
+    instance_profile: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Instance profile (name or ARN) of EC2 nodes for jobs that name none: "
+        "their role reaches the store. trainctl.sagemaker.get_execution_role() returns it.",
     )
     aws_node_python: str = Field(
         default="/opt/pytorch/bin/python",

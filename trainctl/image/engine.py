@@ -71,6 +71,8 @@ def find_engine(preferred: str | None = None) -> Engine | None:
         from trainctl.settings import get_settings
 
         preferred = get_settings().container_engine or None
+    if preferred == "none":
+        return None
     endpoint = tuple(os.environ.get(variable, "") for variable in ENDPOINT_VARIABLES)
     for name in [preferred] if preferred else ENGINES:
         path = shutil.which(name)

@@ -84,6 +84,11 @@ def build_spec(**fields: Any) -> JobSpec:
         raise SpecError("image_uri", "give either image_uri or build_image=True, not both")
     if fields.get("pool") is not None:
         fields = _merge_pool(fields)
+    if fields.get("instance_profile") is None and _is_ec2(fields.get("instance_type")):
+        from trainctl.settings import get_settings
+
+        # the configured default (a pool's, or the job's own, come first)
+        fields["instance_profile"] = get_settings().instance_profile
     if fields.get("max_wait") is not None and fields.get("max_run") is None:
         # max_run's default (a day) would exceed a shorter max_wait: the wait bounds it.
         fields["max_run"] = fields["max_wait"]
@@ -94,6 +99,13 @@ def build_spec(**fields: Any) -> JobSpec:
         return JobSpec(**fields)
     except ValidationError as exc:
         raise spec_error(exc) from None
+
+
+def _is_ec2(instance_type: Any) -> bool:
+    from trainctl.spec.catalog import CATALOG, ec2_name
+
+    known = CATALOG.get(ec2_name(instance_type)) if isinstance(instance_type, str) else None
+    return known is not None and known.provider == "aws"
 
 
 def spec_error(exc: ValidationError) -> SpecError:

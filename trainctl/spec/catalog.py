@@ -53,7 +53,15 @@ def check_instance_type(name: str) -> InstanceType:
         return CATALOG[name]
     except KeyError:
         families = sorted({n.split(".")[0] for n in CATALOG if "." in n})
+        sagemaker = " (SageMaker's ml.<type> names these too)" if name.startswith("ml.") else ""
         raise ValueError(
             f"unknown instance type {name!r}; use 'local', 'ssh' or an EC2 GPU type "
-            f"({', '.join(families)}: e.g. p3.2xlarge)"
+            f"({', '.join(families)}: e.g. p3.2xlarge){sagemaker}"
         ) from None
+
+
+def ec2_name(name: str) -> str:
+    """SageMaker's `ml.p4d.24xlarge` is the EC2 type `p4d.24xlarge`: the same machine."""
+    if isinstance(name, str) and name.startswith("ml.") and name[3:] in CATALOG:
+        return name[3:]
+    return name

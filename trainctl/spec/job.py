@@ -246,6 +246,20 @@ class JobSpec(StrictModel):
             raise ValueError("is required (the script to run, e.g. train.py)")
         return v
 
+    @field_validator("instance_type", mode="before")
+    @classmethod
+    def _sagemaker_instance_type(cls, v: Any) -> Any:
+        from trainctl.spec.catalog import ec2_name
+
+        return ec2_name(v)
+
+    @field_validator("fallback_instance_types", mode="before")
+    @classmethod
+    def _sagemaker_fallback_types(cls, v: Any) -> Any:
+        from trainctl.spec.catalog import ec2_name
+
+        return [ec2_name(t) for t in v] if isinstance(v, list) else v
+
     @field_validator("instance_type")
     @classmethod
     def _known_instance_type(cls, v: str) -> str:

@@ -1,147 +1,79 @@
-"""SageMaker's PyTorch estimator, run by trainctl: change one import.
+"""`sagemaker.pytorch.PyTorch`, run by trainctl (see trainctl.sagemaker).
 
-    # from sagemaker.pytorch import PyTorch
-    from trainctl.sagemaker import PyTorch, TrainingInput
-
-    est = PyTorch(entry_point="train.py", source_dir="src", role=role,
-                  instance_type="ml.p4d.24xlarge", instance_count=2,
-                  framework_version="2.5", py_version="py311",
-                  distribution={"torch_distributed": {"enabled": True}})
-    est.fit({"train": TrainingInput("s3://bucket/train/", distribution="ShardedByS3Key")})
-    est.model_data
-
-How SageMaker's arguments map:
+How SageMaker's arguments map (every one of them is listed in trainctl.sagemaker._compat):
 
 - `instance_type`: `ml.<type>` is the EC2 type `<type>`; `local` and `local_gpu` are this
   machine (the local provider). An `ml.` type with no EC2 equivalent is an error.
 - `role`: an instance-profile ARN or name is the nodes' instance profile. An IAM role ARN
   gives one warning: trainctl uses the instance profile of the role's name (the one the IAM
-  console makes for an EC2 role). Anything else is an error. Unused on `local`.
+  console makes for an EC2 role). get_execution_role()'s placeholder (no instance profile
+  configured) is fine on this machine and one warning on EC2. Anything else is an error.
+- `framework_version`/`py_version`: SageMaker's PyTorch image, built with the trainctl agent
+  added, where a container engine (docker, podman) is; without one the job runs as processes
+  with the installed PyTorch, and one warning names both versions.
+- `sagemaker_session`: a trainctl.sagemaker Session is the job's store; `s3://<its default
+  bucket>/...` URIs are the store's on a file store (see trainctl.sagemaker.session).
+- `input_mode`: File (each channel a copy) or FastFile (file:// channels linked), for every
+  channel that does not say otherwise in its TrainingInput.
 - `dependencies`: as SageMaker, directories copied next to the source (not pip packages).
 - `keep_alive_period_in_seconds`: a warm pool, as SageMaker's (EC2 types only, at most
   3600 s): the next job with the same capacity spec starts on the same instances.
-- accepted with one warning, as trainctl has nothing to do with them: `sagemaker_session`,
-  `tags`, `code_location`, `container_log_level`, `enable_sagemaker_metrics`,
-  `max_retry_attempts` (infrastructure failures are always retried; user failures follow
-  `max_restarts`), and `fit(experiment_config=...)`.
-- refused in one line naming the argument, unless left at SageMaker's default: what changes
-  how the job runs and trainctl cannot honour (KMS keys, network isolation, Pipe mode,
-  instance groups, debugger rules, git sources, ...).
-
-Every other argument is SageMaker's, with SageMaker's meaning. An argument SageMaker does not
-have is a TypeError, as it would be there.
+- the rest: passed on with SageMaker's meaning, accepted with one warning when trainctl has
+  nothing to act on, or refused in one line unless left at SageMaker's default.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
+import sys
 import tempfile
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any
 
 from trainctl.errors import SpecError
-from trainctl.estimator import Estimator, TrainingJob
+from trainctl.estimator import Estimator
 from trainctl.estimator.inputs import TrainingInput
-
-__all__ = ["PyTorch", "TrainingInput", "SageMakerCompatibilityWarning", "TrainingJobAnalytics"]
-
-
-class SageMakerCompatibilityWarning(UserWarning):
-    """An argument SageMaker accepts that trainctl accepts too but does not act on."""
-
+from trainctl.sagemaker._compat import PASSED, check_arguments, warn
+from trainctl.sagemaker.job import SageMakerTrainingJob
+from trainctl.sagemaker.session import ROLE_PLACEHOLDER, Session, warn_placeholder_role
 
 ROLE_ARN_RE = re.compile(
     r"^arn:aws[\w-]*:iam::\d{12}:(?P<kind>role|instance-profile)/(?:[\w+=,.@-]+/)*"
     r"(?P<name>[\w+=,.@-]{1,128})$"
 )
 PROFILE_NAME_RE = re.compile(r"^[\w+=,.@-]{1,128}$")
-
-# SageMaker arguments passed on as they are (same name, same meaning).
-PASSED = (
-    "instance_count",
-    "volume_size",
-    "max_run",
-    "output_path",
-    "subnets",
-    "security_group_ids",
-    "metric_definitions",
-    "use_spot_instances",
-    "max_wait",
-    "checkpoint_s3_uri",
-    "checkpoint_local_path",
-    "environment",
-    "keep_alive_period_in_seconds",
-)
-# Accepted; one warning when given: trainctl has nothing to do with them.
-WARNED = {
-    "sagemaker_session": "ignored: trainctl keeps jobs in TRAINCTL_STORE and calls AWS with "
-    "your own configuration",
-    "tags": "not applied: trainctl tags the EC2 resources it makes with trainctl:* tags",
-    "code_location": "ignored: the source is packaged into TRAINCTL_STORE",
-    "container_log_level": "ignored: the script's own logging configuration applies",
-    "enable_sagemaker_metrics": "ignored: metrics come from metric_definitions matched in "
-    "the node logs",
-    "max_retry_attempts": "ignored: trainctl relaunches after infrastructure failures "
-    "without a limit; failures of the script retry up to max_restarts",
-    "disable_profiler": "ignored: no profiler runs under trainctl",
-}
-# Refused unless left at SageMaker's default (the value here): each would change how the
-# job runs, and trainctl cannot honour it.
-REFUSED = {
-    "volume_kms_key": (None, "EBS volumes are encrypted with the account's default key"),
-    "output_kms_key": (None, "outputs are written with SSE-S3"),
-    "input_mode": ("File", "File mode only (Pipe and FastFile: not yet)"),
-    "model_uri": (None, "no model channel: pass the model as an input channel"),
-    "model_channel_name": ("model", "no model channel"),
-    "rules": (None, "no SageMaker Debugger rules"),
-    "debugger_hook_config": (None, "no SageMaker Debugger"),
-    "tensorboard_output_config": (None, "TensorBoard output: not yet"),
-    "profiler_config": (None, "no SageMaker Profiler"),
-    "enable_network_isolation": (False, "no network isolation"),
-    "encrypt_inter_container_traffic": (False, "no encryption between nodes"),
-    "git_config": (None, "source from git: clone it and give source_dir"),
-    "instance_groups": (None, "no heterogeneous clusters"),
-    "training_repository_access_mode": (None, "images come from a registry the nodes reach"),
-    "training_repository_credentials_provider_arn": (None, "no private registry credentials"),
-    "container_entry_point": (None, "the node agent is the entry point"),
-    "container_arguments": (None, "the node agent is the entry point"),
-    "enable_remote_debug": (None, "no remote debugging"),
-    "enable_infra_check": (None, "no infrastructure check"),
-    "disable_output_compression": (False, "outputs are always model.tar.gz/output.tar.gz"),
-    "compiler_config": (None, "no Training Compiler"),
-    "training_recipe": (None, "no SageMaker HyperPod recipes"),
-    "recipe_overrides": (None, "no SageMaker HyperPod recipes"),
-    "enable_session_tag_chaining": (None, "no session tags"),
-    "hyperparameters_to_tune": (None, "no hyperparameter tuning"),
-}
-REFUSED_DEFAULTS = {"debugger_hook_config": (None, False), "profiler_config": (None,)}
 # SageMaker's distribution keys that trainctl runs, and those it cannot.
 DISTRIBUTIONS = {"torch_distributed": "torch_distributed", "pytorchddp": "torch_distributed"}
-
-
-def _warn(name: str, message: str) -> None:
-    warnings.warn(f"{name}: {message}", SageMakerCompatibilityWarning, stacklevel=4)
+# SageMaker estimator methods for what comes after training (hosting, compiling, ...).
+NOT_TRAINING = {
+    "deploy": "trainctl trains models; it hosts no endpoints (the model is at model_data)",
+    "create_model": "no SageMaker models: the model is at model_data",
+    "register": "no SageMaker model registry",
+    "transformer": "no batch transform",
+    "compile_model": "no SageMaker Neo",
+    "delete_endpoint": "trainctl hosts no endpoints",
+    "enable_default_profiling": "no SageMaker Profiler",
+    "update_profiler": "no SageMaker Profiler",
+    "disable_profiling": "no SageMaker Profiler",
+}
 
 
 def instance_type_of(value: str) -> str:
     """SageMaker's instance type as trainctl's."""
-    from trainctl.spec.catalog import CATALOG
+    from trainctl.spec.catalog import CATALOG, ec2_name
 
     if value in ("local", "local_gpu"):
         return "local"
-    if value.startswith("ml."):
-        ec2 = value[len("ml.") :]
-        if ec2 not in CATALOG:
-            raise SpecError(
-                "instance_type",
-                f"{value!r} has no EC2 equivalent trainctl can launch (known: "
-                f"{', '.join('ml.' + t for t in sorted(CATALOG) if t != 'local')})",
-            )
-        return ec2
-    return value
+    if value.startswith("ml.") and ec2_name(value) == value:
+        raise SpecError(
+            "instance_type",
+            f"{value!r} has no EC2 equivalent trainctl can launch (known: "
+            f"{', '.join('ml.' + t for t in sorted(CATALOG) if t != 'local')})",
+        )
+    return ec2_name(value)
 
 
 def instance_profile_of(role: str | None, instance_type: str) -> str | None:
@@ -150,6 +82,10 @@ def instance_profile_of(role: str | None, instance_type: str) -> str | None:
         return None
     if not isinstance(role, str):
         raise SpecError("role", "must be an IAM role ARN, an instance profile ARN or name")
+    if role == ROLE_PLACEHOLDER:
+        if instance_type not in ("local", "ssh"):
+            warn_placeholder_role()
+        return None
     match = ROLE_ARN_RE.fullmatch(role)
     if match is None and not PROFILE_NAME_RE.fullmatch(role):
         raise SpecError(
@@ -161,7 +97,7 @@ def instance_profile_of(role: str | None, instance_type: str) -> str | None:
         return None  # machines of your own: their own credentials, no profile
     if match is None or match["kind"] == "instance-profile":
         return role
-    _warn(
+    warn(
         "role",
         f"{role} is an IAM role; EC2 nodes run with an instance profile, so trainctl uses "
         f"the instance profile {match['name']!r} (the IAM console makes one of the role's "
@@ -197,33 +133,31 @@ def distribution_of(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-class TrainingJobAnalytics:
-    """SageMaker's `training_job_analytics`: the job's metrics as a pandas DataFrame."""
+def framework_without_engine(
+    framework_version: str | None, py_version: str | None, image_uri: str | None
+) -> bool:
+    """Whether SageMaker's framework image is asked for where no engine can run it: then the
+    job runs as processes with the installed PyTorch, with one warning naming both."""
+    if framework_version is None or image_uri is not None:
+        return False
+    from trainctl.image.engine import find_engine
 
-    def __init__(self, job: TrainingJob, metric_names: list[str] | None = None) -> None:
-        self.job = job
-        self.metric_names = metric_names
+    if find_engine() is not None:
+        return False
+    try:
+        from importlib.metadata import version
 
-    def dataframe(self, force_refresh: bool = False) -> Any:
-        """Columns timestamp (seconds since the job started training), metric_name, value."""
-        try:
-            import pandas as pd
-        except ImportError:
-            raise SpecError("training_job_analytics", "needs pandas (pip install pandas)") from None
-        from trainctl.record import parse_iso
-
-        info = self.job.describe()
-        started = info.get("training_started_at") or info.get("created_at")
-        zero = parse_iso(started) if started else 0.0
-        rows = [
-            {"timestamp": p["time"] - zero, "metric_name": p["name"], "value": p["value"]}
-            for p in self.job.metric_history(self.metric_names)
-            if not p.get("redone")
-        ]
-        return pd.DataFrame(rows, columns=["timestamp", "metric_name", "value"])
-
-    def export_csv(self, filename: str) -> None:
-        self.dataframe().to_csv(filename, index=False)
+        installed = f"PyTorch {version('torch')}"
+    except Exception:
+        installed = "the installed PyTorch"
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    warn(
+        "framework_version",
+        f"{framework_version} (py_version {py_version or '-'}) is SageMaker's container image, "
+        "and no container engine (docker or podman) is here: the job runs as processes with "
+        f"{installed} ({python} here; on EC2 nodes, the image's own)",
+    )
+    return True
 
 
 class PyTorch:
@@ -246,19 +180,22 @@ class PyTorch:
         dependencies: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        unknown = sorted(set(kwargs) - set(PASSED) - set(WARNED) - set(REFUSED))
-        if unknown:
-            raise TypeError(f"PyTorch() got an unexpected keyword argument {unknown[0]!r}")
-        for name, (default, why) in REFUSED.items():
-            if name in kwargs and kwargs[name] not in REFUSED_DEFAULTS.get(name, (default,)):
-                raise SpecError(name, f"not supported by trainctl: {why}")
-        for name, why in WARNED.items():
-            if kwargs.get(name) is not None:
-                _warn(name, why)
+        check_arguments(kwargs)
+        session = kwargs.get("sagemaker_session")
+        if session is not None and not isinstance(session, Session):
+            warn("sagemaker_session", "ignored: not a trainctl.sagemaker Session", stacklevel=3)
+            session = None
+        self.sagemaker_session: Session = session or Session()
+        self.input_mode = kwargs.get("input_mode", "File")
         if instance_type is None:
             raise SpecError("instance_type", "is required (e.g. 'ml.p4d.24xlarge' or 'local')")
         itype = instance_type_of(instance_type)
         fields: dict[str, Any] = {k: kwargs[k] for k in PASSED if kwargs.get(k) is not None}
+        for name in ("output_path", "checkpoint_s3_uri"):
+            if name in fields:
+                fields[name] = self.sagemaker_session.resolve(fields[name])
+        if framework_without_engine(framework_version, py_version, image_uri):
+            framework_version = py_version = None
         self._hyperparameters = dict(hyperparameters or {})
         self._sources = _with_dependencies(entry_point, source_dir, dependencies or [])
         if self._sources is not None:
@@ -278,6 +215,7 @@ class PyTorch:
             "instance_count": instance_count,
             "instance_profile": instance_profile_of(role, itype),
             "base_job_name": base_job_name,
+            "store_uri": self.sagemaker_session.store.uri,
         }
         self.role = role
         self.instance_type = instance_type
@@ -305,13 +243,37 @@ class PyTorch:
     ) -> None:
         """Run the job (SageMaker's fit returns None; the job is `latest_training_job`)."""
         if experiment_config is not None:
-            _warn("experiment_config", "ignored: no SageMaker Experiments")
+            warn("experiment_config", "ignored: no SageMaker Experiments", stacklevel=3)
         show = logs not in (False, "None", "Rules")
-        self._estimator.fit(inputs, wait=wait, logs=show, job_name=job_name)
+        self._estimator.fit(self._channels(inputs), wait=wait, logs=show, job_name=job_name)
+
+    def _channels(self, inputs: Any) -> Any:
+        """`fit`'s inputs with the session's bucket URIs resolved and the estimator's
+        input_mode given to every channel that names none."""
+        if inputs is None:
+            return None
+        if isinstance(inputs, str | TrainingInput):
+            inputs = {"training": inputs}
+        if not isinstance(inputs, dict):
+            return inputs  # split_inputs names the mistake
+        out: dict[str, Any] = {}
+        for channel, value in inputs.items():
+            if isinstance(value, str):
+                value = TrainingInput(value, input_mode=self.input_mode)
+            if isinstance(value, TrainingInput):
+                value = copy.copy(value)  # the caller's object stays as it was
+                value.config = dict(value.config)
+                value.s3_data = self.sagemaker_session.resolve(value.s3_data)
+                if value.input_mode == "File" and self.input_mode != "File":
+                    value.input_mode = self.input_mode
+                    value.config["input_mode"] = self.input_mode
+            out[channel] = value
+        return out
 
     @property
-    def latest_training_job(self) -> TrainingJob | None:
-        return self._estimator.latest_training_job
+    def latest_training_job(self) -> SageMakerTrainingJob | None:
+        job = self._estimator.latest_training_job
+        return None if job is None else SageMakerTrainingJob(job.name, job.store)
 
     @property
     def model_data(self) -> str | None:
@@ -323,13 +285,21 @@ class PyTorch:
         job.logs(follow=True)
 
     @property
-    def training_job_analytics(self) -> TrainingJobAnalytics:
+    def training_job_analytics(self) -> Any:
+        from trainctl.sagemaker.analytics import TrainingJobAnalytics
+
         return TrainingJobAnalytics(self._require_job("training_job_analytics"))
 
-    def _require_job(self, what: str) -> TrainingJob:
-        if self.latest_training_job is None:
+    def _require_job(self, what: str) -> SageMakerTrainingJob:
+        job = self.latest_training_job
+        if job is None:
             raise SpecError(what, "no job yet: call fit() first")
-        return self.latest_training_job
+        return job
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NOT_TRAINING:
+            raise SpecError(name, f"not supported by trainctl: {NOT_TRAINING[name]}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _with_dependencies(

@@ -1,0 +1,151 @@
+"""Every argument of SageMaker's PyTorch estimator (EstimatorBase, Framework and PyTorch in
+the SageMaker Python SDK v2), and what trainctl does with each: passes it on with the same
+meaning, accepts it with one warning (nothing to act on here), or refuses it in one line
+unless it is left at SageMaker's default. A name SageMaker does not have is a TypeError, as
+it would be there, with the closest real name."""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from typing import Any
+
+from trainctl.errors import SpecError
+
+
+class SageMakerCompatibilityWarning(UserWarning):
+    """An argument SageMaker accepts that trainctl accepts too but does not act on."""
+
+
+def warn(name: str, message: str, stacklevel: int = 4) -> None:
+    warnings.warn(f"{name}: {message}", SageMakerCompatibilityWarning, stacklevel=stacklevel)
+
+
+# The signatures of sagemaker.estimator.EstimatorBase, .Framework and
+# sagemaker.pytorch.PyTorch (SDK v2, master-v2 of 2026-08): tests/test_sagemaker_shim.py
+# checks that each is passed, warned about, refused or named in PyTorch's own signature.
+SAGEMAKER_ARGUMENTS = frozenset(
+    {
+        # EstimatorBase
+        "role", "instance_count", "instance_type", "keep_alive_period_in_seconds",
+        "volume_size", "volume_kms_key", "max_run", "input_mode", "output_path",
+        "output_kms_key", "base_job_name", "sagemaker_session", "tags", "subnets",
+        "security_group_ids", "model_uri", "model_channel_name", "metric_definitions",
+        "encrypt_inter_container_traffic", "use_spot_instances", "max_wait",
+        "checkpoint_s3_uri", "checkpoint_local_path", "rules", "debugger_hook_config",
+        "tensorboard_output_config", "enable_sagemaker_metrics", "enable_network_isolation",
+        "profiler_config", "disable_profiler", "environment", "max_retry_attempts",
+        "source_dir", "git_config", "hyperparameters", "container_log_level", "code_location",
+        "entry_point", "dependencies", "instance_groups", "training_repository_access_mode",
+        "training_repository_credentials_provider_arn", "enable_infra_check",
+        "container_entry_point", "container_arguments", "disable_output_compression",
+        "enable_remote_debug", "enable_session_tag_chaining", "training_plan",
+        "instance_placement_config",
+        # Framework
+        "image_uri",
+        # PyTorch
+        "framework_version", "py_version", "distribution", "compiler_config",
+        "training_recipe", "recipe_overrides",
+    }
+)  # fmt: skip
+
+# Passed on as they are (same name, same meaning).
+PASSED = (
+    "volume_size",
+    "max_run",
+    "output_path",
+    "subnets",
+    "security_group_ids",
+    "metric_definitions",
+    "use_spot_instances",
+    "max_wait",
+    "checkpoint_s3_uri",
+    "checkpoint_local_path",
+    "environment",
+    "keep_alive_period_in_seconds",
+)
+# Honoured, but not passed as they are: the shim reads them itself.
+HANDLED = ("input_mode", "sagemaker_session")
+# Accepted; one warning when given: trainctl has nothing to do with them.
+WARNED = {
+    "tags": "not applied: trainctl tags the EC2 resources it makes with trainctl:* tags",
+    "code_location": "ignored: the source is packaged into TRAINCTL_STORE",
+    "container_log_level": "ignored: the script's own logging configuration applies",
+    "enable_sagemaker_metrics": "ignored: metrics come from metric_definitions matched in "
+    "the node logs",
+    "max_retry_attempts": "ignored: trainctl relaunches after infrastructure failures "
+    "without a limit; failures of the script retry up to max_restarts",
+    "disable_profiler": "ignored: no profiler runs under trainctl",
+}
+# Refused unless left at SageMaker's default (the values here): each would change how the
+# job runs, and trainctl cannot honour it.
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "volume_kms_key": ((None,), "EBS volumes are encrypted with the account's default key"),
+    "output_kms_key": ((None,), "outputs are written with SSE-S3"),
+    "model_uri": ((None,), "no model channel: pass the model as an input channel"),
+    "model_channel_name": (("model",), "no model channel"),
+    "rules": ((None,), "no SageMaker Debugger rules"),
+    "debugger_hook_config": ((None, False), "no SageMaker Debugger"),
+    "tensorboard_output_config": ((None,), "TensorBoard output: not yet"),
+    "profiler_config": ((None,), "no SageMaker Profiler"),
+    "enable_network_isolation": ((None, False), "no network isolation"),
+    "encrypt_inter_container_traffic": ((None, False), "no encryption between nodes"),
+    "git_config": ((None,), "source from git: clone it and give source_dir"),
+    "instance_groups": ((None,), "no heterogeneous clusters"),
+    "training_repository_access_mode": ((None,), "images come from a registry the nodes reach"),
+    "training_repository_credentials_provider_arn": ((None,), "no private registry credentials"),
+    "container_entry_point": ((None,), "the node agent is the entry point"),
+    "container_arguments": (
+        (None,),
+        "the node agent is the entry point (the script's own arguments: trainctl.Estimator's "
+        "`arguments`)",
+    ),
+    "enable_remote_debug": ((None, False), "no remote debugging"),
+    "enable_infra_check": ((None, False), "no infrastructure check"),
+    "disable_output_compression": ((False, None), "outputs are always model.tar.gz/output.tar.gz"),
+    "compiler_config": ((None,), "no Training Compiler"),
+    "training_recipe": ((None,), "no SageMaker HyperPod recipes"),
+    "recipe_overrides": ((None,), "no SageMaker HyperPod recipes"),
+    "enable_session_tag_chaining": ((None, False), "no session tags"),
+    "training_plan": ((None,), "no SageMaker training plans (reserved capacity)"),
+    "instance_placement_config": ((None,), "no SageMaker instance placement"),
+}
+# PyTorch's named parameters (the rest come through **kwargs).
+SIGNATURE = (
+    "entry_point",
+    "framework_version",
+    "py_version",
+    "source_dir",
+    "hyperparameters",
+    "image_uri",
+    "distribution",
+    "role",
+    "instance_count",
+    "instance_type",
+    "base_job_name",
+    "dependencies",
+)
+INPUT_MODES = ("File", "FastFile")
+
+
+def check_arguments(kwargs: dict[str, Any], owner: str = "PyTorch") -> None:
+    """Names SageMaker does not have are a TypeError (with the closest real name); what
+    trainctl cannot honour is one line naming it; what it does not act on, one warning."""
+    for name in kwargs:
+        if name not in SAGEMAKER_ARGUMENTS:
+            close = difflib.get_close_matches(name, sorted(SAGEMAKER_ARGUMENTS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
+    for name, (defaults, why) in REFUSED.items():
+        if name in kwargs and kwargs[name] not in defaults:
+            raise SpecError(name, f"not supported by trainctl: {why}")
+    mode = kwargs.get("input_mode", "File")
+    if mode not in INPUT_MODES:
+        raise SpecError(
+            "input_mode",
+            f"{mode!r} is not supported by trainctl: File mode (a copy of each channel) or "
+            "FastFile (file:// channels linked, not copied); no Pipe mode",
+        )
+    for name, why in WARNED.items():
+        if kwargs.get(name) is not None:
+            warn(name, why)

@@ -1,0 +1,5 @@
+"""`sagemaker.pytorch`: the PyTorch estimator."""
+
+from trainctl.sagemaker.pytorch.estimator import PyTorch
+
+__all__ = ["PyTorch"]
