@@ -582,3 +582,85 @@ def test_source_dir_flag_with_entry_point_from_file(
     spec = _captured_spec(_invoke(["submit", "-f", job, "--source-dir", str(src)]))
     assert spec.source_dir == str(src.resolve())
     assert spec.entry_point == "train.py"
+
+
+# --- the script's own arguments, and the fields of issue 22 ----------------------------------
+
+
+def _installed(*args: str) -> Any:
+    import subprocess
+
+    from tests.conftest import TRAINCTL
+
+    return subprocess.run([TRAINCTL, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(60)
+def test_words_after_double_dash_are_the_scripts_arguments(cli_home: Path, src: Path) -> None:
+    """`trainctl submit multinode.py ... -- 50 10` runs `multinode.py 50 10 --lr 0.1` on
+    every node: after `--` even an option-like word is the script's."""
+    import json
+
+    done = _installed(
+        "submit", "src/train.py", "--instance-count", "2", "--distribution", "torch_distributed",
+        "-p", "lr=0.1", "--dry-run", "-o", "json", "--", "50", "10", "--verbose",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for node in json.loads(done.stdout)["nodes"]:
+        command = node["command"]
+        at = command.index("train.py")
+        assert command[at:] == ["train.py", "50", "10", "--verbose", "--lr", "0.1"], command
+    _assert_no_job(cli_home)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        pytest.param(["--", "50", "10"], ("entry_point", "before `--`"), id="no-entry-point"),
+        pytest.param(
+            ["src/train.py", "50", "10"], ("unexpected extra argument", "after `--`"), id="no-dash"
+        ),
+    ],
+)
+def test_script_arguments_in_the_wrong_place_are_one_line(
+    cli_home: Path, src: Path, args: list[str], words: tuple[str, ...]
+) -> None:
+    done = _installed("submit", *args)
+    assert done.returncode == 2, done
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for word in words:
+        assert word in lines[0], lines[0]
+    _assert_no_job(cli_home)
+
+
+def test_arguments_that_are_not_strings_are_one_line(cli_home: Path, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    job = _write(tmp_path / "job.yaml", "entry_point: train.py\narguments: [50, 10]\n")
+    line = _assert_bad_input(_invoke(["submit", "-f", job]), cli_home, "arguments")
+    assert "quote it" in line, line
+
+
+def test_the_new_fields_reach_the_spec_from_flags_and_the_file(
+    cli_home: Path, tmp_path: Path, capture: None
+) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    job = _write(
+        tmp_path / "job.yaml",
+        "entry_point: train.py\narguments: ['50', '10']\nworkdir_ignore: ['data/']\n",
+    )
+    result = _invoke(
+        [
+            "submit", "-f", job, "--input", f"train={data.as_uri()}",
+            "--input-mode", "train=FastFile", "--workdir-max-mb", "64",
+            "--workdir-ignore", "*.log", "--instance-type", "ml.p4d.24xlarge",
+        ]
+    )  # fmt: skip
+    spec = _captured_spec(result)
+    assert spec.arguments == ["50", "10"]
+    assert spec.channel_config["train"].input_mode == "FastFile"
+    assert (spec.workdir_max_mb, spec.workdir_ignore) == (64, ["*.log"])
+    assert spec.instance_type == "p4d.24xlarge"  # SageMaker's ml. name for the same machine

@@ -265,3 +265,69 @@ def test_dead_controller_nodes_shut_down_and_stop_takes_over(home, source, monke
     info = job_state("orphan")
     assert info["state"] == "Stopped"
     assert "no controller" in info["stop_reason"]
+
+
+def wait_for_state_copy(home: Path, job: str, rank: int, path: str, timeout: float = 120) -> None:
+    """Until node `rank`'s copy of its working directory in the store lists `path`."""
+    manifest = home / "store" / "jobs" / job / "workdir" / f"node-{rank}" / "manifest.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if f"code/{path}" in json.loads(manifest.read_text())["files"]:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"node {rank} of {job} never copied {path}")
+
+
+@pytest.mark.timeout(240)
+def test_an_unchanged_torchrun_tutorial_script_resumes_from_its_working_directory(home, source):
+    """The PyTorch DDP tutorial's pattern, unchanged: positional arguments after `--`, a
+    snapshot.pt that each node's local rank 0 saves to a relative path and every worker loads
+    at start. Node 2 is killed (no warning) once its snapshot is in the store: the relaunch
+    starts each node with its working directory, every rank resumes from the snapshot, the
+    survivor says in one line why it stopped, and each of the 4 processes' lines carries
+    its rank."""
+    from trainctl.cluster import ClusterInfo
+    from trainctl.provisioning.local import LocalProvider
+    from trainctl.record import JobKeys
+
+    name = "tutorial"
+    proc = subprocess.Popen(
+        [
+            TRAINCTL, "submit", "multinode.py", "--source-dir", str(source("snapshot")),
+            "--instance-count", "2", "--processes-per-host", "2",
+            "--distribution", "torch_distributed", "--job-name", name,
+            "-p", "epoch_delay=0.15", "--", "24", "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for_state_copy(home, name, 1, "snapshot.pt")
+        store = home / "store"
+        cluster = ClusterInfo.model_validate_json((store / JobKeys(name).cluster(1)).read_text())
+        LocalProvider().kill_node(cluster, 1)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        end(proc)
+    assert proc.returncode == 0, out
+    info = job_state(name)
+    first, second = info["attempts"]
+    assert first["cause"].startswith("algo-2 lost"), first
+    assert second["started_from"].startswith("restored snapshot.pt (2 files on 2 nodes)"), second
+    resumed = [line for line in out.splitlines() if "Resuming training from snapshot" in line]
+    assert {line.split("]")[0] + "]" for line in resumed} == {
+        "[algo-1:0]", "[algo-1:1]", "[algo-2:2]", "[algo-2:3]"
+    }, out  # fmt: skip
+    epochs = {int(line.rsplit(" ", 1)[1]) for line in resumed}
+    assert len(epochs) == 1 and epochs.pop() >= 1, resumed  # every rank from the same point
+    assert "[algo-1] [trainctl] stopped: algo-2 was lost" in out, out
+    survivor = (store / JobKeys(name).log(1, 0)).read_text()
+    assert "SignalException" not in survivor and "node failed" not in survivor, survivor
+    assert "[rank 1]\tEpoch 0 | Training snapshot saved" not in survivor  # local rank 0 saves
+    assert "[rank 0]\tEpoch 0 | Training snapshot saved at snapshot.pt" in survivor
+    status = trainctl("status", name, check=True).stdout
+    assert "restored snapshot.pt" in status

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, FIXTURES
 from trainctl import Estimator, TrainingJob, protocol
+from trainctl.errors import SpecError
 from trainctl.estimator import JobFailedError
 from trainctl.state import JobState
 
@@ -485,3 +486,41 @@ def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     assert final.state is JobState.FAILED
     assert len(final.attempts) == MAX_ATTEMPTS_NEVER_STARTED == 3
     assert final.failure_reason.startswith("nodes failed to start 3 times in a row: algo-1 lost")
+
+
+def test_a_script_that_writes_into_its_channel_leaves_the_source_untouched(home, source, tmp_path):
+    """File mode (the default) gives each node a copy of a file:// channel, as SageMaker's
+    File mode does; FastFile links the original, and says so in the log."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("original\n")
+    est = Estimator(entry_point="train.py", source_dir=str(source("writer")))
+    job = est.fit(inputs={"train": data.as_uri()}, logs=False)
+    assert job.describe()["state"] == "Completed"
+    assert sorted(p.name for p in data.iterdir()) == ["a.txt"]
+    assert (data / "a.txt").read_text() == "original\n"
+    log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "channel train: copied 1 file(s)" in log
+    assert '"TrainingInputMode": "File"' in log
+
+    from trainctl.estimator.inputs import TrainingInput
+
+    linked = est.fit(inputs={"train": TrainingInput(data.as_uri(), input_mode="FastFile")})
+    log = linked.store.get_text(f"jobs/{linked.name}/logs/attempt-1/node-0.log")
+    assert "FastFile: writes reach the original" in log and '"FastFile"' in log
+    assert (data / "new.txt").exists()  # what FastFile's documentation warns of
+
+
+def test_a_channel_whose_copies_do_not_fit_is_refused_before_anything_is_made(home, tmp_path):
+    """A (sparse) 10 TB channel copied to each of 2 nodes: one line naming the channel, with
+    the way out (FastFile); nothing recorded or uploaded."""
+    data = tmp_path / "huge"
+    data.mkdir()
+    with open(data / "big.bin", "wb") as f:
+        f.truncate(10**13)  # sparse: takes no space itself
+    est = Estimator(entry_point="probe.py", source_dir=str(FIXTURES / "probe"), instance_count=2)
+    with pytest.raises(SpecError) as raised:
+        est.fit(inputs={"train": data.as_uri()}, logs=False)
+    assert raised.value.field == "inputs.train"
+    assert "a copy per node needs 20.0 TB" in str(raised.value) and "FastFile" in str(raised.value)
+    assert not (home / "store").exists()

@@ -107,3 +107,54 @@ def test_cli_browses_s3_store(home, s3, monkeypatch):
     assert "test_accuracy=" in logs.stdout
     jobs = json.loads(run("jobs", "-o", "json").stdout)
     assert [j["name"] for j in jobs] == ["s3-digits"]
+
+
+@pytest.mark.timeout(60)
+def test_s3_locations_that_cannot_be_read_fail_at_submit_and_make_nothing(
+    home, s3, source, monkeypatch
+):
+    """Before anything is made: an input with no object, an input or output that the user's
+    credentials cannot reach, an unreachable S3 store: one line naming the field, exit 2."""
+    import subprocess
+
+    from tests.conftest import TRAINCTL
+    from trainctl.errors import SpecError
+
+    client, bucket = s3
+    client.put_object(Bucket=bucket, Key="data/one.csv", Body=b"1\n")
+    probe = {"entry_point": "probe.py", "source_dir": str(source("probe"))}
+    with pytest.raises(SpecError, match=r"inputs\.train: .*/data/missing holds no object"):
+        Estimator(**probe).fit(inputs={"train": f"s3://{bucket}/data/missing"}, logs=False)
+    # one object, named by its own URI, is an input too
+    plan = Estimator(**probe).fit(inputs={"train": f"s3://{bucket}/data/one.csv"}, dry_run=True)
+    assert plan["nodes"]
+    assert not (home / "store" / "jobs").exists() or not any((home / "store" / "jobs").iterdir())
+
+    # No credentials at all (no keys, no profile, no instance metadata): the probe says so.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for field, args in [
+        ("inputs.train", ["--input", f"train=s3://{bucket}/data"]),
+        ("output_path", ["--output-path", f"s3://{bucket}/models"]),
+    ]:
+        done = subprocess.run(
+            [TRAINCTL, "submit", "probe.py", "--source-dir", probe["source_dir"], *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"error: {field}: s3://{bucket}/"), line
+        assert "cannot be reached with your credentials" in line and "NoCredentials" in line
+    monkeypatch.setenv("TRAINCTL_STORE", f"s3://{bucket}/store")
+    done = subprocess.run(
+        [TRAINCTL, "submit", "probe.py", "--source-dir", probe["source_dir"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "error: TRAINCTL_STORE: " in done.stderr, done
+    assert not (home / "store").exists()
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="store/")

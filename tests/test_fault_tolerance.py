@@ -264,3 +264,41 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "step", "step": 62}'))
     ctl._drain_lines(nodes)
     assert (first.last_step, first.steps_lost, second.last_step) == (62, 3, None)
+
+
+@pytest.mark.timeout(30)
+def test_each_attempt_says_where_it_started_and_a_relaunch_from_scratch_warns(home, source):
+    """The nodes' `restored` reports make the attempt's start: the files (summed over nodes,
+    the largest named), the checkpoint files (the most any node got: each restores all of
+    them), or nothing - and a relaunch with nothing after attempt 1 reached steps warns."""
+    from trainctl.controller.logs import LogPrinter
+
+    probe = source("probe")
+    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
+    for rank, node in nodes.items():
+        report = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
+        ctl._on_control(node, {**report, "largest": ["snapshot.pt"], "rank": rank}, nodes)
+    assert second.started_from() == (
+        "restored snapshot.pt (2 files on 2 nodes), 4.2 MB, from attempt 1"
+    )
+    assert second.started_from(short=True) == "snapshot.pt +1"
+    second.resumed_from_step = 120
+    assert second.started_from().startswith("step 120 (restored snapshot.pt")
+    assert second.started_from(short=True) == "step 120"
+    assert first.started_from() == "from scratch"
+
+    out = io.StringIO()
+    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
+    ctl.printer = LogPrinter(out)
+    for node in nodes.values():
+        ctl._on_control(node, {"event": "restored", "checkpoint_files": 0, "files": 0}, nodes)
+        ctl._on_control(node, {"event": "launched"}, nodes)
+    assert second.started_from() == "from scratch: nothing to restore"
+    assert "warning: attempt 2 starts from scratch" in out.getvalue()
+    assert "attempt 1 reached step 40" in out.getvalue()
+    assert any(e["type"] == "from_scratch" for e in ctl.jobs.events()), ctl.jobs.events()
+    described = ctl.record.describe()["attempts"]
+    assert [a["started_from"] for a in described] == [
+        "from scratch",
+        "from scratch: nothing to restore",
+    ]

@@ -197,6 +197,40 @@ def test_a_notice_ends_the_attempt_at_an_emergency_checkpoint_losing_no_step(rig
     rig.assert_nothing_left(job.name)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rig", ["aws"], indirect=True)
+def test_an_unchanged_tutorial_script_resumes_from_its_working_directory(rig, source):
+    """The DDP tutorial's pattern (positional arguments, snapshot.pt saved to a relative path
+    by each node, loaded at start if present) on new capacity: its working directory comes
+    back from the store. On EC2 stand-ins here; on local nodes through the CLI in
+    test_e2e_cli (the ssh provider's nodes are reached and staged as EC2's are)."""
+    from trainctl.cluster import ClusterInfo
+    from trainctl.provisioning import get_provider
+    from trainctl.record import JobKeys
+
+    tutorial = {"entry_point": "multinode.py", "source_dir": str(source("snapshot"))}
+    job = rig.estimator(
+        **tutorial, arguments=["24", "1"], hyperparameters={"epoch_delay": 0.15}
+    ).fit(wait=False)
+    manifest = f"{JobKeys(job.name).workdir}/node-1/manifest.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if job.store.exists(manifest) and "snapshot.pt" in job.store.get_text(manifest):
+            break
+        time.sleep(0.3)
+    cluster = ClusterInfo.model_validate_json(job.store.get_text(JobKeys(job.name).cluster(1)))
+    get_provider(cluster.instance_type, rig.fields.get("region")).kill_node(cluster, 1)
+    info = job.wait(timeout=240, raise_on_failure=False)
+    assert info["state"] == "Completed", info
+    first, second = info["attempts"]
+    assert first["cause"].startswith("algo-2 lost"), first
+    assert second["started_from"].startswith("restored snapshot.pt"), second
+    logs = [job.store.get_text(JobKeys(job.name).log(2, rank)) for rank in (0, 1)]
+    starts = {line for log in logs for line in log.splitlines() if line.startswith("Resuming")}
+    assert len(starts) == 1 and not starts.pop().endswith(" 0"), logs
+    rig.assert_nothing_left(job.name)
+
+
 def _wait_training(job, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while job.describe()["state"] != "Training" and time.monotonic() < deadline:
