@@ -139,13 +139,15 @@ def test_script_ignoring_sigterm_is_killed_after_grace(home, monkeypatch, tmp_pa
         "    return _install(sig, signal.SIG_IGN if sig == signal.SIGTERM else handler)\n"
         "signal.signal = _ignore_sigterm\n" + original
     )
-    job = digits(source_dir=str(src), step_delay=0.05).fit(wait=False, logs=False)
+    # 4 epochs: enough to train before the notice and to resume after it
+    hps = {**HYPERPARAMETERS, "epochs": 4, "step-delay": 0.05}
+    job = digits(source_dir=str(src), hyperparameters=hps).fit(wait=False, logs=False)
     # The notice goes out once the script trains (a clock could beat a slow start-up and hit
     # torchrun before the script exists), through the same store relay a provider uses.
     deadline = time.monotonic() + 90
     log_key = f"jobs/{job.name}/logs/attempt-1/node-0.log"
     while time.monotonic() < deadline:
-        if job.store.exists(log_key) and "epoch 1/8" in job.store.get_text(log_key):
+        if job.store.exists(log_key) and "epoch 1/4" in job.store.get_text(log_key):
             break
         time.sleep(0.2)
     else:

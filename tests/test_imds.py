@@ -371,7 +371,7 @@ def test_spot_notice_from_imds_ends_attempt_with_emergency_checkpoint(
         entry_point="train.py",
         source_dir=str(EXAMPLES / "digits"),
         instance_count=2,
-        hyperparameters={"epochs": 8, "lr": 0.1, "seed": 0, "step-delay": 0.05},
+        hyperparameters={"epochs": 4, "lr": 0.1, "seed": 0, "step-delay": 0.05},
         distribution={"torch_distributed": {"enabled": True}},
     ).fit(wait=False, logs=False)
 
@@ -379,7 +379,7 @@ def test_spot_notice_from_imds_ends_attempt_with_emergency_checkpoint(
     deadline = time.monotonic() + 60
     log_key = f"jobs/{job.name}/logs/attempt-1/node-0.log"
     while time.monotonic() < deadline:
-        trained = job.store.exists(log_key) and "epoch 1/8" in job.store.get_text(log_key)
+        trained = job.store.exists(log_key) and "epoch 1/4" in job.store.get_text(log_key)
         if trained and imds_server.tokens_issued >= 2:
             break
         time.sleep(0.1)

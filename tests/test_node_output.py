@@ -29,8 +29,6 @@ def test_pieces_of_several_ranks_make_whole_lines():
     assert lines.feed(TAG.format(3) + "never ended") == [(3, "never ended")]
     lines.feed(TAG.format(2) + "cut" + TAG.format(3) + "x")
     assert lines.flush() == [(2, "cut")]
-    # OpenMPI's --tag-output
-    assert lines.feed("[1,3]<stdout>:hello") == [(3, "hello")]
 
 
 def test_a_ranked_line_is_stored_readable_and_printed_with_its_host():

@@ -25,6 +25,9 @@ from trainctl.store import Store
 
 SERVICE_RUN_DIR = ".trainctl/controllers"  # under the remote home: <id>/log, pid, exit
 CONNECT_TIMEOUT = 20.0
+# The preflight of a controller host that is up (not booting): a person waits for it, so a
+# refused or silent host is one line within seconds (as `trainctl ui` probes its store).
+PREFLIGHT_CONNECT_TIMEOUT = 3.0
 PREPARED_MARKER = "/opt/trainctl/controller-prepared"  # written by the EC2 controller's boot
 # Client packages the service needs beyond the agent's (import name -> pip requirement).
 CONTROLLER_DEPENDENCIES = {"fabric": "fabric>=3.2", "paramiko": "paramiko>=3.4"}
@@ -48,7 +51,7 @@ def check_reachable(target: ControllerTarget) -> None:
     if target.kind != "ssh":
         return
     assert target.host is not None
-    conn = _connector(target.host).connect(timeout=CONNECT_TIMEOUT)
+    conn = _connector(target.host).connect(timeout=PREFLIGHT_CONNECT_TIMEOUT)
     conn.close()
 
 

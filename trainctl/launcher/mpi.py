@@ -24,9 +24,10 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
     for node in cluster.nodes:
         slots[node.address] = slots.get(node.address, 0) + per_host
     total = per_host * len(cluster.nodes)
+    # (No --tag-output of trainctl's: mpirun forwards pieces of lines, and a piece of a rank's
+    # line and mpirun's own untagged report can share an output line, which no reader can
+    # split again; the failure reason then named the report's last line.)
     custom = shlex.split(mpi.custom_mpi_options if mpi else "")
-    # each line's rank (node.output.RankedLines), unless the user's options ask already
-    tag = ["--tag-output"] if total > 1 and "--tag-output" not in custom else []
     argv = [
         "mpirun",
         "--allow-run-as-root",
@@ -36,7 +37,6 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         str(total),
         "--bind-to",
         "none",
-        *tag,
         "-x",
         "PATH",
         "-x",

@@ -80,9 +80,6 @@ _CHAINED = ("During handling", "The above exception")
 # The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
-# OpenMPI's `--tag-output`: "[jobid,rank]<stdout>:" before each line.
-_MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
-
 
 class RankedLines:
     """The lines of several worker processes from one launcher's output, whole and with
@@ -95,8 +92,6 @@ class RankedLines:
         self.partial: dict[int, str] = {}
 
     def feed(self, line: str) -> list[tuple[int | None, str]]:
-        if (mpi := _MPI_TAG.match(line)) is not None:
-            return [(int(mpi[1]), line[mpi.end() :])]
         if RANK_MARK not in line:
             return [(None, line)]
         head, *pieces = line.split(RANK_MARK)

@@ -153,6 +153,7 @@ class AwsProvider(Provider):
                     f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
                     + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
                 )
+        require_instance_profile(spec)  # before any call: no cloud is needed to tell
 
     def preflight(self, spec: JobSpec) -> None:
         from trainctl.provisioning.aws.preflight import preflight
