@@ -25,3 +25,37 @@ def test_power_off_halts_the_machine_with_shutdown(tmp_path: Path, monkeypatch) 
     expected = "shutdown -h now" if os.geteuid() == 0 else "sudo -n shutdown -h now"
     assert calls.read_text().splitlines() == [expected]
     assert said == [f"powering off this node: {expected}"]
+
+
+@pytest.mark.timeout(30)
+def test_killing_a_node_spares_the_next_attempt_on_the_same_rank(home) -> None:
+    """A node killed from outside its controller (a spot reclaim, a test) while the
+    controller already relaunches on that rank: only the old attempt's processes end (seen
+    on a fast machine: the kill's rescans took the next attempts' agents, 3 in a row)."""
+    import subprocess
+    import sys
+
+    from trainctl.cluster import ClusterInfo, NodeInfo
+    from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
+    from trainctl.provisioning.local import LocalProvider
+
+    def node(attempt: int) -> subprocess.Popen:
+        tags = {JOB_TAG: "j", NODE_TAG: "0", ATTEMPT_TAG: str(attempt)}
+        env = {**os.environ, **tags}
+        code = "import time; time.sleep(60)"
+        return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+    old, new = node(1), node(2)
+    try:
+        nodes = [NodeInfo(rank=0, host="127.0.1.1", address="127.0.0.1", root=str(home))]
+        cluster = ClusterInfo(
+            job="j", attempt=1, provider="local", instance_type="local", nodes=nodes,
+            master_port=29500, processes_per_host=1,
+        )  # fmt: skip
+        LocalProvider().kill_node(cluster, 0)
+        assert old.wait(timeout=10) == -9
+        assert new.poll() is None, "the next attempt's process was killed"
+    finally:
+        for proc in (old, new):
+            proc.kill()
+            proc.wait()

@@ -60,10 +60,13 @@ def find_tagged(tag: str, value: str, **more: str) -> list[int]:
     return found
 
 
-def job_processes(job: str, node: int | None = None) -> list[int]:
-    if node is None:
-        return find_tagged(JOB_TAG, job)
-    return find_tagged(JOB_TAG, job, **{NODE_TAG: str(node)})
+def job_processes(job: str, node: int | None = None, attempt: int | None = None) -> list[int]:
+    """The job's processes here: all of them, one node's, or one node's of one attempt (a
+    node killed while its job relaunches must not take the next attempt's agent with it)."""
+    more = {} if node is None else {NODE_TAG: str(node)}
+    if attempt is not None:
+        more[ATTEMPT_TAG] = str(attempt)
+    return find_tagged(JOB_TAG, job, **more)
 
 
 def _children_map() -> dict[int, list[int]]:

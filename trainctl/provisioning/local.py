@@ -212,7 +212,8 @@ class LocalProvider(Provider):
             from trainctl.image.container import container_name, remove_containers
 
             remove_containers(engine, [container_name(cluster.job, cluster.attempt, rank)])
-        end_processes(lambda: job_processes(cluster.job, node=rank), grace=0)
+        # This attempt's only: the controller may already be starting the next one there.
+        end_processes(lambda: job_processes(cluster.job, rank, cluster.attempt), grace=0)
 
     def terminate(self, job: str, *, grace: float) -> None:
         # The attached engine processes are tagged: their SIGTERM reaches the agents inside

@@ -69,9 +69,12 @@ print("trainctl-prepare " + json.dumps({"root": root, "port": port}))
 END_PROCESSES = r"""
 import os, shutil, signal, sys, time
 job, node, grace, remove = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "remove"
+attempt = sys.argv[5] if len(sys.argv) > 5 else ""
 want = [b"TRAINCTL_JOB=" + job.encode()]
 if node:
     want.append(b"TRAINCTL_NODE=" + node.encode())
+if attempt:
+    want.append(b"TRAINCTL_ATTEMPT=" + attempt.encode())
 me = os.getpid()
 def find():
     found = []
@@ -403,7 +406,9 @@ class SshProvider(Provider):
             connect_timeout=self.connect_timeout,
         )
 
-    def _end_on_host(self, host: SshHost, job: str, node: str, grace: float, remove: bool) -> str:
+    def _end_on_host(
+        self, host: SshHost, job: str, node: str, grace: float, remove: bool, attempt: str = ""
+    ) -> str:
         conn = self._connector(host).connect(timeout=self.connect_timeout)
         try:
             return conn.check_python(
@@ -412,6 +417,7 @@ class SshProvider(Provider):
                 node,
                 str(grace),
                 "remove" if remove else "keep",
+                attempt,
                 what=f"end the processes of job {job}",
                 marker="trainctl-end",
                 timeout=grace + 60,
@@ -432,7 +438,8 @@ class SshProvider(Provider):
                 conn.run([engine_path, "rm", "-f", name], timeout=120)
             finally:
                 conn.close()
-        self._end_on_host(host, cluster.job, str(rank), 0, False)
+        # This attempt's only: the controller may already be starting the next one there.
+        self._end_on_host(host, cluster.job, str(rank), 0, False, str(cluster.attempt))
 
     def terminate(self, job: str, *, grace: float) -> None:
         """End every process of the job on each of its hosts; remove its node dirs."""
