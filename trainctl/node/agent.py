@@ -146,6 +146,7 @@ class Agent:
         """Put back this rank's working directory as an earlier attempt left it, and keep
         copying it (node.workdir); returns what was restored."""
         from trainctl.node.workdir import (
+            NodeRestore,
             StateRoots,
             WorkdirSync,
             ignore_spec,
@@ -155,7 +156,7 @@ class Agent:
         from trainctl.store import open_store
 
         if self.spec.workdir_max_mb <= 0:
-            return {"files": 0, "bytes": 0, "from_attempt": None, "largest": []}
+            return NodeRestore().summary()
         roots = StateRoots(
             dirs={
                 "code": self.layout.code,

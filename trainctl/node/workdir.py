@@ -125,7 +125,7 @@ class StateRoots:
 
 
 @dataclass
-class Restored:
+class NodeRestore:
     """What a node put back before its script started."""
 
     files: int = 0
@@ -201,7 +201,7 @@ def _int(entry: dict, name: str) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], None]) -> Restored:
+def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], None]) -> NodeRestore:
     """Put back the newest complete copy of this rank's state (see restore_plan)."""
     manifests = stored_manifests(store, log)
     targets: dict[str, tuple[str, Path, int, dict]] = {}  # key -> (rel, path, node, entry)
@@ -213,7 +213,7 @@ def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], Non
             continue
         targets[key] = (str(rel), path, node, entry)
     if not targets:
-        return Restored()
+        return NodeRestore()
     started = time.monotonic()
     arrived = download_all(
         store,
@@ -223,8 +223,8 @@ def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], Non
         sizes={key: _int(target[3], "size") for key, target in targets.items()},
     )
     sources = {targets[key][2] for key in arrived}
-    attempts = [manifests[n].get("attempt") for n in sources]
-    result = Restored(from_attempt=max((a for a in attempts if isinstance(a, int)), default=None))
+    attempts = [a for n in sources if isinstance(a := manifests[n].get("attempt"), int)]
+    result = NodeRestore(from_attempt=max(attempts, default=None))
     sizes: dict[str, int] = {}
     for key, (size, _) in arrived.items():
         rel, path, node, entry = targets[key]
