@@ -105,6 +105,11 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
 
     chromium = _chromium()
     home, job = relaunched_job
+    # A line of one of several processes, as a node's log keeps it (protocol.ranked_line):
+    # the page labels it with its host and rank.
+    log = home / "store" / "jobs" / job.name / "logs" / "attempt-2" / "node-1.log"
+    if "[rank 3]\t" not in log.read_text():
+        log.write_text(log.read_text() + "[rank 3]\tfrom the fourth process\n")
     before = _store_snapshot(home)
     ui = Dashboard(home)
     try:
@@ -125,8 +130,15 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
             attempts = page.locator("#attempts-table tr.attempt")
             assert attempts.count() == 2
             assert "killed by injected fault kill:1@8" in attempts.nth(0).inner_text()
+            assert "from scratch" in attempts.nth(0).inner_text()  # where each started
+            assert "step " in attempts.nth(1).inner_text()
             node2 = page.locator("pre[data-node='algo-2']").first.inner_text()
             assert "[algo-2]" in node2 and "@@trainctl@@" not in node2
+            relaunched = page.locator("pre#log-2-1")
+            page.wait_for_function(
+                "document.getElementById('log-2-1').textContent.includes('fourth process')"
+            )
+            assert "[algo-2:3] from the fourth process" in relaunched.inner_text()
             model = page.locator("#artifacts-table a", has_text="output/model.tar.gz")
             assert model.count() == 1
             with page.expect_download() as download:

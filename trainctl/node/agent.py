@@ -423,10 +423,11 @@ class Agent:
         self.status.observe(msg)  # the script's progress messages: for the controller only
         if msg.get("event") == "preempted":
             self.preempted_at = int(msg.get("step", 0))
-        if msg.get("event") in ("checkpoint", "preempted"):
-            for sync in (self.sync, self.workdir):
-                if sync is not None:
-                    sync.wake()
+        if msg.get("event") in ("checkpoint", "preempted") and self.sync is not None:
+            # (Not the working directory's sync: a script that says it checkpointed keeps its
+            # state in the checkpoint dir, and a pass at that moment slowed the upload that
+            # matters then: steps lost after a kill went up in the bit-exact trials.)
+            self.sync.wake()
         console(CONTROL_PREFIX + json.dumps({**msg, "rank": self.rank}) + "\n")
 
     def keep_line(self, rank: int | None, text: str) -> None:

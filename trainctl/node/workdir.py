@@ -18,9 +18,9 @@ start when present then resumes after a relaunch, unchanged.
   `.tmp` directory: still being written), links, the checkpoint directory when it lies inside
   (it has its own sync), and what the job's `workdir_ignore` patterns (gitignore syntax)
   match. At most `workdir_max_mb` per node, newest files first; the rest is named in the log.
-- Copied like checkpoints: a pass every `workdir_sync_seconds`, another when the script says
-  it checkpointed, and a last one when the node ends for any reason (a notice, a stop, a
-  failure; on success the model and output data go up packed instead).
+- Copied like checkpoints: a pass every `workdir_sync_seconds`, and a last one when the node
+  ends for any reason (a notice, a stop, a failure; on success the model and output data go
+  up packed instead).
 - Never torn: each new version of a file goes to a key of its own, and the node's manifest
   (`node-<rank>/manifest.json`, written after the files it lists) names the versions of the
   newest complete copy; a file that changed while it was uploaded is tried again next pass.
