@@ -62,6 +62,10 @@ def check_channel_copies(spec: JobSpec, nodes_dir: Path) -> None:
 
     from rich.filesize import decimal
 
+    where = nodes_dir
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
     need = 0
     for name, uri in sorted(spec.inputs.items()):
         config = spec.channel_config.get(name)
@@ -70,10 +74,6 @@ def check_channel_copies(spec: JobSpec, nodes_dir: Path) -> None:
             continue
         sharded = config is not None and config.distribution == "ShardedByS3Key"
         need += _tree_size(Path(rest)) * (1 if sharded else spec.instance_count)
-        where = nodes_dir
-        while not where.exists():
-            where = where.parent
-        free = shutil.disk_usage(where).free
         if need > free:
             raise SpecError(
                 f"inputs.{name}",

@@ -46,8 +46,6 @@ from trainctl.store import Store
 
 # Never state: Python's byte code, and what a notebook server leaves beside a notebook.
 DEFAULT_IGNORE = ("__pycache__/", "*.py[cod]", ".ipynb_checkpoints/")
-# The roots a node keeps, by their name in the store (and in the manifest's paths).
-ROOTS = ("code", "model", "output")
 # Roots whose files go up packed on success (model.tar.gz, output.tar.gz): not copied twice.
 PACKED_ROOTS = ("model", "output")
 
