@@ -32,7 +32,13 @@ CLIENT = (
     "trainctl.progress",
 )
 # layer (module or package) -> what it may import of trainctl (modules or packages).
-FOUNDATION = ("trainctl.errors", "trainctl.version", "trainctl.protocol", "trainctl.state")
+FOUNDATION = (
+    "trainctl.errors",
+    "trainctl.version",
+    "trainctl.protocol",
+    "trainctl.state",
+    "trainctl.redact",
+)
 ALLOWED: dict[str, tuple[str, ...]] = {
     # The user's validated input: errors and settings-level helpers only.
     "trainctl.spec": (*FOUNDATION, "trainctl.spec", "trainctl.settings"),

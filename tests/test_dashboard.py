@@ -162,12 +162,12 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_token_guards_the_dashboard(home):
-    ui = Dashboard(home, "--token", "letmein")
+    ui = Dashboard(home, "--token", "letmein-0123456789")
     try:
-        assert ui.url.endswith("?token=letmein")
+        assert ui.url.endswith("?token=letmein-0123456789")
         assert ui.get("/api/jobs")[0] == 401
         assert ui.get("/api/jobs?token=wrong")[0] == 401
-        assert ui.get("/api/jobs?token=letmein") == (200, b"[]")
+        assert ui.get("/api/jobs?token=letmein-0123456789") == (200, b"[]")
     finally:
         ui.close()
     from trainctl.ui import check_bind

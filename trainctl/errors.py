@@ -27,6 +27,16 @@ class UnrunnableJobError(TrainctlError):
     (an image that cannot run the agent, say): it fails at once instead of relaunching."""
 
 
+class RefusedError(TrainctlError):
+    """A node refuses to run the job as recorded: its code is not the code that was submitted
+    (tampered), or it would read or write outside the job's own data. Never retried: new
+    capacity would find the same."""
+
+
+class UnreadableRecordError(TrainctlError):
+    """A job's record cannot be read (truncated, not JSON, another schema or version)."""
+
+
 class StoreError(TrainctlError):
     """A store operation failed (after the store's own retries)."""
 

@@ -24,6 +24,8 @@ CONTROL_PREFIX = "@@trainctl@@ "
 # Exit codes with a meaning for the controller.
 EXIT_PREEMPTED = 85  # the script saved an emergency checkpoint after SIGTERM and stopped
 EXIT_INFRA = 70  # the agent could not stage or run the node (not the user's code)
+# The agent refused the job (tampered code, a URI outside the job's data): never retried.
+EXIT_REFUSED = 71
 
 TMP_SUFFIX = ".tmp"
 

@@ -299,36 +299,54 @@ class JobRecord(BaseModel):
         return round(end - parse_iso(self.started_at), 3)
 
     def describe(self) -> dict[str, Any]:
-        """The user-facing summary (`status -o json`, `job.describe()`)."""
+        """The user-facing summary (`status -o json`, `job.describe()`, the dashboard), with
+        the job's secret values hidden (trainctl.redact)."""
+        from trainctl.redact import Redactor
+
         spec = self.spec
-        return {
-            "name": self.name,
-            "state": self.state.value,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "training_started_at": self.training_started_at,
-            "ended_at": self.ended_at,
-            "duration_s": self.duration_s,
-            "instance_type": spec.instance_type,
-            "instance_count": spec.instance_count,
-            "launcher": spec.launcher,
-            "entry_point": spec.entry_point,
-            "source_dir": spec.source_dir,
-            "hyperparameters": spec.hyperparameters,
-            "attempts": [
-                {**a.model_dump(), "started_from": a.started_from()} for a in self.attempts
-            ],
-            "failure_reason": self.failure_reason,
-            "failure_detail": self.failure_detail,
-            "exit_code": self.exit_code,
-            "stop_reason": self.stop_reason,
-            "model_data": self.model_data,
-            "output_data": self.output_data,
-            "metrics": self.metrics,
-            "instances": [i.model_dump() for i in self.instances],
-            "cost": cost_summary(self.instances),
-            "store": f"{self.store_uri}/jobs/{self.name}",
-        }
+        redactor = Redactor.for_spec(spec)
+        return redactor.tree(
+            {
+                "name": self.name,
+                "state": self.state.value,
+                "created_at": self.created_at,
+                "started_at": self.started_at,
+                "training_started_at": self.training_started_at,
+                "ended_at": self.ended_at,
+                "duration_s": self.duration_s,
+                "instance_type": spec.instance_type,
+                "instance_count": spec.instance_count,
+                "launcher": spec.launcher,
+                "entry_point": spec.entry_point,
+                "source_dir": spec.source_dir,
+                "hyperparameters": redactor.hyperparameters(spec.hyperparameters),
+                "environment": redactor.env(spec.environment),
+                "attempts": [
+                    {**a.model_dump(), "started_from": a.started_from()} for a in self.attempts
+                ],
+                "failure_reason": self.failure_reason,
+                "failure_detail": self.failure_detail,
+                "exit_code": self.exit_code,
+                "stop_reason": self.stop_reason,
+                "model_data": self.model_data,
+                "output_data": self.output_data,
+                "metrics": self.metrics,
+                "instances": [i.model_dump() for i in self.instances],
+                "cost": cost_summary(self.instances),
+                "store": f"{self.store_uri}/jobs/{self.name}",
+            }
+        )
+
+    def redacted_dump(self) -> dict[str, Any]:
+        """The whole record as JSON data with the job's secret values hidden: what may be
+        shown of job.json (the dashboard's file view)."""
+        from trainctl.redact import Redactor
+
+        redactor = Redactor.for_spec(self.spec)
+        data = self.model_dump(mode="json")
+        data["spec"]["environment"] = redactor.env(self.spec.environment)
+        data["spec"]["hyperparameters"] = redactor.hyperparameters(self.spec.hyperparameters)
+        return dict(redactor.tree(data))
 
 
 def owner_id() -> str:
@@ -343,6 +361,17 @@ class JobStore:
     """Reads and writes one job's record; the controller is the single writer."""
 
     def __init__(self, store: Store, name: str) -> None:
+        from trainctl.errors import SpecError
+        from trainctl.spec.job import JOB_NAME_RE
+
+        # Every command that names a job comes here: a path-like name ('d6/', '../x') is
+        # bad input, never a store key of something else.
+        if not isinstance(name, str) or not JOB_NAME_RE.fullmatch(name):
+            raise SpecError(
+                "job",
+                f"{name!r} is not a job name: 1-63 letters, digits and hyphens, starting and "
+                "ending with a letter or digit",
+            )
         self.store = store
         self.name = name
         self.keys = JobKeys(name)
@@ -352,16 +381,21 @@ class JobStore:
 
     def load(self) -> JobRecord:
         try:
-            raw = self.store.get_text(self.keys.record)
+            raw = self.store.get_bytes(self.keys.record)
         except NotFoundError:
             raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
-        from trainctl.spec.job import RECORDED
-
-        return JobRecord.model_validate_json(raw, context={RECORDED: True})
+        return parse_record(self.name, raw, self.store.url(self.keys.record))
 
     def save(self, record: JobRecord) -> None:
         record.updated_at = now_iso()
         self.store.put_text(self.keys.record, record.model_dump_json(indent=2))
+
+    def create(self, record: JobRecord) -> bool:
+        """Write a new job's record only if no job of that name exists (S3 If-None-Match: *,
+        a lock locally): of two submits racing for one name exactly one wins. False: lost."""
+        record.updated_at = now_iso()
+        data = record.model_dump_json(indent=2).encode()
+        return self.store.put_if(self.keys.record, data, version=None) is not None
 
     def event(self, kind: str, **fields: Any) -> None:
         line = json.dumps({"time": now_iso(), "type": kind, **fields}, default=str)
@@ -386,10 +420,10 @@ class JobStore:
         points = []
         for info in self.store.list(self.keys.metrics):
             try:
-                text = self.store.get_text(info.key)
+                raw = self.store.get_bytes(info.key)
             except NotFoundError:  # gone between list and get (a job deleted meanwhile)
                 continue
-            points.extend(json.loads(line) for line in text.splitlines() if line.strip())
+            points.extend(p for p in json_lines(raw) if isinstance(p.get("time"), int | float))
         points.sort(key=lambda p: p["time"])
         record = record or self.load()
         mark_redone(points, {a.number: a.resumed_from_step for a in record.attempts})
@@ -397,10 +431,10 @@ class JobStore:
 
     def events(self) -> list[dict[str, Any]]:
         try:
-            raw = self.store.get_text(self.keys.events)
+            raw = self.store.get_bytes(self.keys.events)
         except NotFoundError:
             return []
-        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+        return json_lines(raw)
 
     def transition(self, record: JobRecord, state: JobState, **detail: Any) -> None:
         """Move to `state`, recording the event; ignored if the record is already terminal."""
@@ -425,26 +459,100 @@ class JobStore:
 
     def stop_requested(self) -> str | None:
         try:
-            return str(json.loads(self.store.get_text(self.keys.stop)).get("reason", "stopped"))
+            found = json.loads(self.store.get_bytes(self.keys.stop))
         except NotFoundError:
             return None
+        except ValueError:  # a marker that is not JSON still asks for a stop
+            return "stopped"
+        return str(found.get("reason", "stopped")) if isinstance(found, dict) else "stopped"
 
     # -- lease ---------------------------------------------------------------------------
     def read_lease(self) -> dict[str, Any] | None:
         try:
-            return dict(json.loads(self.store.get_text(self.keys.lease)))
+            found = json.loads(self.store.get_bytes(self.keys.lease))
         except NotFoundError:
             return None
+        except ValueError:  # unreadable: no one holds it (a new holder rewrites it)
+            return {}
+        return found if isinstance(found, dict) else {}
 
 
-def list_jobs(store: Store) -> list[JobRecord]:
-    records = []
+def json_lines(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl object; a line that is not one (a torn append, garbage)
+    is left out rather than failing the whole history."""
+    out = []
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        try:
+            item = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def parse_record(name: str, raw: bytes | str, where: str) -> JobRecord:
+    """A job record from its stored text; UnreadableRecordError, one line naming the job
+    and the problem, for anything else (truncated, binary, another schema or version)."""
+    from pydantic import ValidationError
+
+    from trainctl.errors import UnreadableRecordError
+    from trainctl.spec.job import RECORDED
+    from trainctl.version import __version__
+
+    def unreadable(problem: str) -> UnreadableRecordError:
+        return UnreadableRecordError(f"job {name!r}: its record {where} {problem}")
+
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
+        what = "is not UTF-8" if isinstance(exc, UnicodeDecodeError) else "is not JSON"
+        raise unreadable(f"{what} (truncated or overwritten?)") from None
+    if not isinstance(data, dict):
+        raise unreadable("is not a job record (not a JSON object)")
+    try:
+        return JobRecord.model_validate(data, context={RECORDED: True})
+    except ValidationError as exc:
+        version = data.get("trainctl_version")
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "record"
+        problem = f"does not match this trainctl's schema ({loc}: {first['msg']})"
+        if isinstance(version, str) and version != __version__:
+            problem += f"; it was written by trainctl {version[:40]}, this is {__version__}"
+        raise unreadable(problem) from None
+    except RecursionError:
+        raise unreadable("is nested too deeply") from None
+
+
+class UnreadableJob(BaseModel):
+    """A job whose record cannot be read: listed (state Unreadable), never skipped."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    problem: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "state": "Unreadable", "problem": self.problem}
+
+
+def scan_jobs(store: Store) -> tuple[list[JobRecord], list[UnreadableJob]]:
+    """Every job in the store, newest first, and those whose record cannot be read."""
+    from trainctl.errors import SpecError, UnreadableRecordError
+
+    records, unreadable = [], []
     for name in store.list_dirs("jobs"):
         try:
             records.append(JobStore(store, name).load())
-        except (JobNotFoundError, ValueError):
-            continue  # a job being created, or an unreadable record: skip, don't fail the list
-    return sorted(records, key=lambda r: r.created_at, reverse=True)
+        except JobNotFoundError:
+            continue  # no record (yet): nothing to list
+        except (UnreadableRecordError, SpecError) as exc:
+            unreadable.append(UnreadableJob(name=name, problem=str(exc)))
+    return sorted(records, key=lambda r: r.created_at, reverse=True), unreadable
+
+
+def list_jobs(store: Store) -> list[JobRecord]:
+    """Every readable job in the store, newest first (see scan_jobs for the others)."""
+    return scan_jobs(store)[0]
 
 
 # Where a job's outputs go: `output_path/<job>/output/` if given, else the job's store dir.

@@ -79,6 +79,10 @@ def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> 
                 out[key] = json.loads(value)
             except json.JSONDecodeError:
                 out[key] = value
+            except ValueError:  # Python refuses to parse a 5,000-digit integer
+                raise SpecError(flag, f"{key}: an integer beyond 64 bits") from None
+            except RecursionError:
+                raise SpecError(flag, f"{key}: nested too deeply") from None
         else:
             out[key] = value
     return out

@@ -28,14 +28,17 @@ def jobs(output: str = OutputOpt) -> None:
 
     from trainctl.controller.submit import default_store
     from trainctl.controller.supervise import controller_view
-    from trainctl.record import JobStore, list_jobs
+    from trainctl.record import JobStore, scan_jobs
 
     check_output(output)
     store = default_store()
-    records = list_jobs(store)
+    records, unreadable = scan_jobs(store)
     views = {r.name: controller_view(JobStore(store, r.name), r) for r in records}
     if output == "json":
-        print_json([{**r.describe(), "controller": views[r.name]} for r in records])
+        print_json(
+            [{**r.describe(), "controller": views[r.name]} for r in records]
+            + [u.describe() for u in unreadable]
+        )
         return
     table = Table(box=None, header_style="bold")
     for col in ("NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
@@ -49,6 +52,8 @@ def jobs(output: str = OutputOpt) -> None:
             _duration(r.duration_s),
             str(len(r.attempts)),
         )
+    for u in unreadable:  # listed, not skipped: `status NAME` says what is wrong
+        table.add_row(u.name, _state_text("Unreadable"), "-", "-", "-", "-")
     Console().print(table)
 
 
@@ -57,7 +62,8 @@ def _state_text(state: str, controller: dict[str, Any] | None = None) -> Any:
     record says Training, but nobody is watching it: `trainctl attach` takes it over)."""
     from rich.text import Text
 
-    colour = {"Completed": "green", "Failed": "red", "Stopped": "yellow"}.get(state, "cyan")
+    colour = {"Completed": "green", "Failed": "red", "Stopped": "yellow", "Unreadable": "red"}
+    colour = colour.get(state, "cyan")
     text = Text(state, style=colour)
     if controller and controller.get("lost"):
         text.append(f" — controller lost {controller['silent_seconds']:.0f} s ago", style="red")

@@ -22,18 +22,15 @@ from trainctl.cli.app import (
 
 
 def _load_job_file(path: Path) -> dict[str, Any]:
-    import yaml
-
     from trainctl.errors import SpecError
+    from trainctl.spec.yamlfile import load_yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), "-f", str(path))
     except OSError as exc:
         raise SpecError("-f", f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise SpecError("-f", f"{path} is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise SpecError("-f", f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -159,6 +156,17 @@ def submit(
         "--workdir-ignore",
         help="gitignore-style pattern of working-directory files not to keep; repeatable.",
     ),
+    secret_env: list[str] | None = typer.Option(
+        None,
+        "--secret-env",
+        help="An --env NAME whose value is shown as <redacted> (names with SECRET, TOKEN, "
+        "PASSWORD, KEY... already are); repeatable.",
+    ),
+    secret_hyperparameter: list[str] | None = typer.Option(
+        None,
+        "--secret-hyperparameter",
+        help="A -p KEY whose value is shown as <redacted>; repeatable.",
+    ),
     file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
     output: str = OutputOpt,
 ) -> None:
@@ -215,6 +223,8 @@ def submit(
         "controller": controller,
         "workdir_max_mb": workdir_max_mb,
         "workdir_ignore": workdir_ignore or None,
+        "secret_env": secret_env or None,
+        "secret_hyperparameters": secret_hyperparameter or None,
     }
     if host and instance_type is None and "instance_type" not in fields:
         flags["instance_type"] = "ssh"

@@ -31,6 +31,7 @@ from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
 from trainctl.errors import NotFoundError, UnrunnableJobError
 from trainctl.metrics import MetricRecorder, numeric_metrics
+from trainctl.protocol import EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import NoCapacityError, Provider, WarmStart
@@ -215,6 +216,10 @@ class Controller:
                 return
             if end.outcome == "stopped":
                 self._end(JobState.STOPPED, stop_reason=end.cause)
+                return
+            if end.outcome == "failed" and end.exit_code == EXIT_REFUSED:
+                # Tampered code, a URI outside the job's data: new capacity finds the same.
+                self._end(JobState.FAILED, reason=end.cause, exit_code=end.exit_code)
                 return
             cause = end.cause or "interrupted"
             never_started = never_started + 1 if self._training_started is None else 0

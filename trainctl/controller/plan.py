@@ -18,7 +18,7 @@ from typing import Any
 
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
-from trainctl.redact import redact_env
+from trainctl.redact import Redactor, redact_env
 from trainctl.spec.job import JobSpec
 from trainctl.store import Store
 
@@ -65,7 +65,7 @@ def _node_env(spec: JobSpec, cluster: ClusterInfo, rank: int, extra: dict[str, s
     )
     env.update(extra)
     env.update(spec.environment)
-    return redact_env(env)
+    return Redactor.for_spec(spec).env(redact_env(env))
 
 
 def _agent_command(
@@ -129,12 +129,15 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
             }
         )
     capacity = provider.capacity_plan(spec)
-    return {
-        "job": name,
-        "provider": provider.name,
-        "instance_type": spec.instance_type,
-        "instance_count": spec.instance_count,
-        **({"capacity": capacity} if capacity else {}),
-        "requests": requests,
-        "nodes": nodes,
-    }
+    # (a secret hyperparameter is in each node's command line and SM_HPS too)
+    return Redactor.for_spec(spec).tree(
+        {
+            "job": name,
+            "provider": provider.name,
+            "instance_type": spec.instance_type,
+            "instance_count": spec.instance_count,
+            **({"capacity": capacity} if capacity else {}),
+            "requests": requests,
+            "nodes": nodes,
+        }
+    )

@@ -53,6 +53,54 @@ def validate_offline(spec: JobSpec, store_uri: str) -> None:
             raise SpecError(f"inputs.{name}", f"{uri} does not exist")
     if spec.provider == "local":
         check_channel_copies(spec, get_settings().home / "nodes")
+        if spec.launcher == "mpi":
+            check_mpirun()
+    check_isolation(spec, store_uri)
+
+
+def check_isolation(spec: JobSpec, store_uri: str) -> None:
+    """The job's URIs stay out of the store's own records (see spec.confine)."""
+    from trainctl.spec.confine import check_confined
+
+    for field, uri in (
+        ("checkpoint_s3_uri", spec.checkpoint_s3_uri),
+        ("output_path", spec.output_path),
+    ):
+        if uri:
+            check_confined(uri, field, store_uri)
+    for name, uri in sorted(spec.inputs.items()):
+        check_confined(uri, f"inputs.{name}", store_uri, reading=True)
+
+
+def check_checkpoint_unshared(spec: JobSpec, store: Store) -> None:
+    """Two running jobs on one checkpoint URI would overwrite (and, syncing deletions,
+    delete) each other's checkpoints. A job that has ended may hand its checkpoints on."""
+    from trainctl.record import checkpoint_store, list_jobs
+    from trainctl.spec.confine import overlaps
+
+    if not spec.checkpoint_s3_uri:
+        return
+    for other in list_jobs(store):
+        if other.state.is_terminal() or not other.spec.checkpoint_s3_uri:
+            continue
+        if overlaps(spec.checkpoint_s3_uri, checkpoint_store(other).uri):
+            raise SpecError(
+                "checkpoint_s3_uri",
+                f"{spec.checkpoint_s3_uri} overlaps the checkpoints of job {other.name!r} "
+                f"({other.state.value}) at {other.spec.checkpoint_s3_uri}; give each running "
+                "job a prefix of its own",
+            )
+
+
+def check_mpirun() -> None:
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        raise SpecError(
+            "distribution",
+            "mpi needs mpirun on this machine, and none is on PATH (install Open MPI, e.g. "
+            "apt install openmpi-bin), or use torch_distributed",
+        )
 
 
 def check_channel_copies(spec: JobSpec, nodes_dir: Path) -> None:
@@ -203,6 +251,7 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
     validate_offline(spec, store.uri)
     spec = resolve_image(spec)
     preflight(spec, store.uri)
+    check_checkpoint_unshared(spec, store)
     name = spec.job_name or generate_job_name(spec.entry_point)
     jobs = JobStore(store, name)
     if jobs.exists():
@@ -216,7 +265,9 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
                 max_bytes=int(settings.max_source_mb * 1024 * 1024),
             )
         key = source_key(packaged.sha256)
-        if not store.exists(key):  # content-addressed: an unchanged source is not re-sent
+        # Content-addressed: an unchanged source is not sent again, if what is stored under
+        # its name still has its content (a replaced object is overwritten, not reused).
+        if not store.matches(key, packaged.path):
             with progress_task("uploading source", total=packaged.size) as advance:
                 store.put_file(key, packaged.path, progress=advance)
     return _record_new_job(
@@ -267,7 +318,8 @@ def _record_new_job(
         created_at=now,
         updated_at=now,
     )
-    jobs.save(record)
+    if not jobs.create(record):  # another submit took the name since we checked
+        raise SpecError("job_name", f"a job named {jobs.name!r} already exists in {jobs.store.uri}")
     jobs.event("state", state=JobState.PENDING.value, previous=None)
     jobs.event("source", uri=source_uri, sha256=source_sha256, **source)
     return record

@@ -228,6 +228,8 @@ class Estimator:
         arguments: list[str] | None = None,
         workdir_max_mb: float | None = None,
         workdir_ignore: list[str] | None = None,
+        secret_env: list[str] | None = None,
+        secret_hyperparameters: list[str] | None = None,
     ) -> None:
         self._fields: dict[str, Any] = {
             "entry_point": entry_point,
@@ -270,6 +272,8 @@ class Estimator:
             "controller": controller,
             "workdir_max_mb": workdir_max_mb,
             "workdir_ignore": workdir_ignore,
+            "secret_env": secret_env,
+            "secret_hyperparameters": secret_hyperparameters,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri

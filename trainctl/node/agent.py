@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainctl.errors import RefusedError
 from trainctl.node.output import (
     LauncherNoise,
     LogShipper,
@@ -35,11 +36,34 @@ from trainctl.node.output import (
     failure_from_output,
     yielding,
 )
-from trainctl.node.priority import yield_cpu_to_training
 from trainctl.node.procs import children, descendants, signal_all
 from trainctl.node.staging import pack_directory, stage_channel, write_json
-from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED, ranked_line
+from trainctl.protocol import (
+    CONTROL_PREFIX,
+    EXIT_INFRA,
+    EXIT_PREEMPTED,
+    EXIT_REFUSED,
+    ranked_line,
+)
 from trainctl.protocol import split as split_control
+
+# After the launcher exits: how long its output may still drain, and how long a process it
+# left behind has between SIGTERM and SIGKILL.
+STRAY_OUTPUT_SECONDS = 2.0
+STRAY_GRACE_SECONDS = 2.0
+
+
+def become_subreaper() -> None:
+    """Make this agent the reaper of every orphan below it (Linux PR_SET_CHILD_SUBREAPER):
+    a daemonised or `setsid` process of the script is re-parented here, not to init, so it
+    stays in the agent's tree and ends with the node, whatever its environment says."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: the environment tag still finds most
+        pass
 
 
 class Agent:
@@ -76,6 +100,13 @@ class Agent:
         # Per rank (None: not told apart), a line of a script's that a control message cut.
         self.started_lines: dict[int | None, str] = {}
         self.noise = LauncherNoise()
+        from trainctl.redact import Redactor
+
+        # Nothing of the node is for other users of the machine (its config holds the job's
+        # hyperparameters, its log may hold what the script printed).
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.layout.root, 0o700)
+        self.redactor = Redactor.for_spec(self.spec)
         log_path = self.layout.output / "node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.logs = LogShipper(
@@ -83,6 +114,7 @@ class Agent:
             self.store,
             self.jobs.keys.log(attempt, rank),
             self.settings.log_sync_seconds,
+            redact=self.redactor.text,
         )
 
     def log(self, message: str) -> None:
@@ -92,16 +124,25 @@ class Agent:
     def stage(self) -> None:
         from trainctl.launcher.layout import input_data_config, resource_config
         from trainctl.node.extract import safe_extract
+        from trainctl.node.guard import check_job_uris, claim_checkpoint_dir, verify_source
         from trainctl.store import open_store
 
+        check_job_uris(self.record)
+        claim_checkpoint_dir(
+            self.layout.checkpoints(self.spec), self.record, self.settings.home, self.layout.root
+        )
         for path in self.layout.all_dirs(self.spec):
             path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="trainctl-src-") as tmp:
             archive = Path(tmp) / "sourcedir.tar.gz"
             parent_uri, _, leaf = self.record.source_uri.rpartition("/")
             open_store(parent_uri).get_file(leaf, archive)
+            verify_source(archive, self.record)
             members = safe_extract(archive, self.layout.code)
-        self.log(f"code: {len(members)} entries from {self.record.source_uri}")
+        self.log(
+            f"code: {len(members)} entries from {self.record.source_uri} "
+            f"(sha256 {self.record.source_sha256[:12]} verified)"
+        )
         write_json(self.layout.config / "hyperparameters.json", self.spec.hyperparameters)
         write_json(
             self.layout.config / "resourceconfig.json", resource_config(self.cluster, self.rank)
@@ -347,6 +388,7 @@ class Agent:
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
+        become_subreaper()
         background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
@@ -360,6 +402,8 @@ class Agent:
             staged = time.monotonic()
             python = self.python()
             startup = {"code": staged - started, "venv": time.monotonic() - staged}
+        except RefusedError as exc:
+            return self.finish(EXIT_REFUSED, f"refused: {exc}", None)
         except Exception as exc:
             return self.finish(EXIT_INFRA, f"node setup failed: {exc}", None)
         command = build_node_command(self.spec, self.cluster, self.rank, python=python)
@@ -389,27 +433,46 @@ class Agent:
         self.say(
             "launched", pid=self.proc.pid, startup={k: round(v, 3) for k, v in startup.items()}
         )
-        # From here on this thread forwards the workers' output: it yields to them (the
-        # launcher, already started, keeps its priority).
-        yield_cpu_to_training()
-        assert self.proc.stdout is not None
-        pieces = RankedLines()
-        for raw in self.proc.stdout:
-            for rank, text in pieces.feed(raw.rstrip("\n")):
-                self.forward(rank, text)
-        for rank, text in pieces.flush():
-            self.forward(rank, text)
+        # A thread forwards the workers' output, at the agent's lower priority (the
+        # launcher, already started, keeps its own). The job's end is the launcher's exit,
+        # not the end of its output: a process the script left behind may hold the pipe.
+        reader = threading.Thread(target=yielding(self.read_output), name="output", daemon=True)
+        reader.start()
+        code = self.proc.wait()
+        reader.join(timeout=STRAY_OUTPUT_SECONDS)
+        self.end_strays()
+        reader.join()
         for rank, started in sorted(self.started_lines.items(), key=lambda i: str(i[0])):
             self.keep_line(rank, started)
         for line in self.noise.flush():
             self.keep_line(None, line)
-        code = self.proc.wait()
         if code == 0 and self.notice is None:
             return self.succeed()
         if self.notice is not None or self.preempted_at is not None:
             return self.finish(EXIT_PREEMPTED, f"preempted: {self.notice or 'peer notice'}", None)
         reason, detail = self.failure_reason(code)
         return self.finish(code, reason, detail)
+
+    def read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        pieces = RankedLines()
+        for raw in self.proc.stdout:
+            for rank, text in pieces.feed(raw.rstrip("\n")):
+                self.forward(rank, text)
+        for rank, text in pieces.flush():
+            self.forward(rank, text)
+
+    def end_strays(self) -> None:
+        """End what the script left running once its launcher has exited (a daemon, a
+        `setsid` child with an empty environment, a child that kept the output pipe): as
+        the node's subreaper every one of them is still a descendant of this agent."""
+        from trainctl.node.procs import end_descendants
+
+        ended = end_descendants(os.getpid(), grace=STRAY_GRACE_SECONDS)
+        if ended:
+            names = ", ".join(f"{name} (pid {pid})" for pid, name in ended[:5])
+            more = f" and {len(ended) - 5} more" if len(ended) > 5 else ""
+            self.log(f"ended {len(ended)} process(es) the script left running: {names}{more}")
 
     def forward(self, rank: int | None, text: str) -> None:
         """One line of a worker's output (`rank`: which of several processes, if known):
@@ -435,7 +498,7 @@ class Agent:
         stopped on purpose (see LauncherNoise)."""
         kept = self.noise.feed(text, self.stopping) if rank is None else [text]
         for line in kept:
-            self.tail.append(line)
+            self.tail.append(self.redactor.text(line))
             self.logs.write(ranked_line(rank, line))
 
     def stopped_why(self) -> str:
@@ -484,6 +547,8 @@ class Agent:
                 self.log(f"output data: {out.url('output.tar.gz')}")
 
     def finish(self, code: int, reason: str | None, detail: str | None) -> int:
+        reason = None if reason is None else self.redactor.text(reason)
+        detail = None if detail is None else self.redactor.text(detail)
         self.write_status()  # the last progress, before the result says the node is done
         self.finished = True
         if self.sync is not None:

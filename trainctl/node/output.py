@@ -219,11 +219,14 @@ def _mpirun_report(lines: list[str]) -> str | None:
 class LogShipper:
     """Tees lines to the console and a log file, copying the file to the store now and then."""
 
-    def __init__(self, path: Path, store, key: str, interval: float) -> None:
+    def __init__(
+        self, path: Path, store, key: str, interval: float, redact=lambda line: line
+    ) -> None:
         self.path = path
         self.store = store
         self.key = key
         self.interval = interval
+        self.redact = redact  # the job's secret values, hidden in every line (trainctl.redact)
         self._file = path.open("a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
         self._shipped = -1
@@ -232,6 +235,7 @@ class LogShipper:
         self._thread.start()
 
     def write(self, line: str) -> None:
+        line = self.redact(line)
         with self._lock:
             console(line + "\n")
             self._file.write(line + "\n")

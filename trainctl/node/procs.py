@@ -131,3 +131,25 @@ def end_processes(find, grace: float) -> None:
             return
         signal_all(pids, signal.SIGKILL)
         time.sleep(0.1)
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def end_descendants(pid: int, grace: float) -> list[tuple[int, str]]:
+    """SIGTERM every live descendant of `pid`, SIGKILL what is left after `grace`, and reap
+    those that are this process's children (re-parented to a subreaper). Returns the
+    (pid, name) of each process found."""
+    found = [(p, process_name(p)) for p in descendants(pid) if not _is_zombie(p)]
+    if found:
+        end_processes(lambda: [p for p in descendants(pid) if not _is_zombie(p)], grace)
+    for child in descendants(pid):
+        try:
+            os.waitpid(child, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+    return found

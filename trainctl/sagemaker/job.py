@@ -39,11 +39,12 @@ def sagemaker_keys(info: dict[str, Any], spec: Any) -> dict[str, Any]:
         "TrainingJobName": info["name"],
         "TrainingJobStatus": status,
         "SecondaryStatus": secondary,
-        "HyperParameters": {k: str(v) for k, v in spec.hyperparameters.items()},
+        # (describe() hid the secret ones)
+        "HyperParameters": {k: str(v) for k, v in info["hyperparameters"].items()},
         "ResourceConfig": {
             "InstanceType": spec.instance_type,
             "InstanceCount": spec.instance_count,
-            "VolumeSizeInGB": spec.volume_size,
+            "VolumeSizeInGB": spec.root_volume_gb,
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run}
         | ({"MaxWaitTimeInSeconds": spec.max_wait} if spec.max_wait else {}),

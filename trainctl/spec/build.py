@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from trainctl.errors import SpecError
 from trainctl.spec.job import JobSpec
+from trainctl.spec.limits import MAX_DEPTH, check_value
 from trainctl.spec.parts import (
     Distribution,
     MetricDefinition,
@@ -59,6 +60,11 @@ def build_spec(**fields: Any) -> JobSpec:
     stored spec is independent of the submitter's working directory.
     """
     fields = {k: v for k, v in fields.items() if v is not None}
+    for name, value in fields.items():
+        try:
+            check_value(value, name)
+        except ValueError as exc:
+            raise SpecError(name, str(exc), prefixed=True) from None
     entry = fields.get("entry_point")
     if not entry:
         raise SpecError("entry_point", "is required (the script to run, e.g. train.py)")
@@ -99,6 +105,8 @@ def build_spec(**fields: Any) -> JobSpec:
         return JobSpec(**fields)
     except ValidationError as exc:
         raise spec_error(exc) from None
+    except RecursionError:  # (check_value bounds nesting; this is the last line of defence)
+        raise SpecError("", f"a field is nested more than {MAX_DEPTH} levels deep") from None
 
 
 def _is_ec2(instance_type: Any) -> bool:

@@ -29,6 +29,13 @@ from trainctl.spec.capacity import (
     SshHost,
     SubnetIds,
 )
+from trainctl.spec.limits import (
+    MAX_ARGUMENTS_BYTES,
+    check_environment,
+    check_hyperparameters_size,
+    check_value,
+    system_path,
+)
 from trainctl.spec.parts import (
     ChannelConfig,
     Distribution,
@@ -40,6 +47,7 @@ from trainctl.spec.parts import (
 # SageMaker's job-name rule, so names carry over both ways.
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
 MAX_KEEP_ALIVE_SECONDS = 3600
+DEFAULT_VOLUME_GB = 200
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -143,7 +151,8 @@ class JobSpec(StrictModel):
     security_group_ids: SecurityGroupIds = Field(default_factory=list)
     image_id: ImageId = None
     instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
-    volume_size: int = Field(default=200, ge=8, le=16384, strict=True)
+    # Root volume of an EC2 instance, GB (None: DEFAULT_VOLUME_GB); nothing else has one.
+    volume_size: int | None = Field(default=None, ge=8, le=16384, strict=True)
     hosts: list[SshHost] = Field(default_factory=list)
     # Warm capacity (EC2): after the job, its healthy instances stay up this long for the
     # next job with the same capacity spec (SageMaker's warm pools; 0: terminate at once).
@@ -157,6 +166,11 @@ class JobSpec(StrictModel):
     # kept), leaving out what these gitignore-style patterns match.
     workdir_max_mb: float = Field(default=1024, ge=0, le=1024 * 1024)
     workdir_ignore: list[str] = Field(default_factory=list)
+    # Names whose values are shown as <redacted> everywhere trainctl shows the job (status,
+    # logs, events, the dashboard), besides those that look secret (trainctl.redact); the
+    # script still gets the real values.
+    secret_env: list[str] = Field(default_factory=list)
+    secret_hyperparameters: list[str] = Field(default_factory=list)
 
     @field_validator("arguments", mode="before")
     @classmethod
@@ -171,6 +185,9 @@ class JobSpec(StrictModel):
                 )
             if "\0" in arg:
                 raise ValueError(f"[{index}] holds a NUL byte, which no command line can carry")
+        size = sum(len(arg.encode("utf-8", "surrogateescape")) + 1 for arg in v)
+        if size > MAX_ARGUMENTS_BYTES:
+            raise ValueError(f"{size:,} bytes in all; at most {MAX_ARGUMENTS_BYTES:,}")
         return list(v)
 
     @field_validator("workdir_ignore")
@@ -227,6 +244,10 @@ class JobSpec(StrictModel):
         return [str(Fault.parse(f)) for f in v]
 
     @property
+    def root_volume_gb(self) -> int:
+        return self.volume_size or DEFAULT_VOLUME_GB
+
+    @property
     def elastic(self) -> bool:
         """Whether the job may run on fewer than instance_count nodes."""
         return self.min_instance_count is not None and self.min_instance_count < self.instance_count
@@ -279,7 +300,9 @@ class JobSpec(StrictModel):
                 )
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key}={value!r} is not a finite number")
+            check_value(value, key)
             _check_json_value(value, key)
+        check_hyperparameters_size(v)
         # Keys that share an SM_HP_ name (`batch-size`, `batch_size`) stay allowed: the
         # arguments keep both verbatim and SM_HPS has both; SM_HP_<NAME> has the later one.
         return v
@@ -296,6 +319,15 @@ class JobSpec(StrictModel):
         for key in v:
             if not ENV_NAME_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+        check_environment(v)
+        return v
+
+    @field_validator("secret_env", "secret_hyperparameters")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or len(name) > 256 or "\0" in name:
+                raise ValueError(f"{name!r} is not a name (1-256 characters)")
         return v
 
     @field_validator("output_path", "checkpoint_s3_uri")
@@ -312,6 +344,11 @@ class JobSpec(StrictModel):
             raise ValueError("must be an absolute path (e.g. /opt/ml/checkpoints)")
         if ".." in v.split("/") or any(ord(c) < 32 for c in v):
             raise ValueError("must be a plain absolute path without '..' or control characters")
+        if (why := system_path(v)) is not None:
+            raise ValueError(
+                f"{v} {why}: the node uploads what this directory holds and writes into it; "
+                "use a directory of the job's own (default /opt/ml/checkpoints)"
+            )
         return v
 
     @field_validator("job_name")
@@ -425,6 +462,8 @@ class JobSpec(StrictModel):
                 "instance_profile": self.instance_profile is not None,
                 # Local and SSH hosts are not released after a job: nothing to keep warm.
                 "keep_alive_period_in_seconds": self.keep_alive_period_in_seconds > 0,
+                # (the disk of a machine trainctl does not start is what it is)
+                "volume_size": self.volume_size is not None,
             }
             given = [name for name, is_set in aws_only.items() if is_set]
             if given:

@@ -79,6 +79,10 @@ def parse_uri(uri: str, field: str = "uri") -> tuple[str, str]:
         return "file", os.path.abspath(os.path.expanduser(uri))
     scheme = m.group(1).lower()
     rest = uri[m.end() :]
+    if "?" in rest or "#" in rest:
+        # A URI's query or fragment would otherwise become part of a directory's or an
+        # object's name ('out?x=1#frag'), silently.
+        raise SpecError(field, f"{uri!r} has a query or fragment ('?' or '#'); {_HINT}")
     if scheme == "file":
         return "file", _file_path(uri, field)
     if scheme == "s3":

@@ -21,6 +21,9 @@ from trainctl.spec.uris import clean_key
 from trainctl.store.base import ObjectInfo, Progress, Store
 
 _TMP_MARK = ".tmp-"
+# Objects are readable by their owner only: a job's record and logs may hold its secrets
+# (environment values, hyperparameters), and the store is the user's, not the machine's.
+FILE_MODE = 0o600
 _PARENT_RETRIES = 10
 
 
@@ -59,8 +62,7 @@ class LocalStore(Store):
 
     # -- writes -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _in_parent(path: Path, action: Callable[[], object]) -> None:
+    def _in_parent(self, path: Path, action: Callable[[], object]) -> None:
         """Create `path`'s parent directories, then run `action` (which creates `path`).
 
         A concurrent delete() prunes empty parent directories, which can remove one between our
@@ -68,6 +70,8 @@ class LocalStore(Store):
         (FileExistsError). Both are retried a few times, recreating the parents each time; a
         persistent error (e.g. a file where a directory should be) still surfaces.
         """
+        if not self.root.exists():  # a new store: readable by its owner only
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for attempt in range(_PARENT_RETRIES):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +97,9 @@ class LocalStore(Store):
 
     def put_bytes(self, key: str, data: bytes) -> None:
         def fill(tmp: Path) -> None:
-            # O_EXCL: the random name must be ours alone; mode 0o666 lets the umask decide, as
-            # for any other file the user creates (mkstemp would force 0o600).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            # O_EXCL: the random name must be ours alone; owner-only, as every object may hold
+            # a secret of the job's (its record, its logs).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
 
@@ -106,7 +110,10 @@ class LocalStore(Store):
         if not src.is_file():
             raise FileNotFoundError(f"{src} is not a file")
         self._wrap_os(
-            key, lambda: self._atomic_write(self._path(key), lambda t: _copy(src, t, progress))
+            key,
+            lambda: self._atomic_write(
+                self._path(key), lambda t: _copy(src, t, progress, FILE_MODE)
+            ),
         )
 
     def append_bytes(self, key: str, data: bytes) -> None:
@@ -115,11 +122,22 @@ class LocalStore(Store):
         def append() -> None:
             # O_APPEND: every write lands at the file's current end, so bytes already there are
             # never overwritten, whatever other handles did meanwhile.
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
             with os.fdopen(fd, "ab") as f:
                 f.write(data)
 
         self._wrap_os(key, lambda: self._in_parent(target, append))
+
+    def matches(self, key: str, path: Path) -> bool:
+        """Same size and SHA-256 (a content-addressed object is reused only when it still
+        holds what its name says)."""
+        stored = self._path(key)
+        try:
+            if stored.stat().st_size != Path(path).stat().st_size:
+                return False
+            return _sha256(stored) == _sha256(Path(path))
+        except OSError:
+            return False
 
     # -- compare and swap --------------------------------------------------------------------
 
@@ -128,7 +146,7 @@ class LocalStore(Store):
         """An exclusive lock on a lock file beside `path` (every conditional writer of the
         key takes it, across processes; flock ends with the process that holds it)."""
         lock = path.with_name(f".{path.name}{_TMP_MARK}lock")  # never listed as an object
-        self._in_parent(lock, lambda: lock.touch(exist_ok=True))
+        self._in_parent(lock, lambda: lock.touch(mode=FILE_MODE, exist_ok=True))
         with lock.open("a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
@@ -175,7 +193,7 @@ class LocalStore(Store):
         # Same temp-and-rename dance on the destination, so a reader of `path` (or a crash)
         # never sees a half-copied file.
         try:
-            self._atomic_write(dest, lambda t: _copy(src, t, progress))
+            self._atomic_write(dest, lambda t: _copy(src, t, progress, 0o666))
         except FileNotFoundError:
             if not src.is_file():  # deleted between the check and the copy
                 raise NotFoundError(f"{self.url(key)} does not exist") from None
@@ -257,8 +275,18 @@ class LocalStore(Store):
 COPY_CHUNK = 8 * 1024 * 1024
 
 
-def _copy(src: Path, dest: Path, progress: Progress | None) -> None:
-    """shutil.copyfile (its fast paths), or chunked with `progress` when one is given."""
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy(src: Path, dest: Path, progress: Progress | None, mode: int) -> None:
+    """shutil.copyfile (its fast paths), or chunked with `progress` when one is given; the
+    copy gets `mode` (less the umask)."""
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
     if progress is None:
         shutil.copyfile(src, dest)
         return

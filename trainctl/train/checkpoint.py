@@ -216,6 +216,21 @@ def _numpy() -> Any:
     return numpy
 
 
+class CheckpointContentError(RuntimeError):
+    """A checkpoint holds objects that a safe (weights_only) load refuses to unpickle."""
+
+
+def _unsafe_content(exc: BaseException) -> str | None:
+    """The global a weights_only load refused ('__main__.X'), if that is what `exc` is."""
+    import pickle
+    import re
+
+    if not isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" not in str(exc):
+        return None
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # else not a refusal: a corrupt file
+    return found.group(1) if found else None
+
+
 def _rng_state() -> dict[str, Any]:
     import random
 
@@ -688,7 +703,7 @@ class Checkpointer:
         scaler: Any = None,
         sampler: Any = None,
         map_location: Any = None,
-        weights_only: bool = False,
+        weights_only: bool = True,
     ) -> CheckpointInfo | None:
         """Load the newest complete checkpoint that all ranks can read; None if there is none.
 
@@ -697,9 +712,12 @@ class Checkpointer:
         position and finally this rank's RNG states. `map_location` applies to state.pt; by
         default it loads on the CPU (so the ranks of a node do not all allocate on the GPU it
         was saved from) and `load_state_dict` copies to the parameters' devices. Rank files
-        always load on the CPU. The files are this job's own, so they are
-        unpickled fully unless `weights_only=True`. If the world size changed since the
-        save, RNG states are not restored and the sampler's position is rescaled.
+        always load on the CPU. The files come from the store, which others may write: they
+        load with `weights_only=True` (tensors, numbers, strings and containers: all that
+        `save` writes itself), so a planted file cannot run code here. An `extra` of your own
+        classes needs `weights_only=False` (or `torch.serialization.add_safe_globals`). If
+        the world size changed since the save, RNG states are not restored and the
+        sampler's position is rescaled.
         """
         self.wait()  # a save of this process still being written
         dist = _dist_ready()
@@ -787,6 +805,12 @@ class Checkpointer:
             if state.get("sharded") and not (path / str(state["sharded"])).is_dir():
                 raise FileNotFoundError(f"{state['sharded']}/ is not part of this checkpoint")
         except Exception as e:
+            if weights_only and (refused := _unsafe_content(e)):
+                raise CheckpointContentError(
+                    f"checkpoint {path} holds {refused}, which a safe load (weights_only=True) "
+                    "does not unpickle; if you trust it (an `extra` of your own classes), "
+                    "call restore(..., weights_only=False)"
+                ) from None
             _warn(f"cannot load checkpoint {path}: {type(e).__name__}: {e}; trying an older one")
             return None
         return state, own, saved_world

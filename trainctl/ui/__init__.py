@@ -12,18 +12,39 @@ from trainctl.errors import SpecError, StoreError, TrainctlError
 DEFAULT_PORT = 8377
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def check_bind(host: str, port: int, token: str | None) -> str | None:
     """The token the server needs: None on loopback without one; a given or new one for
     any other address (the dashboard shows everything the store holds)."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback and token is None:
-        return secrets.token_urlsafe(24)
     if not 1 <= port <= 65535:
         raise SpecError("--port", f"{port} is not a port (1-65535)")
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise SpecError(
+            "--token",
+            f"must be at least {MIN_TOKEN_CHARS} characters (got {len(token)}); leave it out "
+            "to have one made",
+        )
+    if token is not None and not token.isprintable():
+        raise SpecError("--token", "must be printable characters")
+    if not is_loopback(host) and token is None:
+        return secrets.token_urlsafe(24)
     return token
+
+
+def allowed_hosts(host: str) -> list[str]:
+    """Host headers a token-less loopback dashboard answers: its own names only. A web page
+    elsewhere that rebinds its DNS name to 127.0.0.1 sends its own name, and is refused."""
+    names = {"localhost", "127.0.0.1", "::1", "[::1]", host}
+    return sorted(names | {f"[{host}]"} if ":" in host else names)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -56,8 +77,13 @@ def serve(store: Any, *, host: str, port: int, token: str | None, ready: Any = N
     except (OSError, StoreError) as exc:
         raise TrainctlError(f"cannot read the store {store.uri}: {exc}") from None
     check_port_free(host, port)
+    hosts = None if token is not None else allowed_hosts(host)
     config = uvicorn.Config(
-        make_app(store, token=token), host=host, port=port, log_level="warning", access_log=False
+        make_app(store, token=token, hosts=hosts),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     if ready is not None:

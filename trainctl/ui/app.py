@@ -31,7 +31,10 @@ MAX_LOG_CHUNK = 256 * 1024
 TOKEN_COOKIE = "trainctl_token"
 
 
-def make_app(store: Store, *, token: str | None = None) -> Any:
+def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None = None) -> Any:
+    """The dashboard over `store`: every request needs `token` when one is set, and a Host
+    header among `hosts` when those are given (a token-less loopback server; see
+    trainctl.ui.allowed_hosts)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.base import BaseHTTPMiddleware
@@ -40,8 +43,8 @@ def make_app(store: Store, *, token: str | None = None) -> Any:
     from starlette.routing import Route
 
     from trainctl.controller.supervise import controller_view
-    from trainctl.errors import NotFoundError, TrainctlError
-    from trainctl.record import JobKeys, JobStore, list_jobs
+    from trainctl.errors import NotFoundError, SpecError, TrainctlError, UnreadableRecordError
+    from trainctl.record import JobKeys, JobStore, scan_jobs
 
     def job_store(request: Request) -> JobStore:
         name = request.path_params["job"]
@@ -62,7 +65,8 @@ def make_app(store: Store, *, token: str | None = None) -> Any:
         return HTMLResponse(_page(f"trainctl {jobs.name}", "job", store.uri, job=jobs.name))
 
     async def api_jobs(request: Request) -> Response:
-        return JSONResponse([r.describe() for r in list_jobs(store)])
+        records, unreadable = scan_jobs(store)
+        return JSONResponse([r.describe() for r in records] + [u.describe() for u in unreadable])
 
     async def api_job(request: Request) -> Response:
         return JSONResponse(describe(job_store(request)))
@@ -114,6 +118,11 @@ def make_app(store: Store, *, token: str | None = None) -> Any:
         path = request.path_params["path"].strip("/")
         if not path or ".." in path.split("/"):
             return PlainTextResponse("not a file of the job", status_code=400)
+        if path == "job.json":  # the record holds the job's secrets: shown redacted only
+            return JSONResponse(
+                jobs.load().redacted_dump(),
+                headers={"Content-Disposition": 'attachment; filename="job.json"'},
+            )
         candidates = [(store.child(JobKeys(jobs.name).prefix), path)]
         if path.startswith("output/"):
             candidates.append((output_store(jobs.load()), path[len("output/") :]))
@@ -142,6 +151,13 @@ def make_app(store: Store, *, token: str | None = None) -> Any:
         """Token check (when set); errors as one line, never a traceback."""
 
         async def dispatch(self, request: Request, call_next: Any) -> Response:
+            if hosts is not None:
+                name = request.headers.get("host", "")
+                name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
+                if name not in hosts:
+                    return PlainTextResponse(
+                        "this dashboard answers to its own address only", status_code=421
+                    )
             if token is not None:
                 given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE)
                 if not given or not hmac.compare_digest(given, token):
@@ -150,6 +166,10 @@ def make_app(store: Store, *, token: str | None = None) -> Any:
                 response = await call_next(request)
             except NotFoundError as exc:
                 return PlainTextResponse(str(exc), status_code=404)
+            except SpecError as exc:  # a path-like job name in the URL
+                return PlainTextResponse(str(exc), status_code=400)
+            except UnreadableRecordError as exc:  # one line, as `trainctl status` says it
+                return PlainTextResponse(str(exc), status_code=409)
             except TrainctlError as exc:
                 return PlainTextResponse(str(exc), status_code=502)
             if token is not None and request.query_params.get("token"):

@@ -850,7 +850,7 @@ def _capacity_key(
         instance_profile=spec.instance_profile,
         subnets=list(spec.subnets),
         security_group_ids=list(spec.security_group_ids),
-        volume_size=spec.volume_size,
+        volume_size=spec.root_volume_gb,
     )
 
 

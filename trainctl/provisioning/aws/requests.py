@@ -259,7 +259,7 @@ def run_instances(
             {
                 "DeviceName": ctx.root_device_name,
                 "Ebs": {
-                    "VolumeSize": spec.volume_size,
+                    "VolumeSize": spec.root_volume_gb,
                     "VolumeType": "gp3",
                     "Encrypted": True,
                     "DeleteOnTermination": True,

@@ -160,6 +160,13 @@ def framework_without_engine(
     return True
 
 
+def _on_ec2(instance_type: str) -> bool:
+    from trainctl.spec.catalog import CATALOG
+
+    known = CATALOG.get(instance_type)
+    return known is not None and known.provider == "aws"
+
+
 class PyTorch:
     """`sagemaker.pytorch.PyTorch`, run by trainctl (see the module docstring)."""
 
@@ -191,6 +198,10 @@ class PyTorch:
             raise SpecError("instance_type", "is required (e.g. 'ml.p4d.24xlarge' or 'local')")
         itype = instance_type_of(instance_type)
         fields: dict[str, Any] = {k: kwargs[k] for k in PASSED if kwargs.get(k) is not None}
+        if "volume_size" in fields and not _on_ec2(itype):
+            # SageMaker's local mode ignores it too (the disk is the machine's own).
+            warn("volume_size", f"ignored: {instance_type} runs on this machine", stacklevel=3)
+            del fields["volume_size"]
         for name in ("output_path", "checkpoint_s3_uri"):
             if name in fields:
                 fields[name] = self.sagemaker_session.resolve(fields[name])

@@ -2,7 +2,7 @@
  * a job runs. Everything here is bundled with trainctl; no request leaves the dashboard. */
 (function () {
   var COLORS = ["#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989"];
-  var TERMINAL = { Completed: 1, Failed: 1, Stopped: 1 };
+  var TERMINAL = { Completed: 1, Failed: 1, Stopped: 1, Unreadable: 1 };
   function esc(s) {
     return String(s == null ? "-" : s).replace(/[&<>"']/g, function (c) {
       return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
@@ -27,6 +27,10 @@
   function jobsView() {
     get("/api/jobs").then(function (jobs) {
       var rows = jobs.map(function (j) {
+        if (j.state === "Unreadable") {  // a record that cannot be read: one line saying why
+          return '<tr class="job-row"><td>' + esc(j.name) + '</td><td class="state-Failed">Unreadable</td>' +
+            '<td colspan="5" class="problem">' + esc(j.problem) + "</td></tr>";
+        }
         return '<tr class="job-row"><td><a href="/jobs/' + encodeURIComponent(j.name) + '">' + esc(j.name) +
           '</a></td><td class="state-' + esc(j.state) + '">' + esc(j.state) + "</td><td>" +
           esc(j.instance_count + " x " + j.instance_type) + "</td><td>" + esc((j.created_at || "").replace("T", " ").slice(0, 19)) +

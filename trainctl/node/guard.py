@@ -1,0 +1,94 @@
+"""What a node checks before it runs anything of a job: that the code is the code submitted,
+and that the job's data stays the job's. Each failed check is a RefusedError: the attempt
+fails, named, and is not retried (new capacity would find the same)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from trainctl.errors import RefusedError, SpecError
+from trainctl.record import JobRecord
+
+CHUNK = 1024 * 1024
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_source(archive: Path, record: JobRecord) -> None:
+    """The downloaded source archive must hash to the record's source_sha256: a source
+    object replaced in the store (content addressing makes every later submit of the same
+    directory reuse it) must not run."""
+    actual = file_sha256(archive)
+    if actual != record.source_sha256:
+        raise RefusedError(
+            f"the source archive {record.source_uri} has sha256 {actual[:16]}..., not the "
+            f"{record.source_sha256[:16]}... recorded at submit: the stored code was changed "
+            "after the job was submitted (tampered?); resubmit to package it again"
+        )
+
+
+def check_job_uris(record: JobRecord) -> None:
+    """The job's checkpoint, output and input URIs again (submit checked them): a record from
+    an older trainctl, or one edited in the store, may not reach other jobs' data."""
+    from trainctl.spec.confine import check_confined
+
+    spec = record.spec
+    try:
+        for field, uri in (
+            ("checkpoint_s3_uri", spec.checkpoint_s3_uri),
+            ("output_path", spec.output_path),
+        ):
+            if uri:
+                check_confined(uri, field, record.store_uri)
+        for name, uri in sorted(spec.inputs.items()):
+            check_confined(uri, f"inputs.{name}", record.store_uri, reading=True)
+    except SpecError as exc:
+        raise RefusedError(str(exc)) from None
+
+
+def claim_checkpoint_dir(path: Path, record: JobRecord, home: Path, layout_root: Path) -> None:
+    """A local checkpoint directory outside the node's own layout must be fresh (missing or
+    empty) or this job's (claimed by an earlier attempt): the node uploads what it holds,
+    and restores into it. The claim is kept under `home`, not in the directory, so a script
+    that empties its checkpoint directory does not lose it."""
+    from trainctl.spec.limits import system_path
+
+    if path.resolve().is_relative_to(layout_root.resolve()):
+        return
+    if (why := system_path(str(path))) is not None:
+        raise RefusedError(f"checkpoint_local_path: {path} {why}")
+    claims = home / "checkpoint-dirs"
+    claim = claims / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
+    try:
+        owner = json.loads(claim.read_text()).get("job")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner == record.name:
+        return
+    try:
+        holds = any(path.iterdir())
+    except FileNotFoundError:
+        holds = False
+    except OSError as exc:
+        raise RefusedError(
+            f"checkpoint_local_path: {path} cannot be read ({exc.strerror})"
+        ) from None
+    if holds:
+        whose = f"job {owner!r}'s" if owner else "not made by this job"
+        raise RefusedError(
+            f"checkpoint_local_path: {path} is not empty and {whose}: the node would upload "
+            "what it holds as this job's checkpoints; use an empty directory"
+        )
+    claims.mkdir(parents=True, exist_ok=True)
+    tmp = claim.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"job": record.name, "path": str(path)}))
+    os.replace(tmp, claim)
