@@ -366,7 +366,7 @@ def test_no_inputs_no_hyperparameters(src: Path, tmp_path: Path) -> None:
     [
         (None, "ROOT/opt/ml/checkpoints"),
         ("/opt/ml/ckpt", "ROOT/opt/ml/ckpt"),
-        ("/opt/ml", "ROOT/opt/ml"),
+        ("/opt/ml/a/b", "ROOT/opt/ml/a/b"),  # (/opt/ml itself: the whole layout, refused)
         ("/tmp/x", "/tmp/x"),
         ("/opt/mlx", "/opt/mlx"),
     ],

@@ -163,7 +163,7 @@ def test_a_node_refuses_a_record_that_reaches_outside_the_job(home, src):
 
 @pytest.mark.timeout(60)
 def test_system_directories_are_not_checkpoint_paths(home, src):
-    for path in ("/etc", "/proc/1", "/", "/root", "/tmp", str(Path.home()), "/usr/lib"):
+    for path in ("/etc", "/proc/1", "/", "/root", "/tmp", "/opt/ml", str(Path.home()), "/usr/lib"):
         proc = cli("submit", "train.py", "--source-dir", str(src), "--checkpoint-local-path", path)
         assert one_line_error(proc).startswith("error: checkpoint_local_path: "), proc.stderr
     assert not (store_root(home) / "jobs").exists()
@@ -393,7 +393,15 @@ def test_the_launch_environment_cannot_be_overridden(home, src):
             assert line.startswith("error: environment: ") and pair.split("=")[0] in line
     from trainctl import Estimator
     from trainctl.errors import SpecError
+    from trainctl.spec.limits import TRAIN_LIBRARY_ENV
+    from trainctl.train import diagnosis
 
+    # What trainctl.train reads (diagnose's derived runs) stays settable, and is only that.
+    assert {
+        diagnosis.DIAGNOSE_STEPS,
+        diagnosis.DIAGNOSE_WARMUP,
+        diagnosis.SYNTHETIC_DATA,
+    } == TRAIN_LIBRARY_ENV
     for env, what in (({"X": "a\0b"}, "NUL"), ({"X": "x" * 40_000}, "at most")):
         with pytest.raises(SpecError, match=what):
             Estimator(entry_point="train.py", source_dir=str(src), environment=env).fit()

@@ -69,10 +69,17 @@ SYSTEM_DIRS = (
 
 # Shared directories: a job may use a directory inside one, never the whole of it.
 SHARED_DIRS = ("/tmp", "/var", "/var/tmp", "/home", "/opt", "/opt/ml", "/mnt", "/media", "/srv")
+# Not set by the launch but read by trainctl.train (trainctl.train.diagnosis): `trainctl
+# diagnose` runs its derived jobs with them, and a user may too.
+TRAIN_LIBRARY_ENV = frozenset(
+    {"TRAINCTL_DIAGNOSE_STEPS", "TRAINCTL_DIAGNOSE_WARMUP", "TRAINCTL_SYNTHETIC_DATA"}
+)
 
 
 def reserved_env(name: str) -> bool:
     """Whether `name` is set by trainctl's launch (and so may not come from the user)."""
+    if name in TRAIN_LIBRARY_ENV:
+        return False
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 
