@@ -31,8 +31,8 @@ def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, An
         packaged = package_source(
             Path(spec.source_dir), Path(tmp) / "sourcedir.tar.gz", max_bytes=max_bytes
         )
-    key = source_key(packaged.sha256)
-    uploaded = store.exists(key)
+        key = source_key(packaged.sha256)
+        uploaded = store.matches(key, packaged.path)  # (as create_job decides)
     if store.uri.startswith("s3://"):
         bucket, _, prefix = store.uri[len("s3://") :].partition("/")
         full_key = f"{prefix.strip('/')}/{key}" if prefix.strip("/") else key

@@ -334,7 +334,8 @@ def spawn_controller(store: Store, name: str) -> int:
     log_path = controller_log_path(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, CONTROLLER_TAG: name}
-    with open(log_path, "ab") as log:
+    # (owner-only: the controller prints its nodes' output, which is the job's business)
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainctl.controller", "--store", store.uri, name],
             stdin=subprocess.DEVNULL,
