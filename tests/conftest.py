@@ -71,6 +71,34 @@ def home(tmp_path, monkeypatch) -> Path:
     assert not nodes.exists() or not any(nodes.iterdir()), "node directories left behind"
 
 
+RELAUNCHED_SECRET = "dashboard-must-not-show-this-s3cr3t"
+
+
+@pytest.fixture(scope="session")
+def relaunched_digits(tmp_path_factory):
+    """One finished 2-node digits job, relaunched once (node 1 killed 8 s into training),
+    with a secret in its environment: (home, job). Made once per session and shared by
+    the tests that only read it (the metric history from the CLI, the dashboard)."""
+    from tests.test_fault_tolerance import digits
+
+    home = tmp_path_factory.mktemp("relaunched-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRAINCTL_HOME", str(home))
+    mp.delenv("TRAINCTL_STORE", raising=False)
+    try:
+        job = digits(
+            step_delay=0.05,
+            faults=["kill:1@8"],
+            environment={"WANDB_API_KEY": RELAUNCHED_SECRET},
+        ).fit(logs=False)
+        info = job.describe()
+        assert info["state"] == "Completed" and len(info["attempts"]) == 2, info["attempts"]
+        assert not wait_no_leftovers(home=home), "the shared job left processes behind"
+        yield home, job
+    finally:
+        mp.undo()
+
+
 def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: str = "testing"):
     """The environment that points boto3 (ours and the tests') at a moto server, with
     fake credentials and nothing from the user's own AWS configuration."""

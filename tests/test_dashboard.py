@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TRAINCTL, free_port
+from tests.conftest import RELAUNCHED_SECRET, TRAINCTL, free_port
 
 pytestmark = pytest.mark.e2e
-SECRET = "dashboard-must-not-show-this-s3cr3t"
+SECRET = RELAUNCHED_SECRET
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -35,25 +35,10 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def relaunched_job(tmp_path_factory):
-    """A finished 2-node digits job relaunched once (a node killed mid-training), with a
-    secret in its environment."""
-    from tests.test_fault_tolerance import digits
-
-    home = tmp_path_factory.mktemp("dashboard-home")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINCTL_HOME", str(home))
-    mp.delenv("TRAINCTL_STORE", raising=False)
-    try:
-        job = digits(
-            step_delay=0.05, faults=["kill:1@8"], environment={"WANDB_API_KEY": SECRET}
-        ).fit(logs=False)
-        info = job.describe()
-        assert info["state"] == "Completed" and len(info["attempts"]) == 2
-        yield home, job
-    finally:
-        mp.undo()
+@pytest.fixture
+def relaunched_job(relaunched_digits):
+    """The session's finished 2-node digits job, relaunched once (tests/conftest.py)."""
+    return relaunched_digits
 
 
 class Dashboard:

@@ -68,10 +68,10 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
-def test_loss_curve_across_a_relaunch_from_the_cli(home):
-    from tests.test_fault_tolerance import digits
-
-    job = digits(step_delay=0.05, faults=["kill:1@8"]).fit(logs=False)
+def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatch):
+    home, job = relaunched_digits  # shared with the dashboard's test: read-only here
+    monkeypatch.setenv("TRAINCTL_HOME", str(home))
+    monkeypatch.delenv("TRAINCTL_STORE", raising=False)
     info = job.describe()
     assert info["state"] == "Completed" and len(info["attempts"]) == 2
     resumed = info["attempts"][1]["resumed_from_step"]
