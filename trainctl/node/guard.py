@@ -11,16 +11,7 @@ from pathlib import Path
 
 from trainctl.errors import RefusedError, SpecError
 from trainctl.record import JobRecord
-
-CHUNK = 1024 * 1024
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+from trainctl.store.local import file_sha256
 
 
 def verify_source(archive: Path, record: JobRecord) -> None:

@@ -135,7 +135,7 @@ class LocalStore(Store):
         try:
             if stored.stat().st_size != Path(path).stat().st_size:
                 return False
-            return _sha256(stored) == _sha256(Path(path))
+            return file_sha256(stored) == file_sha256(Path(path))
         except OSError:
             return False
 
@@ -275,7 +275,7 @@ class LocalStore(Store):
 COPY_CHUNK = 8 * 1024 * 1024
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(COPY_CHUNK):
