@@ -42,6 +42,8 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     this host) its process still exists, so a controller killed here is known dead at once."""
     if not lease or "renewed_at" not in lease:
         return LeaseView(lease, False, None)
+    if "released_at" in lease:  # its controller let go of the job: nobody holds it now
+        return LeaseView(lease, False, max(0.0, time.time() - float(lease["renewed_at"])))
     silent = max(0.0, time.time() - float(lease["renewed_at"]))
     if silent > seconds:
         return LeaseView(lease, False, silent)

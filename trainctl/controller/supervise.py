@@ -59,10 +59,13 @@ def supervise(
         record = jobs.load()
         if follower is not None:
             follower.drain()
-        if record.state.is_terminal():
+        if record.state.is_terminal() and (not _tearing_down(jobs) or _past(deadline)):
             if follower is not None:
                 follower.flush()
             return record
+        if record.state.is_terminal():  # its instances and groups are still being deleted
+            time.sleep(poll)
+            continue
         view = controller_view(jobs, record)
         if view is not None and view["lost"]:
             offsets = follower.line_offsets() if follower is not None else {}
@@ -75,6 +78,19 @@ def supervise(
                     if follower is not None:  # what the controller printed is printed
                         follower.drain()
                     return record
-        if deadline is not None and time.monotonic() > deadline:
+        if _past(deadline):
             raise TimeoutError(f"job {name!r} is still {record.state.value} after {timeout} s")
         time.sleep(poll)
+
+
+def _tearing_down(jobs: JobStore) -> bool:
+    """Whether the job's controller still holds its lease: the record turns terminal before
+    the teardown (instances, security group, key pair) is done, and a waiter that returned
+    then would tell its user "done" while the job's resources still exist."""
+    from trainctl.controller.lease import view_lease
+
+    return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
