@@ -51,19 +51,21 @@ from trainctl.protocol import split as split_control
 # left behind has between SIGTERM and SIGKILL.
 STRAY_OUTPUT_SECONDS = 2.0
 STRAY_GRACE_SECONDS = 2.0
+OUTPUT_DRAIN_SECONDS = 60.0
 
 
-def become_subreaper() -> None:
+def become_subreaper() -> bool:
     """Make this agent the reaper of every orphan below it (Linux PR_SET_CHILD_SUBREAPER):
     a daemonised or `setsid` process of the script is re-parented here, not to init, so it
-    stays in the agent's tree and ends with the node, whatever its environment says."""
+    stays in the agent's tree and ends with the node, whatever its environment says.
+    False where the system does not allow it (the environment tag still finds most)."""
     import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):  # not Linux: the environment tag still finds most
-        pass
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux
+        return False
 
 
 class Agent:
@@ -388,7 +390,8 @@ class Agent:
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
-        become_subreaper()
+        if not become_subreaper():
+            self.log("not this node's subreaper: a daemon the script starts may outlive it")
         background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
@@ -441,7 +444,11 @@ class Agent:
         code = self.proc.wait()
         reader.join(timeout=STRAY_OUTPUT_SECONDS)
         self.end_strays()
-        reader.join()
+        # Nothing of the node holds the pipe now: what is left is a backlog to drain (the
+        # reader runs at a lower priority), bounded in case a holder is outside the node.
+        reader.join(timeout=OUTPUT_DRAIN_SECONDS)
+        if reader.is_alive():  # a holder outside this node's tree: the result goes first
+            self.log("the output is still held open from outside the node; not waiting for it")
         for rank, started in sorted(self.started_lines.items(), key=lambda i: str(i[0])):
             self.keep_line(rank, started)
         for line in self.noise.flush():
