@@ -1,12 +1,13 @@
 # trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite;
-# `make bench` measures the performance table (bench/results.json; see README "Performance").
+# `make bench` measures the performance table (bench/results.json; see docs/benchmarks.md);
+# `make docs` builds the documentation site into site/.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench clean
+.PHONY: venv demo test docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -18,14 +19,17 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Into the user's own store ($TRAINCTL_HOME, default ~/.trainctl): `trainctl jobs` then
+# finds the demo, as it finds every job the user runs.
 demo: venv
-	TRAINCTL_HOME=$${TRAINCTL_HOME:-$(CURDIR)/.trainctl-demo} \
 	$(VENV)/bin/trainctl submit train.py --source-dir examples/digits \
 		--instance-count 2 --distribution torch_distributed \
 		-p epochs=8 -p lr=0.1 -p seed=0
+	@echo "See it again: $(VENV)/bin/trainctl jobs (then status, logs, artifacts JOB)"
 
 test: venv
 	$(VENV)/bin/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/pytest -q
 	@test -f .pytest-session-finished || { echo "pytest did not finish its session"; exit 1; }
 
@@ -33,6 +37,10 @@ test: venv
 # BENCH_ARGS="--quick" or "--only upload" for a partial run.
 bench: venv
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# strict: a broken link, a missing page or API reference fails the build
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -43,4 +51,4 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .trainctl-demo .pytest_cache .ruff_cache
+	rm -rf $(VENV) site .pytest_cache .ruff_cache

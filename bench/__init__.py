@@ -1,1 +1,1 @@
-"""trainctl's benchmarks (`make bench`): see bench/run.py and README.md, "Performance"."""
+"""trainctl's benchmarks (`make bench`): see bench/run.py and docs/benchmarks.md."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
+from trainctl.protocol import split_stamp, stamped_line
 
 STARTUP_ROUND_TRIPS = 4  # SSH connect, auth, agent upload check, exec
 HEARTBEAT_SECONDS = 1.0
@@ -89,7 +90,7 @@ class SimNode:
         class QuietShipper(LogShipper):  # the agent's shipper, without its console tee
             def write(self, line: str) -> None:
                 with self._lock:
-                    self._file.write(line + "\n")
+                    self._file.write(stamped_line(line) + "\n")
 
             def _run(self) -> None:
                 try:
@@ -400,7 +401,7 @@ def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
     stored = 0
     for attempt, rank in harness.nodes:
         text = harness.store.get_text(f"jobs/{clean['job']}/logs/attempt-{attempt}/node-{rank}.log")
-        stored += sum(1 for line in text.splitlines() if line.startswith("node "))
+        stored += sum(1 for line in text.splitlines() if split_stamp(line)[1].startswith("node "))
     shown = sum(printer.shown.values())
     assert harness.provisioned_at is not None and harness.started_at is not None
     return {

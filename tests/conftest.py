@@ -28,6 +28,13 @@ EXAMPLES = REPO / "examples"
 TRAINCTL = str(Path(sys.executable).parent / "trainctl")
 
 
+def log_lines(text: str) -> list[str]:
+    """A stored node log's lines without the time each starts with (protocol.split_stamp)."""
+    from trainctl.protocol import split_stamp
+
+    return [split_stamp(line)[1] for line in text.splitlines()]
+
+
 def tagged_processes(home: Path | None = None) -> list[int]:
     """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
     (other trainctl users on the machine, a benchmark say, are not ours to judge)."""

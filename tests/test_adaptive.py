@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, log_lines
 from trainctl import Estimator
 from trainctl.train.adaptive import AdaptiveBatch, NoiseScale, efficiency, gain
 
@@ -173,7 +173,10 @@ def test_bad_adaptive_input_names_the_field():
 
 
 def _states(log: str, kind: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in re.finditer(rf"^{kind} (\d+) (.*)$", log, re.M)}
+    return {
+        int(m.group(1)): m.group(2)
+        for m in re.finditer(rf"^{kind} (\d+) (.*)$", "\n".join(log_lines(log)), re.M)
+    }
 
 
 @pytest.mark.e2e

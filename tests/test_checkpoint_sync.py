@@ -129,3 +129,27 @@ def test_a_file_rewritten_with_the_same_content_is_not_uploaded_again(tmp_path, 
         large.write_bytes(bytes(data))
         assert sync.sync_once() == 1 and sync.uploads == 3
         assert store.get_bytes("step-1/state.pt") == bytes(data)
+
+
+def test_a_step_pruned_between_scan_and_upload_is_not_an_error(tmp_path, store, monkeypatch):
+    """The script deletes an old step while a pass uploads (Checkpointer(keep=N)): the pass
+    goes on without it, says nothing, and the manifest lists what is there."""
+    local = tmp_path / "ckpt"
+    for step in ("step-1", "step-2"):
+        (local / step).mkdir(parents=True)
+        (local / step / "model.pt").write_bytes(step.encode())
+    real_put_files = LocalStore.put_files
+
+    def prune_first(self, items, *, workers=8):
+        (local / "step-1" / "model.pt").unlink(missing_ok=True)  # the script's prune
+        return real_put_files(self, items, workers=workers)
+
+    monkeypatch.setattr(LocalStore, "put_files", prune_first)
+    said: list[str] = []
+    sync = CheckpointSync(store, local, 0, interval=60, log=said.append)
+    assert sync.sync_once() == 1
+    listed = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert list(listed) == ["step-2/model.pt"]
+    assert not store.exists("step-1/model.pt") and said == []
+    monkeypatch.setattr(LocalStore, "put_files", real_put_files)
+    assert sync.sync_once() == 0  # nothing left to do: the vanished file is not retried

@@ -272,7 +272,7 @@ def test_typer_usage_error_is_exit_2(cli_home: Path, src: Path) -> None:
     ("args", "words"),
     [
         pytest.param(["submit", "--bogus"], ("No such option: --bogus",), id="option"),
-        pytest.param(["status"], ("Missing argument 'job'",), id="argument"),
+        pytest.param(["status"], ("Missing argument 'JOB'",), id="argument"),
         pytest.param(
             ["submit", "src/train.py", "--instance-count", "abc"],
             ("'--instance-count'", "integer"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, FIXTURES
+from tests.conftest import EXAMPLES, FIXTURES, log_lines
 from trainctl import Estimator, TrainingJob, protocol
 from trainctl.errors import SpecError
 from trainctl.estimator import JobFailedError
@@ -25,7 +25,7 @@ def probe_records(job: TrainingJob, attempt: int = 1) -> dict[str, dict]:
     """The PROBE line of every node, keyed by host, read from the node logs in the store."""
     out = {}
     for info in job.store.list(f"jobs/{job.name}/logs/attempt-{attempt}"):
-        for line in job.store.get_text(info.key).splitlines():
+        for line in log_lines(job.store.get_text(info.key)):
             if line.startswith("PROBE "):
                 rec = json.loads(line[6:])
                 out[rec["env"]["SM_CURRENT_HOST"]] = rec
@@ -357,7 +357,7 @@ def test_metric_definitions_are_recorded(home):
 def test_a_control_message_inside_a_printed_line_leaves_the_line_whole(home, source):
     job = Estimator(entry_point="train.py", source_dir=str(source("midline"))).fit(logs=False)
     log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
-    lines = log.splitlines()
+    lines = log_lines(log)
     assert "SPLIT first half and second half" in lines and "NEXT line" in lines, log
     assert protocol.CONTROL_PREFIX not in log
     assert job.describe()["attempts"][0]["last_step"] == 7

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from tests.conftest import EXAMPLES, free_port, point_aws_at
+from tests.conftest import EXAMPLES, free_port, log_lines, point_aws_at
 from trainctl import Estimator
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +69,7 @@ def test_job_with_s3_store_inputs_and_outputs(home, s3, source, monkeypatch):
     log = s3.get_object(Bucket=bucket, Key=f"{prefix}/logs/attempt-1/node-1.log")
     probe = next(
         json.loads(line[6:])
-        for line in log["Body"].read().decode().splitlines()
+        for line in log_lines(log["Body"].read().decode())
         if line.startswith("PROBE ")
     )
     assert probe["channels"]["train"] == ["rows.csv", "sub/more.csv"]
@@ -102,7 +102,14 @@ def test_cli_browses_s3_store(home, s3, monkeypatch):
     assert f"s3://{bucket}/store/jobs/s3-digits" in tree.stdout
     assert "model.tar.gz" in tree.stdout and "node-0.log" in tree.stdout
     listing = run("ls", f"s3://{bucket}/store/jobs/s3-digits/output")
-    assert f"s3://{bucket}/store/jobs/s3-digits/output/model.tar.gz" in listing.stdout
+    names = [line.split()[-1] for line in listing.stdout.splitlines()]
+    assert "model.tar.gz" in names, listing.stdout
+    one = run("ls", "-h", f"s3://{bucket}/store/jobs/s3-digits/output/model.tar.gz")
+    assert one.returncode == 0 and one.stdout.split()[-1] == "model.tar.gz", one
+    everything = run("ls", "-r", f"s3://{bucket}/store/jobs/s3-digits")
+    assert f"s3://{bucket}/store/jobs/s3-digits/output/model.tar.gz" in everything.stdout
+    missing = run("ls", f"s3://{bucket}/store/jobs/no-such-job")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: nothing at s3://")
     logs = run("logs", "s3-digits")
     assert "test_accuracy=" in logs.stdout
     jobs = json.loads(run("jobs", "-o", "json").stdout)

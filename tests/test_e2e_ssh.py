@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import log_lines
 from tests.sshd import SshdServer, free_port, job_processes
 from trainctl import Estimator
 from trainctl.errors import SpecError
@@ -82,7 +83,7 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
     # each rank ran on its own host, in a node dir under that host's home
     for server, host, rank in ((first, first.address, 0), (second, second.address, 1)):
         log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log")
-        probe = json.loads(next(ln for ln in log.splitlines() if ln.startswith("PROBE "))[6:])
+        probe = json.loads(next(ln for ln in log_lines(log) if ln.startswith("PROBE "))[6:])
         env = probe["env"]
         assert env["SM_CURRENT_HOST"] == host and env["RANK"] == str(rank)
         assert env["MASTER_ADDR"] == env["SM_MASTER_ADDR"] == first.address

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from tests.cloud import cloud
-from tests.conftest import FIXTURES, TRAINCTL
+from tests.conftest import FIXTURES, TRAINCTL, log_lines
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.train.elastic import GlobalBatchSampler
@@ -152,7 +152,7 @@ def test_three_nodes_shrink_to_two_and_grow_back(home, monkeypatch, uninterrupte
         upto = attempts[number]["resumed_from_step"] if number < len(attempts) else None
         for rank in range(len(attempt["nodes"])):
             log = job.store.get_text(f"jobs/{job.name}/logs/attempt-{number}/node-{rank}.log")
-            for line in log.splitlines():
+            for line in log_lines(log):
                 if not line.startswith("USED "):
                     continue
                 _, epoch, step, _rank, used = line.split(" ")

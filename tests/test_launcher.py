@@ -514,3 +514,14 @@ def test_a_traceback_interleaved_with_another_process_output_still_names_the_err
         "RuntimeError: b",
     ]
     assert failure_from_output(chained)[0] == "RuntimeError: b"
+
+
+def test_an_exit_without_a_traceback_is_its_exit_code_with_the_last_lines_as_context() -> None:
+    """`print("step 7"); sys.exit(3)`: the reason is "exit code 3", not "step 7"."""
+    from trainctl.node.agent import exit_text
+    from trainctl.node.output import failure_from_output
+
+    assert failure_from_output(["loading", "step 7"]) == (None, "loading\nstep 7")
+    assert exit_text(3) == "exit code 3"
+    assert exit_text(-9) == "killed by SIGKILL"
+    assert exit_text(137) == "exit code 137"

@@ -40,10 +40,12 @@ def test_fit_in_a_notebook_updates_one_output_and_renders_the_job(home, tmp_path
     nbformat.write(notebook, tmp_path / "fit.ipynb")  # kept with the test's files
 
     outputs = notebook.cells[1].outputs
-    # one log area updated in place (and the emptied areas of the packaging and upload
-    # progress bars), and the result: a handful, not a block per log line
+    # one log area updated in place, a line per piece of work that took a while (packaging,
+    # the upload), and the result: a handful, not a block per log line
     assert len(outputs) <= 6, [o.get("output_type") for o in outputs]
-    texts = [o.get("data", {}).get("text/plain", "") for o in outputs]
+    texts = [o.get("data", {}).get("text/plain", "") or o.get("text", "") for o in outputs]
+    assert all(t.strip() for t in texts), outputs  # no empty output
+    assert not any("ipywidgets" in t or "Warning" in t for t in texts), texts
     logs = [t for t in texts if "[algo-" in t]
     assert len(logs) == 1 and "[algo-2]" in logs[0] and "Completed" in logs[0]
     shown = next(o for o in outputs if o.get("output_type") == "execute_result")
@@ -83,9 +85,15 @@ def test_a_kernel_interrupt_during_fit_stops_the_job(home):
         assert record.state.value == "Stopped"
         assert record.stop_reason == "interrupted by the user (Ctrl-C)"
         assert wait_no_leftovers(timeout=30) == []
-        # the kernel lives on
-        client.execute("1 + 1")
-        assert client.get_shell_msg(timeout=30)["content"]["status"] == "ok"
+        # the kernel lives on (a request that reached it while it still handled the error
+        # is "aborted", ipykernel's stop_on_error: the next one runs)
+        statuses = []
+        for _ in range(3):
+            client.execute("1 + 1")
+            statuses.append(client.get_shell_msg(timeout=30)["content"]["status"])
+            if statuses[-1] != "aborted":
+                break
+        assert statuses[-1] == "ok", statuses
     finally:
         try:
             client.stop_channels()

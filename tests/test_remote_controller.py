@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import EXAMPLES, TRAINCTL, free_port, point_aws_at
+from tests.conftest import EXAMPLES, TRAINCTL, free_port, log_lines, point_aws_at
 from tests.sshd import _environ, job_processes, kill_all, processes_with_env
 from trainctl.record import JobKeys, JobStore
 
@@ -178,7 +178,7 @@ def test_submitter_exits_and_the_remote_controller_runs_the_job(remote):
     printed = followed.stdout.splitlines()
     for rank in (0, 1):
         text = store.get_text(f"{JobKeys(name).prefix}/logs/attempt-1/node-{rank}.log")
-        lines = [ln for ln in text.splitlines() if "@@trainctl@@" not in ln]
+        lines = [ln for ln in log_lines(text) if "@@trainctl@@" not in ln]
         assert lines, f"node {rank} logged nothing"
         ours = [ln for ln in printed if ln.startswith(f"[algo-{rank + 1}] ")]
         assert ours == [f"[algo-{rank + 1}] {ln}" for ln in lines]

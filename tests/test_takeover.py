@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -90,6 +91,9 @@ def test_nodes_still_training_are_adopted_and_lose_no_step(home, uninterrupted):
         [TRAINCTL, "status", job.name], capture_output=True, text=True, timeout=60, check=True
     )
     assert "controller lost" in status.stdout
+    assert re.search(rf"^take over\s+trainctl attach {job.name}$", status.stdout, re.M)
+    listed = subprocess.run([TRAINCTL, "jobs"], capture_output=True, text=True, timeout=60)
+    assert f"trainctl attach {job.name}" in listed.stderr, listed
     final = job.wait(timeout=180)  # this process takes the job over
     assert final["state"] == "Completed", final
     (attempt,) = final["attempts"]  # adopted, not relaunched

@@ -47,9 +47,11 @@ class NotebookLogPrinter:
         self._last = 0.0
         self.handle = display(self._bundle(), raw=True, display_id=True)
 
-    def node_line(self, rank: int, line: str, *, attempt: int | None = None) -> None:
+    def node_line(
+        self, rank: int, line: str, *, attempt: int | None = None, stamp: str | None = None
+    ) -> None:
         label = f"algo-{rank + 1}" if attempt in (None, 1) else f"algo-{rank + 1}#{attempt}"
-        self._add(f"[{label}] {line}")
+        self._add(("" if stamp is None else f"{stamp} ") + f"[{label}] {line}")
 
     def info(self, message: str) -> None:
         self._add(f"[trainctl] {message}")

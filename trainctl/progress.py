@@ -1,6 +1,8 @@
 """Progress where work is long (a source upload, an image build, a wait for capacity): a rich
-progress bar or spinner on a terminal and in a notebook; nothing when output is not a
-terminal (a pipe, a log file, `-o json`).
+progress bar or spinner on a terminal; in a notebook one text line updated in place (rich's
+live display needs ipywidgets there, which a notebook may not have: it would warn and leave
+empty outputs), ending as what was done; nothing when output is not a terminal (a pipe, a
+log file, `-o json`).
 
     with progress_task("uploading source", total=size) as advance:
         store.put_file(key, path, progress=advance)
@@ -11,8 +13,13 @@ terminal (a pipe, a log file, `-o json`).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+# How often a notebook's progress line is redrawn (each redraw is a message to the browser).
+NOTEBOOK_REDRAW_SECONDS = 0.5
 
 _quiet = False
 
@@ -39,6 +46,12 @@ def progress_task(
     `advance(n)`. A no-op where progress is not shown."""
     if not shown():
         yield lambda n: None
+        return
+    from trainctl.notebook import in_notebook
+
+    if in_notebook():
+        with _notebook_task(description, total, bytes_) as advance:
+            yield advance
         return
     from rich.console import Console
     from rich.progress import (
@@ -68,7 +81,61 @@ def status(message: str) -> Iterator[Callable[[str], None]]:
     if not shown():
         yield lambda text: None
         return
+    from trainctl.notebook import in_notebook
+
+    if in_notebook():
+        line = _NotebookLine(message)
+        try:
+            yield lambda text: line.show(f"{message}: {text}")
+        finally:
+            line.show(f"{message}: done in {line.elapsed():.1f} s", force=True)
+        return
     from rich.console import Console
 
     with Console(stderr=True).status(message) as spinner:
         yield lambda text: spinner.update(f"{message}: {text}")
+
+
+class _NotebookLine:
+    """One line of text in the cell's output, replaced in place (IPython's display_id)."""
+
+    def __init__(self, text: str) -> None:
+        from IPython.display import display
+
+        self.started = time.monotonic()
+        self._drawn = 0.0
+        self.handle: Any = display({"text/plain": text}, raw=True, display_id=True)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def show(self, text: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.handle is not None and (force or now - self._drawn >= NOTEBOOK_REDRAW_SECONDS):
+            self.handle.update({"text/plain": text}, raw=True)
+            self._drawn = now
+
+
+@contextmanager
+def _notebook_task(
+    description: str, total: float | None, bytes_: bool
+) -> Iterator[Callable[[float], None]]:
+    from rich.filesize import decimal
+
+    done = [0.0]
+
+    def amount() -> str:
+        if not bytes_:
+            return f"{done[0]:g}" + ("" if total is None else f"/{total:g}")
+        return decimal(int(done[0])) + ("" if total is None else f"/{decimal(int(total))}")
+
+    line = _NotebookLine(f"{description} ...")
+
+    def advance(n: float) -> None:
+        done[0] += n
+        line.show(f"{description}: {amount()}")
+
+    try:
+        yield advance
+    finally:
+        line.show(f"{description}: {amount()} in {line.elapsed():.1f} s", force=True)

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any
 
 CONTROL_PREFIX = "@@trainctl@@ "
@@ -97,6 +98,24 @@ def split_rank(line: str) -> tuple[int | None, str]:
     """(rank, text) of a node log line (rank None: not one of several processes')."""
     found = RANKED_LINE.match(line)
     return (int(found[1]), line[found.end() :]) if found else (None, line)
+
+
+# Every line of a stored node log starts with the time its agent read it, UTC to the
+# millisecond: `2026-11-27T02:20:45.123Z <line>` (kubectl --timestamps' form, and CloudWatch's
+# time), so logs can be cut by time and nodes interleaved. Logs written before carry none.
+STAMPED_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
+
+
+def stamped_line(text: str, when: float | None = None) -> str:
+    when = time.time() if when is None else when
+    millis = int(when * 1000) % 1000
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(when))}.{millis:03d}Z {text}"
+
+
+def split_stamp(line: str) -> tuple[str | None, str]:
+    """(time, text) of a stored node log line (time None: a line from before stamps)."""
+    found = STAMPED_LINE.match(line)
+    return (found[1], line[found.end() :]) if found else (None, line)
 
 
 # What a launcher puts before each line of a worker: torchrun's "[rank0]:" or

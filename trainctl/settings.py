@@ -24,7 +24,11 @@ def trainctl_home() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINCTL_", extra="forbid")
 
-    home: Path = Field(default_factory=trainctl_home)
+    home: Path = Field(
+        default_factory=trainctl_home,
+        description="Where trainctl keeps its default store (HOME/store), config.yaml and the "
+        "local node directories; default ~/.trainctl.",
+    )
     store: str = Field(
         default="",
         description="Root URI of the job store (file:// or s3://); default file://HOME/store.",
@@ -65,7 +69,9 @@ class Settings(BaseSettings):
         gt=0,
         description="How often a node agent on EC2 polls spot/instance-action (AWS: every 5 s).",
     )
-    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    heartbeat_seconds: float = Field(
+        default=5.0, gt=0, description="How often a node agent reports that it is alive."
+    )
     heartbeat_timeout_seconds: float = Field(
         default=60.0, gt=0, description="A node silent this long is considered lost."
     )

@@ -16,7 +16,7 @@ import typer
 from trainctl.cli import submit, capacity, jobs, metrics  # noqa: F401
 
 # isort: on
-from trainctl.cli.app import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app, err
+from trainctl.cli.app import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app, err, tidy_help
 
 __all__ = ["app", "main"]
 
@@ -41,7 +41,13 @@ def main() -> None:
     no_args = getattr(sys.modules[usage_error.__module__], "NoArgsIsHelpError", ())
     args, script_arguments = split_script_arguments(sys.argv[1:])
     try:
-        code = app(args=args, standalone_mode=False, obj={"arguments": script_arguments})
+        command = tidy_help(typer.main.get_command(app))
+        code = command.main(
+            args=args,
+            prog_name="trainctl",
+            standalone_mode=False,
+            obj={"arguments": script_arguments},
+        )
     except no_args as exc:  # a bare command: its help, as click would show it
         sys.stdout.write(exc.ctx.get_help() + "\n" if exc.ctx else "")
         code = EXIT_BAD_INPUT

@@ -13,11 +13,91 @@ app = typer.Typer(
     name="trainctl",
     help="Managed training for PyTorch: submit jobs, follow their logs, fetch their models.",
     no_args_is_help=True,
-    add_completion=False,
+    # Markdown: a docstring's lines are one paragraph that wraps to the terminal, and
+    # `code` reads as code.
+    rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )
 
 OutputOpt = typer.Option("text", "-o", "--output", help="Output format: text or json.")
+
+
+def complete_job_names(incomplete: str) -> list[str]:
+    """TAB after a command that takes a job: the job names in the default store (the shell
+    sorts them). Completion must never fail or print: any error completes nothing."""
+    try:
+        from trainctl.controller.submit import default_store
+
+        names = default_store().list_dirs("jobs")
+    except Exception:
+        return []
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+JobArg = typer.Argument(
+    ..., help="Job name (TAB completes it).", metavar="JOB", autocompletion=complete_job_names
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from trainctl.version import __version__
+
+        sys.stdout.write(f"trainctl {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print trainctl's version and exit.",
+    ),
+) -> None:
+    """Managed training for PyTorch: submit jobs, follow their logs, fetch their models."""
+
+
+# How the help shows a value's type, where typer would print `<str>`, `<bool>`: click's words.
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
+
+
+def tidy_help(command: Any) -> Any:
+    """The conventions of `--help` on every command of the click tree typer built: a flag
+    shows no value (`--follow`, not `--follow <bool>`), a value its kind (`--tail INTEGER`),
+    and an argument its name (`JOB`, not `{JOB}`) in the usage line."""
+    for param in getattr(command, "params", []):
+        if param.metavar is not None:
+            pass
+        elif getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "option":
+            kind = param.bare_type() if hasattr(param, "bare_type") else ""
+            inner = kind[5:-1] if kind.startswith("list[") else kind
+            param.metavar = _METAVARS.get(inner, inner.upper() or "TEXT")
+        if param.param_type_name == "argument":
+            name = param.metavar or param.name.upper()
+            param.metavar = name
+            shown = name if param.required else f"[{name}]"
+            # typer 0.2x braces a required argument's name in the usage line and adds its
+            # type (`JOB <str>`) to the help; click shows the name alone
+            param._usage_display_name = lambda shown=shown: shown
+            param.display_type_rich = lambda ctx: ""
+    help_option = command.get_help_option
+
+    def quiet_help_option(ctx: Any, made: Any = help_option) -> Any:
+        option = made(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = quiet_help_option
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub)
+    return command
+
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

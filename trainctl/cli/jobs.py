@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from trainctl.cli.app import (
     EXIT_FAILED,
+    JobArg,
     OutputOpt,
     app,
     check_output,
+    complete_job_names,
     err,
     handle_errors,
     print_json,
@@ -23,7 +24,6 @@ from trainctl.cli.app import (
 @handle_errors
 def jobs(output: str = OutputOpt) -> None:
     """List jobs, newest first."""
-    from rich.console import Console
     from rich.table import Table
 
     from trainctl.controller.submit import default_store
@@ -40,21 +40,70 @@ def jobs(output: str = OutputOpt) -> None:
             + [u.describe() for u in unreadable]
         )
         return
+    if not records and not unreadable:
+        # say where it looked: a demo or a test may have used another TRAINCTL_HOME
+        from trainctl.settings import get_settings
+
+        home = get_settings().home
+        sys.stderr.write(f"No jobs in {store.uri} (TRAINCTL_HOME={home}).\n")
+        return
+    console = _console()
     table = Table(box=None, header_style="bold")
-    for col in ("NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
-        table.add_column(col, no_wrap=True)
+    # The name is what every other command takes: always whole; the other columns narrow
+    # (each cell one line, cut with an ellipsis) when the terminal is too small for all.
+    width = max(len(r.name) for r in [*records, *unreadable])
+    table.add_column("NAME", no_wrap=True, min_width=width)
+    for col in ("STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
+        table.add_column(col)
     for r in records:
         table.add_row(
             r.name,
-            _state_text(r.state.value, views[r.name]),
-            f"{r.spec.instance_count} x {r.spec.instance_type}",
-            r.created_at.replace("T", " ")[:19],
-            _duration(r.duration_s),
-            str(len(r.attempts)),
+            *_cells(
+                _state_text(r.state.value, views[r.name]),
+                f"{r.spec.instance_count} x {r.spec.instance_type}",
+                _created(r.created_at),
+                _duration(r.duration_s),
+                str(len(r.attempts)),
+            ),
         )
     for u in unreadable:  # listed, not skipped: `status NAME` says what is wrong
-        table.add_row(u.name, _state_text("Unreadable"), "-", "-", "-", "-")
-    Console().print(table)
+        table.add_row(u.name, *_cells(_state_text("Unreadable"), "-", "-", "-", "-"))
+    console.print(table)
+    lost = [name for name, view in views.items() if view and view.get("lost")]
+    if lost:  # the way out, where the problem is seen
+        sys.stderr.write(
+            f"A lost controller's job is taken over by `trainctl attach JOB` "
+            f"(here: trainctl attach {lost[0]}).\n"
+        )
+
+
+def _console() -> Any:
+    """A console as wide as the terminal; piped, as wide as the lines are (a pipe or a file
+    gets every column whole, never the 80 columns rich assumes)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=100_000)
+    return console
+
+
+def _cells(*values: Any) -> list[Any]:
+    """One line per cell: a column too narrow cuts its text with an ellipsis."""
+    return [_one_line(v) for v in values]
+
+
+def _one_line(value: Any) -> Any:
+    from rich.text import Text
+
+    text = value.copy() if isinstance(value, Text) else Text(" ".join(str(value).split()))
+    text.no_wrap, text.overflow = True, "ellipsis"
+    return text
+
+
+def _created(iso: str) -> str:
+    """`11-26 15:25` (UTC): the year and seconds only cost width."""
+    return f"{iso[5:10]} {iso[11:16]}"
 
 
 def _state_text(state: str, controller: dict[str, Any] | None = None) -> Any:
@@ -80,9 +129,8 @@ def _duration(seconds: float | None) -> str:
 
 @app.command()
 @handle_errors
-def status(job: str = typer.Argument(..., help="Job name."), output: str = OutputOpt) -> None:
+def status(job: str = JobArg, output: str = OutputOpt) -> None:
     """Show a job's state, attempts, failure reason and model."""
-    from rich.console import Console
     from rich.table import Table
 
     from trainctl.controller.submit import default_store
@@ -97,10 +145,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
     if output == "json":
         print_json(info)
         return
-    console = Console(highlight=False)
-    table = Table(box=None, show_header=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
+    console = _console()
     rows = [
         ("name", record.name),
         ("state", _state_text(record.state.value, controller)),
@@ -126,6 +171,8 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
                 ),
             )
         )
+    if controller and controller.get("lost"):
+        rows.append(("take over", f"trainctl attach {record.name}"))
     if record.stop_reason:
         rows.append(("stopped", record.stop_reason))
     if record.failure_reason:
@@ -136,9 +183,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         rows.append(("started from", record.attempts[-1].started_from()))
     if record.attempts and (startup := record.attempts[-1].startup):
         rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
-    for key, value in rows:
-        table.add_row(key, value)
-    console.print(table)
+    _print_fields(console, rows)
     if record.failure_detail:
         console.print(record.failure_detail, markup=False)
     if record.attempts:
@@ -149,7 +194,7 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
         attempts.add_column("FROM", no_wrap=True, overflow="ellipsis", max_width=16)
         for col in ("STEP", "LOST"):
             attempts.add_column(col, no_wrap=True)
-        attempts.add_column("CAUSE", overflow="fold")
+        attempts.add_column("CAUSE")  # one line: the full reason is above the table
 
         def num(value: int | None) -> str:
             return "-" if value is None else str(value)
@@ -166,9 +211,28 @@ def status(job: str = typer.Argument(..., help="Job name."), output: str = Outpu
                 a.started_from(short=True),
                 num(a.last_step),
                 num(a.steps_lost),
-                cause,
+                _one_line(cause),
             )
         console.print(attempts)
+
+
+def _print_fields(console: Any, rows: list[tuple[str, Any]]) -> None:
+    """`key  value` lines. Prose wraps at words under its value's column; a value of one
+    word (a URI, a path) is never broken: the terminal wraps it, so a copy gets it whole."""
+    from rich.table import Table
+    from rich.text import Text
+
+    width = max(len(key) for key, _ in rows) + 2
+    for key, value in rows:
+        text = value if isinstance(value, Text) else Text(str(value))
+        if " " not in text.plain:
+            console.print(Text.assemble((key.ljust(width), "bold"), text), soft_wrap=True)
+            continue
+        grid = Table.grid()
+        grid.add_column(style="bold", width=width, no_wrap=True)
+        grid.add_column(overflow="fold")
+        grid.add_row(key, text)
+        console.print(grid)
 
 
 def _cost_text(cost: dict[str, Any]) -> str:
@@ -188,26 +252,62 @@ def _cost_text(cost: dict[str, Any]) -> str:
 @app.command()
 @handle_errors
 def logs(
-    job: str = typer.Argument(..., help="Job name."),
+    job: str = JobArg,
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
+    node: list[str] | None = typer.Option(
+        None, "--node", "-n", help="Only this node: its rank (0) or algo-N; repeatable."
+    ),
+    rank: list[int] | None = typer.Option(
+        None, "--rank", help="Only this worker process (its global rank); repeatable."
+    ),
+    attempt: list[int] | None = typer.Option(
+        None, "--attempt", "-a", help="Only this attempt; repeatable."
+    ),
+    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines (then follow)."),
+    since: str | None = typer.Option(
+        None, "--since", help="Only lines from the last 30s, 10m, 2h, 1d."
+    ),
+    timestamps: bool = typer.Option(
+        False, "--timestamps", "-t", help="Each line's time (UTC) before it."
+    ),
+    merge: bool = typer.Option(False, "--merge", help="Every node's lines interleaved by time."),
 ) -> None:
-    """Print every node's log (all attempts) from the store; -f follows until the job ends
-    (or its controller is lost: `trainctl attach` then takes it over)."""
-    from trainctl.estimator import TrainingJob
+    """Print every node's log (all attempts) from the store, node after node (--merge:
+    interleaved by time); -f follows until the job ends and then, like `attach`, prints its
+    verdict and exits non-zero unless it Completed (or, when its controller is lost, says
+    so: `trainctl attach` then takes it over)."""
+    from trainctl.controller.logs import LogPrinter
+    from trainctl.estimator import TrainingJob, _print_summary
+    from trainctl.state import JobState
 
     handle = TrainingJob.attach(job)
-    handle.logs(follow=follow)
-    if follow and (controller := handle.describe()["controller"]) and controller["lost"]:
+    handle.logs(
+        follow=follow,
+        node=node,
+        rank=rank,
+        attempt=attempt,
+        tail=tail,
+        since=since,
+        timestamps=timestamps,
+        merge=merge,
+    )
+    if not follow:
+        return
+    if (controller := handle.describe()["controller"]) and controller["lost"]:
         err(
             f"job {job}'s controller is lost ({controller['silent_seconds']:.0f} s silent); "
             f"`trainctl attach {job}` takes it over"
         )
         raise typer.Exit(EXIT_FAILED)
+    record = handle._record()
+    _print_summary(LogPrinter(sys.stdout), record)
+    if record.state is not JobState.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 @handle_errors
-def attach(job: str = typer.Argument(..., help="Job name.")) -> None:
+def attach(job: str = JobArg) -> None:
     """Follow a job's logs to its end, like submit; if its controller is lost (killed, a
     closed laptop), take the job over: adopt its running nodes, or finish or relaunch it."""
     from trainctl.controller.logs import LogPrinter
@@ -227,7 +327,7 @@ def attach(job: str = typer.Argument(..., help="Job name.")) -> None:
 
 @app.command()
 @handle_errors
-def stop(job: str = typer.Argument(..., help="Job name.")) -> None:
+def stop(job: str = JobArg) -> None:
     """Stop a running job: every node's processes are ended."""
     from trainctl.estimator import TrainingJob
 
@@ -235,10 +335,79 @@ def stop(job: str = typer.Argument(..., help="Job name.")) -> None:
     sys.stdout.write(f"{job}: {info['state']}\n")
 
 
+@app.command("rm")
+@handle_errors
+def rm(
+    names: list[str] = typer.Argument(
+        ...,
+        help="Jobs to delete (TAB completes).",
+        metavar="JOB...",
+        autocompletion=complete_job_names,
+    ),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Delete ended jobs: their store prefix (record, logs, metrics, and the outputs and
+    checkpoints kept there) and node directories. A job that has not ended is refused and
+    nothing is deleted."""
+    from trainctl.controller.remove import removable_jobs, remove_jobs
+    from trainctl.controller.submit import default_store
+
+    store = default_store()
+    removable_jobs(store, names)  # every refusal before the question
+    _confirm(f"Delete {_some_jobs(names)}?", yes)
+    for name in remove_jobs(store, names):
+        sys.stdout.write(f"removed {name}\n")
+
+
+@app.command()
+@handle_errors
+def prune(
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Only jobs that ended longer ago than this: 30m, 12h, 7d."
+    ),
+    state: list[str] | None = typer.Option(
+        None, "--state", help="Only jobs in this state (Completed, Failed, Stopped); repeatable."
+    ),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Delete every ended job (with --older-than, --state: those that match), as `rm` does;
+    running jobs are never touched."""
+    from trainctl.controller.remove import prune_candidates, remove_jobs
+    from trainctl.controller.submit import default_store
+    from trainctl.spec.durations import parse_duration
+
+    store = default_store()
+    seconds = parse_duration(older_than, "--older-than") if older_than is not None else None
+    chosen = [r.name for r in prune_candidates(store, older_than=seconds, states=state)]
+    if not chosen:
+        sys.stderr.write(f"No ended jobs to delete in {store.uri}.\n")
+        return
+    _confirm(f"Delete {_some_jobs(chosen)}?", yes)
+    for name in remove_jobs(store, chosen):
+        sys.stdout.write(f"removed {name}\n")
+
+
+def _some_jobs(names: list[str]) -> str:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"{len(names)} job(s): {shown}"
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask on a terminal; elsewhere (a script, CI) only --yes deletes."""
+    from trainctl.errors import SpecError
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise SpecError("--yes", "not on a terminal: pass --yes to delete without asking")
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(EXIT_FAILED)
+
+
 @app.command()
 @handle_errors
 def diagnose(
-    job: str = typer.Argument(..., help="Job name."),
+    job: str = JobArg,
     steps: int = typer.Option(50, help="Steps measured in each run, after the warm-up."),
     warmup: int = typer.Option(5, help="Steps run before measuring."),
     nodes: int | None = typer.Option(None, help="Nodes to diagnose (default: the job's)."),
@@ -275,13 +444,18 @@ def diagnose(
 @app.command()
 @handle_errors
 def artifacts(
-    job: str = typer.Argument(..., help="Job name."),
-    action: str | None = typer.Argument(None, help="'get' to download one file."),
-    path: str | None = typer.Argument(None, help="With get: the file, relative to the job."),
-    dest: str | None = typer.Argument(None, help="With get: where to save it."),
+    job: str = JobArg,
+    action: str | None = typer.Argument(None, help="'get' to download a file or a folder."),
+    path: str | None = typer.Argument(
+        None, help="With get: the file or folder, relative to the job (output/model.tar.gz)."
+    ),
+    dest: str | None = typer.Argument(
+        None, help="With get: where to save it; a directory or DEST/: into it."
+    ),
     output: str = OutputOpt,
 ) -> None:
-    """Browse a job's files in the store (model, outputs, logs, checkpoints); `get` one."""
+    """Browse a job's files in the store (model, outputs, logs, checkpoints); `get` a file
+    or a whole folder (a checkpoint step, `output/`)."""
     from trainctl.controller.artifacts import download_artifact, job_artifacts
     from trainctl.controller.submit import default_store
     from trainctl.errors import SpecError
@@ -303,8 +477,8 @@ def artifacts(
     if action != "get":
         raise SpecError("action", f"unknown {action!r}; allowed: get")
     if not path:
-        raise SpecError("PATH", "give the file to download, e.g. output/model.tar.gz")
-    saved = download_artifact(store, job, path, Path(dest) if dest else None)
+        raise SpecError("PATH", "give the file or folder to download, e.g. output/model.tar.gz")
+    saved = download_artifact(store, job, path, dest or None)
     sys.stdout.write(f"{saved}\n")
 
 
@@ -340,19 +514,33 @@ def _size(n: int) -> str:
 @app.command("ls")
 @handle_errors
 def ls_(
-    uri: str = typer.Argument(..., help="file:// or s3:// URI."), output: str = OutputOpt
+    uri: str = typer.Argument(..., help="file:// or s3:// URI, or a local path."),
+    recursive: bool = typer.Option(
+        False, "-r", "--recursive", help="Every object below, not one level."
+    ),
+    human: bool = typer.Option(False, "-h", "--human-readable", help="Sizes in KiB, MiB, GiB."),
+    output: str = OutputOpt,
 ) -> None:
-    """List the objects under a store URI with sizes."""
+    """List a store URI one level deep, like `aws s3 ls`: its folders (`PRE name/`) and its
+    objects with times and sizes; --recursive lists every object below it. Nothing there:
+    exit 1."""
     from datetime import datetime
 
-    from trainctl.store import open_store
+    from trainctl.controller.artifacts import list_uri
 
     check_output(output)
-    store = open_store(uri, field="URI")
-    infos = list(store.list(""))
+    listing = list_uri(uri, recursive=recursive)
+    root = listing.root
     if output == "json":
-        print_json([{"key": i.key, "size": i.size, "mtime": i.mtime} for i in infos])
+        print_json(
+            [{"folder": root.url(f) + "/"} for f in listing.folders]
+            + [{"key": root.url(i.key), "size": i.size, "mtime": i.mtime} for i in listing.files]
+        )
         return
-    for info in infos:
+    for folder in listing.folders:
+        sys.stdout.write(f"{'PRE':>32}  {folder}/\n")
+    for info in listing.files:
         stamp = datetime.fromtimestamp(info.mtime).strftime("%Y-%m-%d %H:%M:%S")
-        sys.stdout.write(f"{stamp}  {info.size:>12}  {store.url(info.key)}\n")
+        size = _size(info.size) if human else str(info.size)
+        shown = info.key if not recursive else root.url(info.key)
+        sys.stdout.write(f"{stamp}  {size:>10}  {shown}\n")

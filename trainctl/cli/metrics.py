@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from trainctl.cli.app import app, handle_errors, print_json
+from trainctl.cli.app import JobArg, app, handle_errors, print_json
 
 FOLLOW_SECONDS = 2.0
 COLUMNS = ["time", "name", "value", "step", "attempt", "rank", "redone"]
@@ -20,7 +20,7 @@ COLUMNS = ["time", "name", "value", "step", "attempt", "rank", "redone"]
 @app.command()
 @handle_errors
 def metrics(
-    job: str = typer.Argument(..., help="Job name."),
+    job: str = JobArg,
     metric: list[str] | None = typer.Option(
         None, "--metric", "-m", help="Only this metric; repeatable."
     ),

@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import NotFoundError, SpecError
 from trainctl.record import JobKeys, JobStore, output_store
-from trainctl.store import ObjectInfo, Store
+from trainctl.store import ObjectInfo, Store, open_store
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What `trainctl ls URI` shows: the folders one level below `root` and its files
+    (with `recursive`, every file below it and no folders); keys are relative to `root`."""
+
+    root: Store
+    folders: list[str]
+    files: list[ObjectInfo]
+
+
+def list_uri(uri: str, *, recursive: bool = False) -> Listing:
+    """The folders and files at `uri` (a file:// or s3:// URI, or a local path), like
+    `aws s3 ls`; `uri` may name one object. NotFoundError when nothing is there."""
+    store = open_store(uri, field="URI")
+    files = list(store.list(""))
+    folders: list[str] = []
+    if not recursive:
+        folders = sorted({f.key.split("/", 1)[0] for f in files if "/" in f.key})
+        files = [f for f in files if "/" not in f.key]
+    if files or folders:
+        return Listing(store, folders, files)
+    parent, _, leaf = uri.rstrip("/").rpartition("/")
+    if leaf and parent and parent not in ("file:/", "file://", "s3:/", "s3://"):
+        parent_store = open_store(parent, field="URI")
+        if (one := parent_store.info(leaf)) is not None:
+            return Listing(parent_store, [], [one])
+    raise NotFoundError(f"nothing at {uri}")
 
 
 def job_artifacts(store: Store, name: str) -> list[tuple[str, list[ObjectInfo]]]:
@@ -21,22 +51,39 @@ def job_artifacts(store: Store, name: str) -> list[tuple[str, list[ObjectInfo]]]
     return groups
 
 
-def download_artifact(store: Store, name: str, path: str, dest: Path | None) -> Path:
-    """Copy one of the job's files (path relative to the job's directory) to `dest`."""
+def download_artifact(store: Store, name: str, path: str, dest: str | Path | None) -> Path:
+    """Copy one of the job's files, or a folder of them (path relative to the job's
+    directory: `output/model.tar.gz`, `checkpoints/step-40`), to `dest`: a file is saved as
+    `dest` unless `dest` is a directory (or ends in "/"), then inside it under its own name;
+    a folder is copied whole, as `dest` or inside it likewise. Returns what was written."""
     record = JobStore(store, name).load()
     clean = path.strip("/")
     if not clean or ".." in clean.split("/"):
         raise SpecError("PATH", f"{path!r} must be a file inside the job, e.g. output/model.tar.gz")
-    target = dest or Path(clean.rsplit("/", 1)[-1])
-    if target.is_dir():
-        target = target / clean.rsplit("/", 1)[-1]
+    leaf = clean.rsplit("/", 1)[-1]
+    # (the text, not a Path: Path("models/") drops the "/" that says "into")
+    into = dest is not None and (str(dest).endswith("/") or Path(dest).is_dir())
+    target = Path(leaf) if dest is None else Path(dest) / leaf if into else Path(dest)
     candidates = [(store.child(JobKeys(name).prefix), clean)]
-    if clean.startswith("output/"):
+    if clean == "output" or clean.startswith("output/"):
         candidates.append((output_store(record), clean[len("output/") :]))
     for root, key in candidates:
-        try:
+        if key and root.exists(key):
+            target.parent.mkdir(parents=True, exist_ok=True)
             root.get_file(key, target)
             return target
-        except NotFoundError:
-            continue
+        below = list(root.list(key))
+        if below:
+            return _download_folder(root, key, below, target)
     raise NotFoundError(f"{path} not found in job {name!r}; see `trainctl artifacts {name}`")
+
+
+def _download_folder(root: Store, key: str, files: list[ObjectInfo], target: Path) -> Path:
+    if target.exists() and not target.is_dir():
+        raise SpecError("DEST", f"{target} is a file; a folder is copied into a directory")
+    strip = len(key) + 1 if key else 0
+    for info in files:
+        local = target / info.key[strip:]
+        local.parent.mkdir(parents=True, exist_ok=True)
+        root.get_file(info.key, local)
+    return target

@@ -148,15 +148,45 @@ class TrainingJob:
             raise JobFailedError(self, record)
         return record.describe()
 
-    def logs(self, follow: bool = False, stream: Any = None) -> None:
-        from trainctl.controller.logs import LogPrinter, follow_logs
+    def logs(
+        self,
+        follow: bool = False,
+        stream: Any = None,
+        *,
+        node: list[int | str] | int | str | None = None,
+        rank: list[int] | int | None = None,
+        attempt: list[int] | int | None = None,
+        tail: int | None = None,
+        since: str | float | None = None,
+        timestamps: bool = False,
+        merge: bool = False,
+    ) -> None:
+        """Print the job's node logs (every attempt) to `stream`; with `follow`, until the
+        job ends. `node`: only these nodes (rank 0 or "algo-1"); `rank`: only these worker
+        processes; `attempt`: only these attempts; `tail`: the last N lines, then follow;
+        `since`: lines from the last "10m" (a duration or seconds); `timestamps`: each
+        line's time (UTC) before it; `merge`: every node's lines interleaved by time."""
+        from trainctl.controller.logs import LogPrinter, follow_logs, log_selection
 
+        def listed(value: Any) -> list[Any] | None:
+            return None if value is None else list(value) if isinstance(value, list) else [value]
+
+        selection = log_selection(
+            nodes=listed(node),
+            ranks=listed(rank),
+            attempts=listed(attempt),
+            since=since,
+            tail=tail,
+            merge=merge,
+            timestamps=timestamps,
+        )
         follow_logs(
             self.store,
             self.name,
             LogPrinter(stream or sys.stdout),
             follow=follow,
             is_done=self._ended_or_unwatched,
+            selection=selection,
         )
 
     def _ended_or_unwatched(self) -> bool:
@@ -168,6 +198,14 @@ class TrainingJob:
         record = jobs.load()
         view = controller_view(jobs, record)
         return view is None or bool(view["lost"])
+
+    def remove(self) -> None:
+        """Delete the ended job: its store prefix (record, logs, metrics, and the outputs
+        and checkpoints kept there) and its node directories; outputs written elsewhere
+        stay. A job that has not ended is refused (SpecError), nothing deleted."""
+        from trainctl.controller.remove import remove_jobs
+
+        remove_jobs(self.store, [self.name])
 
     def stop(self, wait: bool = True) -> dict[str, Any]:
         from trainctl.controller.submit import stop_job
@@ -401,3 +439,4 @@ def _print_summary(printer: Any, record: Any) -> None:
                 printer.info(f"  {line}")
     if record.stop_reason:
         printer.info(f"stopped: {record.stop_reason}")
+    printer.info(f"see it again: trainctl status {record.name} · trainctl logs {record.name}")

@@ -528,7 +528,7 @@ class Agent:
             if text:
                 return text.splitlines()[-1][:500], text[-4000:]
         reason, detail = failure_from_output(list(self.tail))
-        return (reason or f"exit code {code}"), detail
+        return (reason or exit_text(code)), detail
 
     def succeed(self) -> int:
         if self.rank == 0:
@@ -593,6 +593,17 @@ class Agent:
             sys.stderr.write(f"[trainctl] could not record the node result: {exc}\n")
         emit("result", **result)
         return code
+
+
+def exit_text(code: int) -> str:
+    """`exit code 3`; a process a signal ended (Popen's negative code): `killed by SIGKILL`;
+    a shell's or torchrun's 128+N stays as given, as the user's tools print it."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def count_gpus() -> int:

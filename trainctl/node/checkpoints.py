@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainctl.errors import NotFoundError
-from trainctl.node.sync import PeriodicSync, Signature, download_all
+from trainctl.node.sync import PeriodicSync, Signature, download_all, upload_present
 from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
 
@@ -123,7 +123,15 @@ class CheckpointSync(PeriodicSync):
 
         # From the sync thread (at a lower CPU priority once training runs) the store's
         # transfer threads start, and inherit that priority.
-        self.store.put_files([(rel, self.local / rel) for rel in changed], workers=self.workers)
+        went_up = upload_present(
+            self.store, [(rel, self.local / rel) for rel in changed], workers=self.workers
+        )
+        gone = [rel for rel in changed if rel not in went_up]  # pruned since the scan
+        for rel in gone:
+            changed.remove(rel)
+            current.pop(rel)
+            if rel in self.uploaded:
+                removed.append(rel)
         for rel in changed:
             self.uploaded[rel] = current[rel]
             self.bytes_uploaded += current[rel][0]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.node.priority import yield_cpu_to_training
-from trainctl.protocol import RANK_MARK, message
+from trainctl.protocol import RANK_MARK, message, stamped_line
 
 # The forwarding thread and the heartbeat both write (re-entrant: a signal handler on the
 # main thread may write while that thread is writing)
@@ -189,10 +189,12 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
     user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
     chosen = (user_blocks or blocks or [None])[-1]
     if chosen is None:
-        # Lines with words in them: mpirun frames its reports in rules of dashes.
+        # No traceback: the script chose its exit code (sys.exit(3)), and its last line is
+        # whatever it printed last ("step 7"), context rather than a cause: the caller says
+        # "exit code N" with these lines as the detail. (Lines with words in them: mpirun
+        # frames its reports in rules of dashes.)
         tail = [line for line in clean if any(c.isalnum() for c in line)][-12:]
-        reason = _mpirun_report(clean) or (tail[-1].strip()[:500] if tail else None)
-        return reason, "\n".join(tail) or None
+        return _mpirun_report(clean), "\n".join(tail) or None
     return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
 
 
@@ -238,7 +240,7 @@ class LogShipper:
         line = self.redact(line)
         with self._lock:
             console(line + "\n")
-            self._file.write(line + "\n")
+            self._file.write(stamped_line(line) + "\n")  # the stored log has each line's time
 
     def ship(self) -> None:
         with self._lock:

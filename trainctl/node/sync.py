@@ -85,6 +85,29 @@ def download_all(
     return restored
 
 
+def upload_present(store: Store, items: list[tuple[str, Path]], *, workers: int = 8) -> set[str]:
+    """Upload (key, path) pairs; the keys that went up. A file deleted since it was listed
+    (a checkpoint step the script pruned) is left out, not an error: the next pass sees it
+    gone. Any other failure is raised."""
+    if not items:
+        return set()
+    try:
+        store.put_files(items, workers=workers)
+        return {key for key, _ in items}
+    except Exception:
+        if all(path.exists() for _, path in items):
+            raise
+    done: set[str] = set()
+    for key, path in items:  # one by one, to leave out only what vanished
+        try:
+            store.put_file(key, path)
+            done.add(key)
+        except Exception:
+            if path.exists():
+                raise
+    return done
+
+
 class PeriodicSync:
     """A `sync_once` pass in a background thread every `interval` seconds, or at once when
     woken; `close()` stops the thread and runs one last pass (what was written just before

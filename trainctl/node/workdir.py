@@ -40,7 +40,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainctl.errors import NotFoundError
-from trainctl.node.sync import PeriodicSync, Signature, download_all, signature, size_text
+from trainctl.node.sync import (
+    PeriodicSync,
+    Signature,
+    download_all,
+    signature,
+    size_text,
+    upload_present,
+)
 from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
 
@@ -308,7 +315,9 @@ class WorkdirSync(PeriodicSync):
         version = f"node-{self.rank}/a{self.attempt}-p{self.passes}"
         keys = {rel: f"{version}/{rel}" for rel in changed}
         paths = {rel: self.roots.path(rel) for rel in changed}
-        uploaded = self._upload([(keys[rel], p) for rel, p in paths.items() if p is not None])
+        uploaded = upload_present(
+            self.store, [(keys[rel], p) for rel, p in paths.items() if p is not None]
+        )
         stale: list[str] = []
         for rel in changed:
             if keys[rel] not in uploaded:
@@ -339,25 +348,6 @@ class WorkdirSync(PeriodicSync):
             except Exception as exc:  # an orphaned version costs space, not correctness
                 self.log(f"working directory: could not delete {key}: {exc}")
         return len(uploaded)
-
-    def _upload(self, items: list[tuple[str, Path]]) -> set[str]:
-        """Upload (key, path) pairs; the keys that went up. A file deleted since the scan
-        is left out (the next pass sees it gone)."""
-        if not items:
-            return set()
-        try:
-            self.store.put_files(items)
-            return {key for key, _ in items}
-        except FileNotFoundError:
-            pass
-        done: set[str] = set()
-        for key, path in items:  # one by one, to leave out only what vanished
-            try:
-                self.store.put_file(key, path)
-                done.add(key)
-            except FileNotFoundError:
-                continue
-        return done
 
     def close(self, *, outputs: bool = True) -> None:
         """The last pass. `outputs=False` (the node succeeded: its model and output data go

@@ -69,6 +69,13 @@ class Store(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
+    def info(self, key: str) -> ObjectInfo | None:
+        """The object `key` (size, time), or None when there is no such object."""
+        if not self.exists(key):
+            return None
+        parent = key.rsplit("/", 1)[0] if "/" in key else ""
+        return next((i for i in self.list(parent) if i.key == key), None)
+
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object under `prefix` (recursively), sorted by key."""

@@ -12,6 +12,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -202,6 +203,18 @@ class LocalStore(Store):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def info(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return ObjectInfo(
+            key=path.relative_to(self.root).as_posix(), size=st.st_size, mtime=st.st_mtime
+        )
+
     # -- listing ----------------------------------------------------------------------------
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -244,6 +257,21 @@ class LocalStore(Store):
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: delete failed ({exc.strerror})") from None
         self._prune(path.parent)
+
+    def delete_prefix(self, prefix: str) -> None:
+        super().delete_prefix(prefix)
+        # What is left are put_if's lock files (never listed) and the folders that held
+        # them: gone too, so a deleted prefix leaves no directory behind.
+        base = self._path(prefix)
+        for dirpath, _dirnames, filenames in os.walk(base, topdown=False):
+            for name in filenames:
+                if name.endswith(f"{_TMP_MARK}lock"):
+                    (Path(dirpath) / name).unlink(missing_ok=True)
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass  # not empty: something not ours, or written meanwhile
+        self._prune(base.parent)
 
     def _prune(self, directory: Path) -> None:
         # Remove now-empty parents so that list_dirs does not report 'directories' that hold

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _MULTIPART_THRESHOLD = 8 * 1024 * 1024
 # Bulk uploads (a checkpoint's files): requests in flight and part size. Measured on the
-# upload bench (1 GiB, 787 files, moto on loopback): 16 threads and 16 MiB parts (see README).
+# upload bench (1 GiB, 787 files, moto on loopback): 16 threads and 16 MiB parts (see
+# docs/benchmarks.md).
 BULK_CONCURRENCY = 16
 BULK_PART_SIZE = 16 * 1024 * 1024
 _DELETE_BATCH = 1000  # the DeleteObjects maximum
@@ -314,6 +315,19 @@ class S3Store(Store):
         except NotFoundError:
             return False
         return True
+
+    def info(self, key: str) -> ObjectInfo | None:
+        full = self._key(key)
+        try:
+            with self._errors(key, "head"):
+                head = self.client.head_object(Bucket=self.bucket, Key=full)
+        except NotFoundError:
+            return None
+        return ObjectInfo(
+            key=full[len(self._root_strip) :],
+            size=int(head["ContentLength"]),
+            mtime=head["LastModified"].timestamp(),
+        )
 
     # -- listing ----------------------------------------------------------------------------
 

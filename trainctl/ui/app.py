@@ -90,13 +90,12 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         chunk = chunk[:MAX_LOG_CHUNK]
         if not whole:  # whole lines only: the rest comes with the next poll
             chunk = chunk[: chunk.rindex(b"\n") + 1] if b"\n" in chunk else b""
-        from trainctl.protocol import CONTROL_PREFIX
+        from trainctl.protocol import CONTROL_PREFIX, split_stamp
 
-        lines = [
-            line
-            for line in chunk.decode("utf-8", errors="replace").splitlines()
-            if CONTROL_PREFIX not in line
+        texts = [
+            split_stamp(line)[1] for line in chunk.decode("utf-8", errors="replace").splitlines()
         ]
+        lines = [text for text in texts if CONTROL_PREFIX not in text]
         return JSONResponse({"offset": offset + len(chunk), "lines": lines})
 
     async def api_artifacts(request: Request) -> Response:

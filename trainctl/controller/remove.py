@@ -1,0 +1,106 @@
+"""Deleting finished jobs: `trainctl rm`, `trainctl prune` and `TrainingJob.remove()`.
+
+A job is removed with everything trainctl keeps of it: its store prefix (record, events,
+logs, metrics, and the outputs and checkpoints kept there by default), its node
+directories under `$TRAINCTL_HOME/nodes`, and its claims on local checkpoint directories.
+What the user named as a destination outside the job's prefix (an `output_path`, a
+`checkpoint_s3_uri`) is the user's and stays, as do the content-addressed source archives
+other jobs may share. A job that has not ended is never removed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from trainctl.errors import SpecError
+from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs
+from trainctl.settings import get_settings
+from trainctl.state import JobState
+from trainctl.store import Store
+
+
+def refusal(store: Store, record: JobRecord) -> str | None:
+    """Why `record` may not be removed now (None: it may)."""
+    from trainctl.controller.submit import lease_is_live
+
+    if not record.state.is_terminal():
+        return (
+            f"job {record.name} is {record.state.value}; only an ended job is removed "
+            f"(`trainctl stop {record.name}` ends it)"
+        )
+    if lease_is_live(JobStore(store, record.name)):
+        return f"job {record.name}'s controller is still tearing it down; try again shortly"
+    return None
+
+
+def removable_jobs(store: Store, names: list[str]) -> list[JobRecord]:
+    """The records of `names` if every one may be removed: else NotFoundError for an
+    unknown name, SpecError for a job that has not ended."""
+    records = [JobStore(store, name).load() for name in dict.fromkeys(names)]
+    for record in records:
+        if why := refusal(store, record):
+            raise SpecError("JOB", why)
+    return records
+
+
+def remove_jobs(store: Store, names: list[str]) -> list[str]:
+    """Remove every job of `names`, or none (see removable_jobs: nothing is deleted when
+    one may not be)."""
+    records = removable_jobs(store, names)
+    for record in records:
+        _remove(store, record.name)
+    return [r.name for r in records]
+
+
+def prune_candidates(
+    store: Store, *, older_than: float | None = None, states: list[str] | None = None
+) -> list[JobRecord]:
+    """The ended jobs `prune` would remove: those that ended more than `older_than`
+    seconds ago (None: any), in one of `states` (None: any ended state)."""
+    allowed = {s.value for s in JobState if s.is_terminal()}
+    wanted = set()
+    for state in states or []:
+        match = next((a for a in allowed if a.lower() == state.strip().lower()), None)
+        if match is None:
+            shown = ", ".join(sorted(allowed))
+            raise SpecError("--state", f"{state!r} is not an ended state; allowed: {shown}")
+        wanted.add(match)
+    now = time.time()
+    chosen = []
+    for record in scan_jobs(store)[0]:
+        if record.state.value not in allowed or (wanted and record.state.value not in wanted):
+            continue
+        ended = record.ended_at or record.created_at
+        if older_than is not None and now - parse_iso(ended) < older_than:
+            continue
+        if refusal(store, record) is None:
+            chosen.append(record)
+    return chosen
+
+
+def _remove(store: Store, name: str) -> None:
+    prefix = JobKeys(name).prefix
+    record_key = JobKeys(name).record
+    # The record goes last: a removal cut short leaves a job that is still listed, and
+    # `trainctl rm` finishes it.
+    for info in list(store.list(prefix)):
+        if info.key != record_key:
+            store.delete(info.key)
+    store.delete(record_key)
+    store.delete_prefix(prefix)  # what a file:// store keeps beside the objects (locks)
+    home = get_settings().home
+    shutil.rmtree(home / "nodes" / name, ignore_errors=True)
+    _release_checkpoint_claims(home / "checkpoint-dirs", name)
+
+
+def _release_checkpoint_claims(claims: Path, name: str) -> None:
+    for claim in claims.glob("*.json") if claims.is_dir() else []:
+        try:
+            owner = json.loads(claim.read_text()).get("job")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if owner == name:
+            claim.unlink(missing_ok=True)
