@@ -409,7 +409,7 @@ class TrainctlRunner:
 
     def explain(self, name: str, events: list[dict[str, Any]]) -> None:
         """What went wrong: the job's last events and its controller's log."""
-        from trainctl.controller.submit import controller_log_path
+        from trainctl.controller.detached import controller_log_path
 
         for event in events[-8:]:
             log(f"  event: {json.dumps(event)[:300]}")

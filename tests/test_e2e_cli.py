@@ -167,7 +167,9 @@ def test_detach_logs_follow_and_stop(home, source):
         out, _ = follower.communicate(timeout=30)  # -f ends by itself once the job ends
     finally:
         end(follower)
-    assert follower.returncode == 0
+    # like attach: the verdict, and non-zero unless the job Completed
+    assert follower.returncode == 1
+    assert "[trainctl] job sleepy: Stopped in" in out and "stopped: stopped by the user" in out
     assert "[algo-1] rank 0 step" in out and "[algo-2] rank 1 step" in out
     info = job_state("sleepy")
     assert info["state"] == "Stopped"

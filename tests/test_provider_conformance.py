@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.cloud import cloud, ec2_fields, job_resources
-from tests.conftest import TRAINCTL, digits_estimator
+from tests.conftest import TRAINCTL, digits_estimator, log_lines
 from tests.sshd import job_processes
 from trainctl import Estimator
 from trainctl.controller.submit import default_store
@@ -226,7 +226,7 @@ def test_an_unchanged_tutorial_script_resumes_from_its_working_directory(rig, so
     assert first["cause"].startswith("algo-2 lost"), first
     assert second["started_from"].startswith("restored snapshot.pt"), second
     logs = [job.store.get_text(JobKeys(job.name).log(2, rank)) for rank in (0, 1)]
-    starts = {line for log in logs for line in log.splitlines() if line.startswith("Resuming")}
+    starts = {line for log in logs for line in log_lines(log) if line.startswith("Resuming")}
     assert len(starts) == 1 and not starts.pop().endswith(" 0"), logs
     rig.assert_nothing_left(job.name)
 

@@ -181,3 +181,58 @@ def test_a_live_controller_is_not_taken_over(home):
     waiter.join(timeout=60)
     assert result["info"]["state"] == "Stopped"
     assert _events(job, "takeover") == []
+
+
+@pytest.mark.timeout(240)
+def test_a_closed_terminal_hands_a_foreground_submit_to_a_detached_controller(home, uninterrupted):
+    """`trainctl submit` in a terminal that closes (SIGHUP): the terminal only followed the
+    job. A detached controller takes it over, adopts its nodes (no relaunch, no step lost,
+    the same model), and runs it to its end."""
+    import pty
+
+    from tests.conftest import EXAMPLES
+    from tests.test_fault_tolerance import HYPERPARAMETERS
+
+    pairs = [f"{k}={v}" for k, v in {**HYPERPARAMETERS, "step-delay": STEP_DELAY}.items()]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [TRAINCTL, "submit", "train.py", "--source-dir", str(EXAMPLES / "digits"),
+         "--instance-count", "2", "--distribution", "torch_distributed",
+         "--job-name", "hangup", *[a for p in pairs for a in ("-p", p)]],
+        stdin=slave, stdout=slave, stderr=slave, env=os.environ.copy(),
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        from trainctl.estimator import TrainingJob
+
+        deadline = time.monotonic() + 60
+        while not JobStore(_store(home), "hangup").exists():
+            assert time.monotonic() < deadline, "the job was never recorded"
+            time.sleep(0.2)
+        job = TrainingJob.attach("hangup")
+        _wait_step(job, 20)
+        os.close(master)  # the terminal closes...
+        master = -1
+        proc.send_signal(signal.SIGHUP)  # ...and its session is hung up
+        assert proc.wait(timeout=30) == 129
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 180
+    while not (record := JobStore(job.store, "hangup").load()).state.is_terminal():
+        assert time.monotonic() < deadline, record.state
+        time.sleep(0.5)
+    assert record.state.value == "Completed", record.failure_reason
+    assert [e["why"] for e in _events(job, "handed_off")] == ["the terminal closed (SIGHUP)"]
+    assert len(_events(job, "controller_spawned")) == 1 and len(_events(job, "takeover")) == 1
+    (attempt,) = record.attempts  # adopted, not relaunched
+    assert attempt.outcome == "completed" and attempt.steps_lost in (None, 0), attempt
+    assert_bit_identical(model_tensors(job), uninterrupted)
+
+
+def _store(home):
+    from trainctl.store import open_store
+
+    return open_store((home / "store").resolve().as_uri())

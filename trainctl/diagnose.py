@@ -43,6 +43,9 @@ BOUND_SHARE = 0.15
 # Advisor's worst band (>20% of instances a month) for spot; a rare failure otherwise.
 SPOT_INTERRUPTIONS_PER_HOUR = 0.2 / (30 * 24)
 ON_DEMAND_INTERRUPTIONS_PER_HOUR = 0.01 / (30 * 24)
+# Repeated runs of one configuration that differ by more than this (max - min, over the
+# median): the machine is busy, and the shares are rough.
+BUSY_SPREAD = 0.2
 
 
 class RunMeasurement(BaseModel):
@@ -85,6 +88,24 @@ class RunMeasurement(BaseModel):
             return self.samples * self.nodes / self.seconds
         return None
 
+    @property
+    def timing(self) -> float | None:
+        """What repeated runs of its configuration compare: the step time, else the wall."""
+        return self.step_seconds or self.wall_seconds
+
+    def line(self) -> str:
+        """One line: what this run measured (printed as each run ends)."""
+        if self.steps and self.step_seconds:
+            rate = f", {self.samples_per_second:,.0f} samples/s" if self.samples_per_second else ""
+            what = f"{self.steps} steps, {self.step_seconds * 1000:.1f} ms/step{rate}"
+            if self.ended_early:
+                what += " (the script ended: fewer steps than asked)"
+        elif self.wall_seconds is not None:
+            what = f"ran to its end in {self.wall_seconds:.1f} s (no steps reported)"
+        else:
+            what = self.note or self.state
+        return f"{self.label:<28} {what}"
+
 
 class Diagnosis(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -101,23 +122,22 @@ class Diagnosis(BaseModel):
     not_measured: list[str] = []
     checkpoint: dict[str, float] | None = None  # the Young/Daly figures
     interruptions_from: str | None = None  # where the interruption rate came from
+    repeats: int = 1  # runs of each configuration
+    spread: dict[str, float] = {}  # per configuration: (max - min) / median of its timings
+    verdict: str | None = None  # "the machine is busy ..." when repeated runs disagree
+    within_noise: list[str] = []  # shares smaller than the runs' own spread
+    kept: bool = True  # the measurement runs are still in the store
 
     def render(self) -> str:
         lines = [f"diagnosis of {self.job} ({self.nodes} node(s))", ""]
         for run in self.runs:
-            if run.steps and run.step_seconds:
-                rate = (
-                    f", {run.samples_per_second:,.0f} samples/s" if run.samples_per_second else ""
-                )
-                what = f"{run.steps} steps, {run.step_seconds * 1000:.1f} ms/step{rate}"
-                if run.ended_early:
-                    what += " (the script ended: fewer steps than asked)"
-            elif run.wall_seconds is not None:
-                what = f"ran to its end in {run.wall_seconds:.1f} s (no steps reported)"
-            else:
-                what = run.note or run.state
-            lines.append(f"  {run.label:<28} {what}   [{run.job}]")
+            where = f"   [{run.job}]" if self.kept else ""
+            lines.append(f"  {run.line()}{where}")
+        for label, spread in self.spread.items():
+            lines.append(f"  {label:<28} spread of {self.repeats} runs: {spread:.0%}")
         lines.append("")
+        if self.verdict:
+            lines += [self.verdict, ""]
         for name, value in (
             ("scaling efficiency", self.scaling_efficiency),
             ("communication share", self.communication_share),
@@ -125,13 +145,17 @@ class Diagnosis(BaseModel):
             ("checkpoint share", self.checkpoint_share),
         ):
             if value is not None:
-                lines.append(f"  {name:<20} {value:6.1%}")
+                noise = "  (within noise)" if name.split()[0] in self._noisy() else ""
+                lines.append(f"  {name:<20} {value:6.1%}{noise}")
         lines += ["", f"bound by: {self.bound}"]
         lines += [f"  - {text}" for text in self.advice]
         if self.not_measured:
             lines += ["", "not measured:"]
             lines += [f"  - {text}" for text in self.not_measured]
         return "\n".join(lines)
+
+    def _noisy(self) -> set[str]:
+        return {name.split()[0] for name in self.within_noise}
 
 
 def diagnose(
@@ -143,18 +167,25 @@ def diagnose(
     nodes: int | None = None,
     interruptions_per_hour: float | None = None,
     max_seconds: int = 600,
+    repeats: int = 3,
+    keep: bool = False,
     on_run: Callable[[str, str], None] | None = None,
+    on_result: Callable[[RunMeasurement], None] | None = None,
 ) -> Diagnosis:
     """Run `job_name`'s script as bounded derived jobs and say what bounds its throughput.
 
     `nodes`: the data-parallel size to diagnose (default: the job's instance_count).
     `interruptions_per_hour`: per instance, for the checkpoint interval (default: the job's
-    own history of interruptions, else an assumed rate for its market). `on_run(label,
-    job)` is told as each run starts."""
+    own history of interruptions, else an assumed rate for its market; none for local or
+    SSH capacity). `repeats`: runs of each configuration, interleaved, to tell a
+    difference from the machine's noise. The measurement runs are hidden from job lists
+    and removed at the end unless `keep`. `on_run(label, job)` is told as each run starts,
+    `on_result(run)` as it ends."""
     from trainctl.controller.submit import default_store
 
     _check_positive("steps", steps)
     _check_positive("max_seconds", max_seconds)
+    _check_positive("repeats", repeats)
     if warmup < 0:
         raise SpecError("warmup", f"must be 0 or more, got {warmup}")
     if interruptions_per_hour is not None and not interruptions_per_hour > 0:
@@ -169,20 +200,58 @@ def diagnose(
         name = _derived_name(job_name, tag)
         if on_run:
             on_run(label, name)
-        return _run(store, record, name, label, count, synthetic, steps, warmup, max_seconds)
+        measured = _run(store, record, name, label, count, synthetic, steps, warmup, max_seconds)
+        if on_result:
+            on_result(measured)
+        return measured
 
     many_label = f"{size} node{'s' if size > 1 else ''}"
-    runs = [run(many_label, size, synthetic=False)]
-    main = runs[0]
-    if main.data_wait is not None:  # the script draws through `batches`: data can be swapped
-        runs.append(run(f"{many_label}, synthetic data", size, synthetic=True))
-    if size > 1:
-        runs.append(run("1 node", 1, synthetic=False))
+    runs: list[RunMeasurement] = []
+    try:
+        # Interleaved (a, b, c, a, b, c...): a load that comes and goes touches every
+        # configuration alike, rather than all the runs of one.
+        for _ in range(repeats):
+            runs.append(run(many_label, size, synthetic=False))
+            if runs[0].data_wait is not None:  # it draws through `batches`: data can be swapped
+                runs.append(run(f"{many_label}, synthetic data", size, synthetic=True))
+            if size > 1:
+                runs.append(run("1 node", 1, synthetic=False))
+    finally:
+        if not keep:
+            _remove_runs(store, [r.job for r in runs])
     if interruptions_per_hour is not None:
         rate, source = interruptions_per_hour, "given"
     else:
         rate, source = _interruption_rate(record)
-    return _analyse(job_name, size, runs, rate, source)
+    # An assumed rate is a cloud market's: local and SSH capacity is not reclaimed.
+    interruptible = record.spec.provider == "aws" or not source.startswith("assumed")
+    result = _analyse(
+        job_name,
+        size,
+        runs,
+        rate,
+        source,
+        job_steps=_job_steps(record),
+        interruptible=interruptible,
+    )
+    result.kept = keep
+    return result
+
+
+def _remove_runs(store: Store, names: list[str]) -> None:
+    from trainctl.controller.remove import remove_jobs
+
+    for name in names:
+        try:
+            remove_jobs(store, [name])
+        except Exception:  # a run that could not be removed is listed by `jobs --all`
+            pass
+
+
+def _job_steps(record: JobRecord) -> int | None:
+    """How many steps the job runs, where its own history says (its furthest step)."""
+    steps = [a.last_step for a in record.attempts if a.last_step]
+    return max(steps) if steps else None
 
 
 def _check_positive(field: str, value: int) -> None:
@@ -225,7 +294,7 @@ def _run(
         "max_wait": None,
         "max_run": min(record.spec.max_run, max_seconds),
     }
-    derived = create_derived_job(store, record, name, updates)
+    derived = create_derived_job(store, record, name, updates, measurement=True)
     final = _follow(store, derived)
     measured = RunMeasurement(
         label=label, job=name, nodes=count, synthetic=synthetic, state=final.state.value
@@ -281,13 +350,49 @@ def _interruption_rate(record: JobRecord) -> tuple[float, str]:
     return ON_DEMAND_INTERRUPTIONS_PER_HOUR, "assumed for on-demand capacity"
 
 
+def _median_runs(runs: list[RunMeasurement]) -> tuple[dict[str, RunMeasurement], dict[str, float]]:
+    """Per configuration (label, in first-run order): its median run, and the spread of its
+    runs' timings ((max - min) / median; only where it ran more than once)."""
+    by_label: dict[str, list[RunMeasurement]] = {}
+    for run in runs:
+        by_label.setdefault(run.label, []).append(run)
+    medians, spreads = {}, {}
+    for label, group in by_label.items():
+        timed = sorted((r for r in group if r.timing), key=lambda r: r.timing or 0.0)
+        medians[label] = timed[(len(timed) - 1) // 2] if timed else group[0]
+        if len(timed) > 1:
+            middle = medians[label].timing or 0.0
+            spreads[label] = ((timed[-1].timing or 0.0) - (timed[0].timing or 0.0)) / middle
+    return medians, spreads
+
+
 def _analyse(
-    job: str, size: int, runs: list[RunMeasurement], rate: float, rate_source: str
+    job: str,
+    size: int,
+    runs: list[RunMeasurement],
+    rate: float,
+    rate_source: str,
+    *,
+    job_steps: int | None = None,
+    interruptible: bool = True,
 ) -> Diagnosis:
-    main = runs[0]
-    synthetic = next((r for r in runs if r.synthetic), None)
-    single = next((r for r in runs[1:] if not r.synthetic), None)
-    out = Diagnosis(job=job, nodes=size, runs=runs)
+    medians, spreads = _median_runs(runs)
+    chosen = list(medians.values())
+    main = chosen[0]
+    synthetic = next((r for r in chosen if r.synthetic), None)
+    single = next((r for r in chosen[1:] if not r.synthetic), None)
+    repeats = max(sum(1 for r in runs if r.label == label) for label in medians)
+    out = Diagnosis(job=job, nodes=size, runs=runs, repeats=repeats, spread=spreads)
+    noise = max(spreads.values(), default=0.0)  # of a timing, relative
+    if spreads and noise > BUSY_SPREAD:
+        out.verdict = (
+            f"the machine is busy: repeated runs of one configuration differ by up to "
+            f"{noise:.0%}, so the shares below are rough (measure again when it is quiet)"
+        )
+    elif not spreads:
+        out.not_measured.append(
+            "noise: one run per configuration (--repeats 3 tells a difference from noise)"
+        )
     t_main = main.step_seconds
 
     if t_main is None:
@@ -308,6 +413,8 @@ def _analyse(
             compute = t_single * work  # the N-node step's own computation
             out.scaling_efficiency = compute / t_main
             out.communication_share = max(0.0, (t_main - compute) / t_main)
+            if spreads and out.communication_share <= noise:
+                out.within_noise.append("communication")
         elif main.wall_seconds and single.wall_seconds:
             # whole runs over the same data: N workers ideally take 1/N of the time
             out.scaling_efficiency = single.wall_seconds / (size * main.wall_seconds)
@@ -321,6 +428,8 @@ def _analyse(
     # (b) data loading
     if synthetic is not None and t_main and synthetic.step_seconds:
         out.io_share = max(0.0, (t_main - synthetic.step_seconds) / t_main)
+        if spreads and out.io_share <= noise:
+            out.within_noise.append("data loading")
     elif main.data_wait is not None and main.seconds:
         out.io_share = main.data_wait / main.seconds
     elif t_main is not None:
@@ -331,8 +440,14 @@ def _analyse(
     # (c) checkpoints
     if t_main and main.saves and main.checkpoint_stall is not None and main.seconds:
         out.checkpoint_share = main.checkpoint_stall / main.seconds
-        out.checkpoint = _young_daly(main, rate * size, t_main)
-        out.interruptions_from = rate_source
+        if interruptible:
+            out.checkpoint = _young_daly(main, rate * size, t_main, job_steps)
+            out.interruptions_from = rate_source
+        else:
+            out.not_measured.append(
+                "checkpoint interval: local and SSH capacity is not reclaimed by a provider "
+                "(--interruptions-per-hour sizes one for your own failure rate)"
+            )
     elif t_main is not None:
         out.not_measured.append(
             f"checkpoints: no Checkpointer.save in the {main.steps} measured steps "
@@ -342,16 +457,19 @@ def _analyse(
     return out
 
 
-def _young_daly(run: RunMeasurement, rate_per_hour: float, step_seconds: float) -> dict[str, float]:
+def _young_daly(
+    run: RunMeasurement, rate_per_hour: float, step_seconds: float, job_steps: int | None = None
+) -> dict[str, float]:
     """The checkpoint interval that loses least: sqrt(2 * C * MTBF) (Young 1974, Daly 2006),
     C the time a save holds training, MTBF of the whole job (every instance's rate); never
-    shorter than one save's background write (one save in flight at a time)."""
+    shorter than one save's background write (one save in flight at a time), and never
+    longer than the job (`job_steps`, where known)."""
     assert run.checkpoint_stall is not None and run.saves
     cost = run.checkpoint_stall / run.saves
     write = (run.checkpoint_write or 0.0) / run.saves
     mtbf = 3600.0 / rate_per_hour
     optimum = max(math.sqrt(2 * cost * mtbf), write, step_seconds)
-    return {
+    figures = {
         "save_seconds": round(cost, 6),
         "write_seconds": round(write, 6),
         "interruptions_per_hour": rate_per_hour,
@@ -360,6 +478,9 @@ def _young_daly(run: RunMeasurement, rate_per_hour: float, step_seconds: float) 
         "optimum_steps": float(max(1, round(optimum / step_seconds))),
         "current_steps": round(run.steps / run.saves, 1) if run.steps else 0.0,
     }
+    if job_steps and figures["optimum_steps"] >= job_steps:
+        figures["job_steps"] = float(job_steps)  # the optimum is past the job's end
+    return figures
 
 
 def _conclude(out: Diagnosis, size: int) -> None:
@@ -368,7 +489,12 @@ def _conclude(out: Diagnosis, size: int) -> None:
         "data loading": out.io_share,
         "checkpointing": out.checkpoint_share,
     }
-    known = {k: v for k, v in shares.items() if v is not None}
+    known = {k: v for k, v in shares.items() if v is not None and k not in out.within_noise}
+    for name in out.within_noise:
+        out.advice.append(
+            f"the {name} share ({shares[name] or 0:.0%}) is within the spread of repeated "
+            "runs: not a difference this machine can measure now"
+        )
     if not known and out.scaling_efficiency is None:
         out.bound = "unknown"
         out.advice.append("nothing could be measured: see below")
@@ -401,7 +527,14 @@ def _conclude(out: Diagnosis, size: int) -> None:
             "the training computation itself bounds throughput: communication, data loading "
             f"and checkpoints each take under {BOUND_SHARE:.0%} of a step"
         )
-    if out.checkpoint is not None:
+    if out.checkpoint is not None and "job_steps" in out.checkpoint:
+        cp = out.checkpoint
+        out.advice.append(
+            f"no periodic checkpoint is worth its cost: the job's {cp['job_steps']:.0f} steps "
+            f"are fewer than the Young/Daly optimum (~{cp['optimum_steps']:.0f}); saving at "
+            "interruption notices (PreemptionFlag) and at the end loses least"
+        )
+    elif out.checkpoint is not None:
         cp = out.checkpoint
         out.advice.append(
             f"checkpoint every ~{cp['optimum_steps']:.0f} steps ({cp['optimum_seconds']:.0f} s; "

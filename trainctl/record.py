@@ -290,6 +290,8 @@ class JobRecord(BaseModel):
     output_data: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     instances: list[InstanceCost] = Field(default_factory=list)
+    # The job this one is a measurement run of (`trainctl diagnose`): lists hide it.
+    measurement_of: str | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -334,6 +336,7 @@ class JobRecord(BaseModel):
                 "instances": [i.model_dump() for i in self.instances],
                 "cost": cost_summary(self.instances),
                 "store": f"{self.store_uri}/jobs/{self.name}",
+                "measurement_of": self.measurement_of,
             }
         )
 
@@ -535,8 +538,11 @@ class UnreadableJob(BaseModel):
         return {"name": self.name, "state": "Unreadable", "problem": self.problem}
 
 
-def scan_jobs(store: Store) -> tuple[list[JobRecord], list[UnreadableJob]]:
-    """Every job in the store, newest first, and those whose record cannot be read."""
+def scan_jobs(
+    store: Store, *, measurements: bool = True
+) -> tuple[list[JobRecord], list[UnreadableJob]]:
+    """Every job in the store, newest first, and those whose record cannot be read;
+    `measurements=False` leaves out `trainctl diagnose`'s measurement runs."""
     from trainctl.errors import SpecError, UnreadableRecordError
 
     records, unreadable = [], []
@@ -547,6 +553,8 @@ def scan_jobs(store: Store) -> tuple[list[JobRecord], list[UnreadableJob]]:
             continue  # no record (yet): nothing to list
         except (UnreadableRecordError, SpecError) as exc:
             unreadable.append(UnreadableJob(name=name, problem=str(exc)))
+    if not measurements:
+        records = [r for r in records if r.measurement_of is None]
     return sorted(records, key=lambda r: r.created_at, reverse=True), unreadable
 
 

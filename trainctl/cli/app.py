@@ -102,6 +102,7 @@ def tidy_help(command: Any) -> Any:
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_HANGUP = 129  # 128 + SIGHUP: the terminal closed; the job goes on, detached
 
 
 def err(message: str) -> None:

@@ -22,7 +22,12 @@ from trainctl.cli.app import (
 
 @app.command()
 @handle_errors
-def jobs(output: str = OutputOpt) -> None:
+def jobs(
+    every: bool = typer.Option(
+        False, "--all", "-a", help="Also `trainctl diagnose`'s measurement runs (--keep)."
+    ),
+    output: str = OutputOpt,
+) -> None:
     """List jobs, newest first."""
     from rich.table import Table
 
@@ -32,7 +37,7 @@ def jobs(output: str = OutputOpt) -> None:
 
     check_output(output)
     store = default_store()
-    records, unreadable = scan_jobs(store)
+    records, unreadable = scan_jobs(store, measurements=every)
     views = {r.name: controller_view(JobStore(store, r.name), r) for r in records}
     if output == "json":
         print_json(
@@ -417,14 +422,28 @@ def diagnose(
         "(default: the job's history, else an assumed rate for its market).",
     ),
     max_seconds: int = typer.Option(600, help="Longest any one run may take."),
+    repeats: int = typer.Option(
+        3, help="Runs of each configuration (interleaved), to tell a difference from noise."
+    ),
+    keep: bool = typer.Option(
+        False, help="Keep the measurement runs (`trainctl jobs --all` lists them)."
+    ),
     output: str = OutputOpt,
 ) -> None:
     """Find what bounds a job's throughput: runs its script briefly on N nodes, with
-    synthetic data and on 1 node, and says what to change."""
+    synthetic data and on 1 node, each several times, printing a line per run as it ends,
+    and says what to change (or that the differences are within the machine's noise)."""
     from trainctl.diagnose import diagnose as run_diagnosis
     from trainctl.progress import status as progress_status
 
     check_output(output)
+
+    def ended(run: Any) -> None:
+        # (sys.stdout looked up now: under the spinner rich has redirected it above the line)
+        lines = sys.stderr if output == "json" else sys.stdout
+        lines.write(f"  {run.line()}\n")
+        lines.flush()
+
     with progress_status(f"diagnosing {job}") as say:
         result = run_diagnosis(
             job,
@@ -433,12 +452,15 @@ def diagnose(
             nodes=nodes,
             interruptions_per_hour=interruptions_per_hour,
             max_seconds=max_seconds,
+            repeats=repeats,
+            keep=keep,
             on_run=lambda label, name: say(f"{label} ({name})"),
+            on_result=ended,
         )
     if output == "json":
         print_json(result.model_dump())
         return
-    sys.stdout.write(result.render() + "\n")
+    sys.stdout.write("\n" + result.render() + "\n")
 
 
 @app.command()

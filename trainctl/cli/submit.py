@@ -11,6 +11,7 @@ import typer
 
 from trainctl.cli.app import (
     EXIT_FAILED,
+    EXIT_HANGUP,
     EXIT_INTERRUPTED,
     OutputOpt,
     app,
@@ -286,6 +287,8 @@ def submit(
     printer.info(f"job {record.name} submitted (store {store.uri})")
     controller = Controller(store, record.name, printer=printer)
     final = controller.run()
+    if controller.handed_off:  # the terminal closed: a detached controller runs the job
+        raise typer.Exit(EXIT_HANGUP)
     _print_summary(printer, final)
     if output == "json":
         print_json(final.describe())

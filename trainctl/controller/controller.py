@@ -72,6 +72,11 @@ class LeaseLost(Exception):
     """Another controller took the job over while this one ran it."""
 
 
+class HandedOff(Exception):
+    """The terminal this controller printed to closed (SIGHUP): a detached controller runs
+    the job from here on, adopting its nodes; this one lets go of it."""
+
+
 class StoppedWaiting(Exception):
     """A stop request (or max_run/max_wait) came while an attempt waited for capacity."""
 
@@ -105,6 +110,8 @@ class Controller:
         # pumps: one that still drains after its attempt ended is told apart by its number.
         self._lines: queue.Queue[tuple[int, int, str | None]] = queue.Queue()
         self._signal: int | None = None
+        self._hung_up = False  # the terminal closed: hand the job to a detached controller
+        self.handed_off = False
         self._training_started: float | None = None
         self._first_step_at: float | None = None
         # This process's attempt start-up (None for an attempt taken over: not seen whole).
@@ -129,6 +136,12 @@ class Controller:
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only note it: the watch loop turns it into a stop with the requester's reason.
+        if signum == getattr(signal, "SIGHUP", None):
+            # The terminal is gone: the job is not. Nothing more is printed (a write to a
+            # closed terminal fails), and the watch loop hands the job off.
+            self._hung_up = True
+            self.printer = None
+            return
         self._signal = signum
         if signum == signal.SIGINT:
             self.interrupted_by_user = True
@@ -137,7 +150,8 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
+        for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 
@@ -159,27 +173,50 @@ class Controller:
                 signal.signal(sig, handler)
             raise
         self._lease = lease
-        taken_over = False
+        taken_over = handed_off = False
         try:
             self._run_attempts()
         except LeaseLost:
             # Another controller runs the job now: its nodes, its record. Touch nothing.
             taken_over = True
             self._info(f"job {self.name}: taken over by another controller; following it")
+        except HandedOff:
+            handed_off = True
         except Exception as exc:
             self._end(JobState.FAILED, reason=f"controller error: {exc}")
             raise
         finally:
-            if not taken_over:
+            if not (taken_over or handed_off):
                 self._teardown()
             lease.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return self.jobs.load() if taken_over else self.record
+        if handed_off:
+            self._hand_off()
+        return self.jobs.load() if taken_over or handed_off else self.record
+
+    def _hand_off(self) -> None:
+        """After the lease is let go: a detached controller (`--detach`'s) takes the job
+        over and adopts its nodes, which never noticed (they run in sessions of their own)."""
+        from trainctl.controller.detached import spawn_controller
+
+        self.jobs.event("handed_off", why="the terminal closed (SIGHUP)")
+        spawn_controller(self.store, self.name)
+        self.handed_off = True
 
     def _info(self, message: str) -> None:
-        if self.printer:
-            self.printer.info(message)
+        self._print(lambda printer: printer.info(message))
+
+    def _print(self, write: Callable[[Any], None]) -> None:
+        """Through the printer, if any; a terminal that closed meanwhile (SIGHUP: writes
+        fail) silences it rather than failing the job."""
+        printer = self.printer  # (the SIGHUP handler may unset it at any moment)
+        if printer is None:
+            return
+        try:
+            write(printer)
+        except OSError:
+            self.printer = None
 
     def _run_attempts(self) -> None:
         """Attempts until the job completes, fails for good, is stopped or runs out of time."""
@@ -524,6 +561,9 @@ class Controller:
         while True:
             if self._lease is not None and self._lease.lost.is_set():
                 raise LeaseLost(self.name)
+            if self._hung_up:
+                self._save_progress()
+                raise HandedOff(self.name)
             try:
                 attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
             except queue.Empty:
@@ -885,8 +925,7 @@ class Controller:
         self.jobs.event("resumed", attempt=attempt.number, step=step)
 
     def _on_line(self, rank: int, line: str) -> None:
-        if self.printer:
-            self.printer.node_line(rank, line)
+        self._print(lambda printer: printer.node_line(rank, line))
         for metric, pattern in self._metric_patterns:
             if (m := pattern.search(line)) is not None:
                 try:

@@ -5,16 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainctl.controller.detached import spawn_controller
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.node.procs import CONTROLLER_TAG
 from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
 from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
@@ -281,10 +278,16 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
 
 
 def create_derived_job(
-    store: Store, record: JobRecord, name: str, updates: dict[str, object]
+    store: Store,
+    record: JobRecord,
+    name: str,
+    updates: dict[str, object],
+    *,
+    measurement: bool = False,
 ) -> JobRecord:
     """A new job (state Pending) that runs `record`'s packaged source with its spec changed
-    by `updates`: nothing is packaged again (the source_dir may be gone, or have changed)."""
+    by `updates`: nothing is packaged again (the source_dir may be gone, or have changed).
+    A `measurement` run of `record` (diagnose's) is hidden from job lists."""
     from pydantic import ValidationError
 
     from trainctl.spec.build import spec_error
@@ -299,15 +302,29 @@ def create_derived_job(
     jobs = JobStore(store, name)
     if jobs.exists():
         raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
-    return _record_new_job(jobs, spec, record.source_uri, record.source_sha256, of=record.name)
+    return _record_new_job(
+        jobs,
+        spec,
+        record.source_uri,
+        record.source_sha256,
+        measurement_of=record.name if measurement else None,
+        of=record.name,
+    )
 
 
 def _record_new_job(
-    jobs: JobStore, spec: JobSpec, source_uri: str, source_sha256: str, **source: object
+    jobs: JobStore,
+    spec: JobSpec,
+    source_uri: str,
+    source_sha256: str,
+    *,
+    measurement_of: str | None = None,
+    **source: object,
 ) -> JobRecord:
     """Record a job (state Pending) whose source is in the store."""
     now = now_iso()
     record = JobRecord(
+        measurement_of=measurement_of,
         name=jobs.name,
         spec=spec,
         store_uri=jobs.store.uri,
@@ -323,30 +340,6 @@ def _record_new_job(
     jobs.event("state", state=JobState.PENDING.value, previous=None)
     jobs.event("source", uri=source_uri, sha256=source_sha256, **source)
     return record
-
-
-def controller_log_path(name: str) -> Path:
-    return get_settings().home / "controllers" / f"{name}.log"
-
-
-def spawn_controller(store: Store, name: str) -> int:
-    """Run the job's controller as a detached process; returns its pid."""
-    log_path = controller_log_path(name)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, CONTROLLER_TAG: name}
-    # (owner-only: the controller prints its nodes' output, which is the job's business)
-    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainctl.controller", "--store", store.uri, name],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives the terminal that submitted it
-            env=env,
-            close_fds=True,
-        )
-    JobStore(store, name).event("controller_spawned", pid=proc.pid, host=socket.gethostname())
-    return proc.pid
 
 
 def start_detached(store: Store, record: JobRecord) -> None:

@@ -407,6 +407,13 @@ class Estimator:
         if printer:
             printer.info(f"job {record.name} submitted (store {store.uri})")
         final = controller.run()
+        if controller.handed_off:
+            # The terminal closed: a detached controller runs the job now; this process
+            # follows it, silently, so that fit() still returns at the job's end.
+            from trainctl.controller.supervise import supervise
+
+            printer = None
+            final = supervise(store, record.name, printer=None)
         if printer:
             _print_summary(printer, final)
         if controller.interrupted_by_user:

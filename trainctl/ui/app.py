@@ -65,7 +65,9 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         return HTMLResponse(_page(f"trainctl {jobs.name}", "job", store.uri, job=jobs.name))
 
     async def api_jobs(request: Request) -> Response:
-        records, unreadable = scan_jobs(store)
+        # diagnose's measurement runs only with ?all=1 (as `trainctl jobs --all`)
+        every = request.query_params.get("all") == "1"
+        records, unreadable = scan_jobs(store, measurements=every)
         return JSONResponse([r.describe() for r in records] + [u.describe() for u in unreadable])
 
     async def api_job(request: Request) -> Response:
