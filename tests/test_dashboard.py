@@ -7,6 +7,7 @@ the test's tmp dir."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -251,3 +252,26 @@ def test_an_unreachable_store_is_one_line(home):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot read the store s3://")
+
+
+@pytest.mark.timeout(60)
+def test_measurement_runs_are_listed_only_when_asked_for(home, tmp_path):
+    """diagnose's measurement runs stay out of the job list (as in `trainctl jobs`) unless
+    the page asks for them (`?all=1`, its "show" link)."""
+    from trainctl.controller.submit import create_derived_job, create_job
+    from trainctl.spec.build import build_spec
+    from trainctl.store import open_store
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('hi')\n")
+    store = open_store((home / "store").as_uri())
+    parent = create_job(build_spec(entry_point="train.py", source_dir=str(tmp_path / "src")), store)
+    create_derived_job(store, parent, f"{parent.name}-dx-1n-000000", {}, measurement=True)
+    ui = Dashboard(home)
+    try:
+        listed = json.loads(ui.get("/api/jobs")[1])
+        assert [j["name"] for j in listed] == [parent.name]
+        every = json.loads(ui.get("/api/jobs?all=1")[1])
+        assert sorted(j["measurement_of"] or "" for j in every) == ["", parent.name]
+    finally:
+        ui.close()

@@ -7,6 +7,7 @@ from typing import Any
 
 MARKER = "<!-- the commands: written by tools/docs_hooks.py -->"
 SETTINGS_MARKER = "<!-- the settings: written by tools/docs_hooks.py -->"
+ERRORS_MARKER = "<!-- the errors: written by tools/docs_hooks.py -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
@@ -14,7 +15,86 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         markdown = markdown.replace(MARKER, cli_reference())
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_reference())
+    if ERRORS_MARKER in markdown:
+        markdown = markdown.replace(ERRORS_MARKER, error_index())
     return markdown
+
+
+# Raised for a user to read (a one-line `error:`); internal errors are left out.
+_BAD_INPUT = {"SpecError"}
+_FAILURES = {
+    "AwsError", "CleanupError", "ImageBuildError", "ImdsError", "NotFoundError",
+    "PackagingError", "RefusedError", "RemoteCommandError", "SshAuthError", "SshHostKeyError",
+    "SshKeyError", "SshProvisionError", "StoreError", "TrainctlError", "UnreadableRecordError",
+}  # fmt: skip
+
+
+def error_index() -> str:
+    """Every message trainctl raises for a user, from the source: the bad input it refuses
+    (exit 2: `SpecError`, and the `ValueError`s of the spec's validators, which reach the
+    user as SpecError naming their field) and the failures it reports (exit 1). `…` stands
+    for what the message fills in."""
+    import ast
+    from pathlib import Path
+
+    import trainctl
+
+    root = Path(trainctl.__file__).parent
+    bad: list[tuple[str, str, str]] = []
+    failed: list[tuple[str, str, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        module = path.relative_to(root.parent).with_suffix("").as_posix().replace("/", ".")
+        in_spec = module.startswith("trainctl.spec.")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
+                continue
+            func = node.exc.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            args = [_template(a) for a in node.exc.args]
+            if name in _BAD_INPUT and len(args) >= 2 and args[0] and args[1]:
+                bad.append((args[0], args[1], module))
+            elif name == "ValueError" and in_spec and args and args[0]:
+                bad.append(("(the field checked)", args[0], module))
+            elif name in _FAILURES and args and args[0]:
+                failed.append((name, args[0], module))
+
+    def table(rows: list[tuple[str, str, str]], head: str) -> str:
+        lines = [f"| {head} | message | raised in |", "|---|---|---|"]
+        for first, message, module in sorted(set(rows)):
+            lines.append(f"| `{_cell(first)}` | {_cell(message)} | `{module}` |")
+        return "\n".join(lines)
+
+    return "\n\n".join(
+        [
+            f"## Bad input (exit 2): {len(set(bad))} messages",
+            table(bad, "field"),
+            f"## Failures (exit 1): {len(set(failed))} messages",
+            table(failed, "error"),
+        ]
+    )
+
+
+def _template(node: Any) -> str | None:
+    """A message's text from its source: constants kept, what is filled in as `…`."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        return None if left is None and right is None else (left or "…") + (right or "…")
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "scrub" and node.args:
+        return _template(node.args[0])
+    return None
+
+
+def _cell(text: str) -> str:
+    text = " ".join(text.split())
+    for plain, escaped in (("|", "\\|"), ("[", "\\["), ("]", "\\]"), ("<", "&lt;")):
+        text = text.replace(plain, escaped)
+    return text.replace("`", "'")
 
 
 def settings_reference() -> str:

@@ -25,7 +25,8 @@
   }
 
   function jobsView() {
-    get("/api/jobs").then(function (jobs) {
+    var all = /[?&]all=1/.test(location.search);  // diagnose's measurement runs too
+    get("/api/jobs" + (all ? "?all=1" : "")).then(function (jobs) {
       var rows = jobs.map(function (j) {
         if (j.state === "Unreadable") {  // a record that cannot be read: one line saying why
           return '<tr class="job-row"><td>' + esc(j.name) + '</td><td class="state-Failed">Unreadable</td>' +
@@ -38,7 +39,9 @@
       }).join("");
       document.getElementById("main").innerHTML = "<h1>Jobs</h1>" + (jobs.length ?
         "<table id='jobs'><tr><th>name</th><th>state</th><th>instances</th><th>created</th><th>duration</th><th>attempts</th><th>cost</th></tr>" + rows + "</table>" :
-        "<p class='muted'>no jobs in this store yet</p>");
+        "<p class='muted'>no jobs in this store yet</p>") +
+        "<p class='muted'><a id='all-toggle' href='/" + (all ? "" : "?all=1") + "'>" +
+        (all ? "hide" : "show") + " diagnose's measurement runs</a></p>";
       if (jobs.some(function (j) { return !TERMINAL[j.state]; })) setTimeout(jobsView, 3000);
     }).catch(fail);
   }
