@@ -333,3 +333,7 @@ def test_an_unchanged_torchrun_tutorial_script_resumes_from_its_working_director
     assert "[rank 0]\tEpoch 0 | Training snapshot saved at snapshot.pt" in survivor
     status = trainctl("status", name, check=True).stdout
     assert "restored snapshot.pt" in status
+    # one worker process's lines, of the relaunch, from the stored logs
+    rank2 = trainctl("logs", name, "--rank", "2", "--attempt", "2", check=True).stdout
+    assert rank2 and all(line.startswith("[algo-2:2#2] ") for line in rank2.splitlines())
+    assert "Resuming training from snapshot" in rank2, rank2

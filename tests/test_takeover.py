@@ -183,53 +183,87 @@ def test_a_live_controller_is_not_taken_over(home):
     assert _events(job, "takeover") == []
 
 
-@pytest.mark.timeout(240)
-def test_a_closed_terminal_hands_a_foreground_submit_to_a_detached_controller(home, uninterrupted):
-    """`trainctl submit` in a terminal that closes (SIGHUP): the terminal only followed the
-    job. A detached controller takes it over, adopts its nodes (no relaunch, no step lost,
-    the same model), and runs it to its end."""
+FIT_SCRIPT = """import json, sys
+from trainctl import Estimator
+est = Estimator(entry_point="train.py", source_dir=sys.argv[1], instance_count=2,
+                distribution={"torch_distributed": {"enabled": True}},
+                hyperparameters=json.loads(sys.argv[2]), job_name="hangup-fit")
+job = est.fit()  # returns at the job's end, terminal or not
+open(sys.argv[3], "w").write(job.describe()["state"])
+"""
+
+
+def _on_a_pty(argv: list[str]) -> tuple[subprocess.Popen, int]:
     import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=os.environ.copy())
+    os.close(slave)
+    return proc, master
+
+
+@pytest.mark.timeout(240)
+def test_a_closed_terminal_hands_a_foreground_job_to_a_detached_controller(
+    home, uninterrupted, tmp_path
+):
+    """`trainctl submit`, and a script's `fit()`, in a terminal that closes (SIGHUP): the
+    terminal only followed the job. A detached controller takes it over, adopts its nodes
+    (no relaunch, no step lost, the same model) and runs it to its end; `fit()` returns
+    then, as it would have. (Both at once: one test's time.)"""
+    import sys
 
     from tests.conftest import EXAMPLES
     from tests.test_fault_tolerance import HYPERPARAMETERS
+    from trainctl.estimator import TrainingJob
 
-    pairs = [f"{k}={v}" for k, v in {**HYPERPARAMETERS, "step-delay": STEP_DELAY}.items()]
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [TRAINCTL, "submit", "train.py", "--source-dir", str(EXAMPLES / "digits"),
-         "--instance-count", "2", "--distribution", "torch_distributed",
-         "--job-name", "hangup", *[a for p in pairs for a in ("-p", p)]],
-        stdin=slave, stdout=slave, stderr=slave, env=os.environ.copy(),
-    )  # fmt: skip
-    os.close(slave)
+    hyperparameters = {**HYPERPARAMETERS, "step-delay": STEP_DELAY}
+    pairs = [f"{k}={v}" for k, v in hyperparameters.items()]
+    (tmp_path / "fit.py").write_text(FIT_SCRIPT)
+    returned = tmp_path / "returned"
+    started = [
+        _on_a_pty(
+            [TRAINCTL, "submit", "train.py", "--source-dir", str(EXAMPLES / "digits"),
+             "--instance-count", "2", "--distribution", "torch_distributed",
+             "--job-name", "hangup", *[a for p in pairs for a in ("-p", p)]]
+        ),
+        _on_a_pty(
+            [sys.executable, str(tmp_path / "fit.py"), str(EXAMPLES / "digits"),
+             json.dumps(hyperparameters), str(returned)]
+        ),
+    ]  # fmt: skip
     try:
-        from trainctl.estimator import TrainingJob
-
-        deadline = time.monotonic() + 60
-        while not JobStore(_store(home), "hangup").exists():
-            assert time.monotonic() < deadline, "the job was never recorded"
-            time.sleep(0.2)
-        job = TrainingJob.attach("hangup")
-        _wait_step(job, 20)
-        os.close(master)  # the terminal closes...
-        master = -1
-        proc.send_signal(signal.SIGHUP)  # ...and its session is hung up
-        assert proc.wait(timeout=30) == 129
+        for name in ("hangup", "hangup-fit"):
+            deadline = time.monotonic() + 60
+            while not JobStore(_store(home), name).exists():
+                assert time.monotonic() < deadline, f"{name} was never recorded"
+                time.sleep(0.2)
+            _wait_step(TrainingJob.attach(name), 20)
+        for proc, master in started:
+            os.close(master)  # the terminal closes...
+            proc.send_signal(signal.SIGHUP)  # ...and its session is hung up
+        submit, script = (proc for proc, _ in started)
+        assert submit.wait(timeout=30) == 129
+        script.wait(timeout=180)  # it follows the job to its end, silently
+        assert script.returncode != -signal.SIGHUP
     finally:
-        if master >= 0:
-            os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-    deadline = time.monotonic() + 180
-    while not (record := JobStore(job.store, "hangup").load()).state.is_terminal():
-        assert time.monotonic() < deadline, record.state
-        time.sleep(0.5)
-    assert record.state.value == "Completed", record.failure_reason
-    assert [e["why"] for e in _events(job, "handed_off")] == ["the terminal closed (SIGHUP)"]
-    assert len(_events(job, "controller_spawned")) == 1 and len(_events(job, "takeover")) == 1
-    (attempt,) = record.attempts  # adopted, not relaunched
-    assert attempt.outcome == "completed" and attempt.steps_lost in (None, 0), attempt
-    assert_bit_identical(model_tensors(job), uninterrupted)
+        for proc, _ in started:
+            if proc.poll() is None:
+                proc.kill()
+    assert returned.read_text() == "Completed"
+    for name in ("hangup", "hangup-fit"):
+        job = TrainingJob.attach(name)
+        deadline = time.monotonic() + 180
+        while not (record := JobStore(job.store, name).load()).state.is_terminal():
+            assert time.monotonic() < deadline, record.state
+            time.sleep(0.5)
+        assert record.state.value == "Completed", record.failure_reason
+        why = [e["why"] for e in _events(job, "handed_off")]
+        assert why == ["the terminal closed (SIGHUP)"], (name, why)
+        assert len(_events(job, "controller_spawned")) == 1
+        assert len(_events(job, "takeover")) == 1
+        (attempt,) = record.attempts  # adopted, not relaunched
+        assert attempt.outcome == "completed" and attempt.steps_lost in (None, 0), attempt
+        assert_bit_identical(model_tensors(job), uninterrupted)
 
 
 def _store(home):
