@@ -28,6 +28,27 @@ EXAMPLES = REPO / "examples"
 TRAINCTL = str(Path(sys.executable).parent / "trainctl")
 
 
+def read_terminal(master: int, proc, timeout: float = 60) -> bytes:
+    """What a pty (its `master` side) received until `proc` closed it or ended."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other side closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    return seen
+
+
 def log_lines(text: str) -> list[str]:
     """A stored node log's lines without the time each starts with (protocol.split_stamp)."""
     from trainctl.protocol import split_stamp

@@ -11,17 +11,15 @@ import json
 import os
 import pty
 import re
-import select
 import shutil
 import struct
 import subprocess
 import termios
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TRAINCTL
+from tests.conftest import TRAINCTL, read_terminal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,21 +63,8 @@ def on_a_terminal(
         [TRAINCTL, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env
     )
     os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the other side closed
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            elif proc.poll() is not None:
-                break
+        seen = read_terminal(master, proc, timeout)
         return proc.wait(timeout=10), seen.decode(errors="replace")
     finally:
         os.close(master)

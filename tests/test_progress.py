@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import subprocess
-import time
 
 import pytest
 
-from tests.conftest import TRAINCTL
+from tests.conftest import TRAINCTL, read_terminal
 
 
 def _on_a_terminal(argv: list[str], timeout: float = 60) -> tuple[int, str, bytes]:
@@ -22,21 +20,8 @@ def _on_a_terminal(argv: list[str], timeout: float = 60) -> tuple[int, str, byte
         argv, stdin=slave, stdout=subprocess.PIPE, stderr=slave, env={**os.environ}
     )
     os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the other side closed
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            elif proc.poll() is not None:
-                break
+        seen = read_terminal(master, proc, timeout)
         code = proc.wait(timeout=10)
         assert proc.stdout is not None
         return code, proc.stdout.read().decode(), seen
