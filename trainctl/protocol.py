@@ -106,10 +106,14 @@ def split_rank(line: str) -> tuple[int | None, str]:
 STAMPED_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 
 
-def stamped_line(text: str, when: float | None = None) -> str:
-    when = time.time() if when is None else when
+def stamp(when: float) -> str:
+    """A time as node logs keep it (UTC, milliseconds): such stamps sort as the times do."""
     millis = int(when * 1000) % 1000
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(when))}.{millis:03d}Z {text}"
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(when))}.{millis:03d}Z"
+
+
+def stamped_line(text: str, when: float | None = None) -> str:
+    return f"{stamp(time.time() if when is None else when)} {text}"
 
 
 def split_stamp(line: str) -> tuple[str | None, str]:

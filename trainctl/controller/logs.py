@@ -6,7 +6,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timezone
 from typing import TextIO
 
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
@@ -61,7 +60,7 @@ class LogSelection:
     nodes: frozenset[int] | None = None  # node ranks (algo-N is rank N-1); None: every node
     ranks: frozenset[int] | None = None  # process ranks of `[rank R]` lines; None: all lines
     attempts: tuple[int, ...] | None = None  # None: every attempt
-    since: float | None = None  # epoch seconds: lines stamped earlier are left out
+    since: str | None = None  # a stamp (protocol.stamp): lines stamped earlier are left out
     tail: int | None = None  # only the last N lines of what is there now (then follow)
     merge: bool = False  # every node's lines interleaved by time, not node after node
     timestamps: bool = False  # print each line's time before it
@@ -73,8 +72,8 @@ class LogSelection:
             return False
         if self.ranks is not None and split_rank(text)[0] not in self.ranks:
             return False
-        # a line stored before stamps has no time: it is not known to be recent
-        return self.since is None or (stamp is not None and _epoch(stamp) >= self.since)
+        # (stamps sort as times do; a line stored before stamps is not known to be recent)
+        return self.since is None or (stamp is not None and stamp >= self.since)
 
 
 def log_selection(
@@ -90,6 +89,7 @@ def log_selection(
     """A LogSelection from what a user writes: nodes as ranks (0) or names (`algo-1`),
     `since` as a duration (`10m`, `2h`) or seconds. Bad values: SpecError naming the option."""
     from trainctl.errors import SpecError
+    from trainctl.protocol import stamp
     from trainctl.spec.durations import parse_duration
 
     def node_rank(value: int | str) -> int:
@@ -100,35 +100,24 @@ def log_selection(
             return int(text)
         raise SpecError("--node", f"{value!r} is not a node; allowed: its rank (0) or algo-N")
 
-    for flag, values in (("--rank", ranks), ("--attempt", attempts)):
-        if any(v < (1 if flag == "--attempt" else 0) for v in values or []):
-            low = 1 if flag == "--attempt" else 0
-            raise SpecError(flag, f"must be {low} or more, got {min(values or [])}")
-    if tail is not None and tail < 0:
-        raise SpecError("--tail", f"must be 0 or more, got {tail}")
-    seconds = (
-        None
-        if since is None
-        else float(since)
-        if isinstance(since, (int, float))
-        else parse_duration(since, "--since")
-    )
+    for flag, values, low in (
+        ("--rank", ranks, 0),
+        ("--attempt", attempts, 1),
+        ("--tail", [tail], 0),
+    ):
+        below = [v for v in values or [] if v is not None and v < low]
+        if below:
+            raise SpecError(flag, f"must be {low} or more, got {below[0]}")
+    if isinstance(since, str):
+        since = parse_duration(since, "--since")
     return LogSelection(
         nodes=None if not nodes else frozenset(node_rank(n) for n in nodes),
         ranks=None if not ranks else frozenset(ranks),
         attempts=None if not attempts else tuple(attempts),
-        since=None if seconds is None else time.time() - seconds,
+        since=None if since is None else stamp(time.time() - since),
         tail=tail,
         merge=merge,
         timestamps=timestamps,
-    )
-
-
-def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
-    return (
-        datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
     )
 
 
