@@ -31,7 +31,7 @@ test: venv
 	$(VENV)/bin/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/pytest -q
-	@test -f .pytest-session-finished || { echo "pytest did not finish its session"; exit 1; }
+	@test -f .pytest_cache/session-finished || { echo "pytest did not finish its session"; exit 1; }
 
 # Not part of `test`: timings, not assertions. Exits non-zero naming any missed goal.
 # BENCH_ARGS="--quick" or "--only upload" for a partial run.

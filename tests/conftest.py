@@ -155,7 +155,8 @@ def source(tmp_path) -> callable:
     return make
 
 
-SESSION_MARKER = REPO / ".pytest-session-finished"
+# (under pytest's own cache directory: nothing of the suite's is written into the repository)
+SESSION_MARKER = REPO / ".pytest_cache" / "session-finished"
 
 
 class OffLoopbackError(OSError):
@@ -216,6 +217,7 @@ def pytest_sessionstart(session) -> None:
 def pytest_sessionfinish(session, exitstatus) -> None:
     # `make test` checks this exists: code under test that ends the process (os._exit in a
     # training helper, say) must not pass for a green run.
+    SESSION_MARKER.parent.mkdir(exist_ok=True)
     SESSION_MARKER.write_text(f"{exitstatus}\n")
 
 

@@ -160,7 +160,8 @@ def test_detach_logs_follow_and_stop(home, source):
         text=True,
     )
     try:
-        time.sleep(2.5)
+        for rank in (0, 1):  # (a condition, not a sleep: a slow machine is slower)
+            wait_log(home, "sleepy", f"rank {rank} step")
         stopped = trainctl("stop", "sleepy")
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.strip() == "sleepy: Stopped"
