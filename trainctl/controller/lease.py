@@ -58,6 +58,14 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     return LeaseView(lease, True, silent)
 
 
+def lease_is_live(jobs: Any) -> bool:
+    """Whether a controller holds the job's lease now (`jobs`: its JobStore): it runs the
+    job, or is still tearing it down (the record turns terminal first)."""
+    from trainctl.settings import get_settings
+
+    return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
+
+
 def boot_id() -> str:
     """This machine's boot: host names repeat across machines (two "ubuntu"s), boot ids
     don't. Empty where the kernel has none to give."""

@@ -24,7 +24,7 @@ from trainctl.store import Store
 
 def refusal(store: Store, record: JobRecord) -> str | None:
     """Why `record` may not be removed now (None: it may)."""
-    from trainctl.controller.submit import lease_is_live
+    from trainctl.controller.lease import lease_is_live
 
     if not record.state.is_terminal():
         return (

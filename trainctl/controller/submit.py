@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainctl.controller.detached import spawn_controller
+from trainctl.controller.lease import lease_is_live
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
@@ -353,12 +354,6 @@ def start_detached(store: Store, record: JobRecord) -> None:
         start_remote_controller(store, record.name, target)
     else:
         spawn_controller(store, record.name)
-
-
-def lease_is_live(jobs: JobStore) -> bool:
-    from trainctl.controller.lease import view_lease
-
-    return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
 
 
 def job_is_live(store: Store, name: str) -> bool:

@@ -49,7 +49,7 @@ def supervise(
     job over: this process becomes its controller, adopting the nodes that still run. When
     several processes try at once the lease lets one win; the others keep following."""
     from trainctl.controller.controller import Controller
-    from trainctl.controller.lease import LeaseHeld
+    from trainctl.controller.lease import LeaseHeld, lease_is_live
     from trainctl.controller.logs import LogFollower
 
     jobs = JobStore(store, name)
@@ -59,7 +59,10 @@ def supervise(
         record = jobs.load()
         if follower is not None:
             follower.drain()
-        if record.state.is_terminal() and (not _tearing_down(jobs) or _past(deadline)):
+        # The record turns terminal before the teardown (instances, security group, key
+        # pair) is done: a waiter returns once the controller lets go of the job, so that
+        # "done" never means its resources still exist.
+        if record.state.is_terminal() and (not lease_is_live(jobs) or _past(deadline)):
             if follower is not None:
                 follower.flush()
             return record
@@ -81,15 +84,6 @@ def supervise(
         if _past(deadline):
             raise TimeoutError(f"job {name!r} is still {record.state.value} after {timeout} s")
         time.sleep(poll)
-
-
-def _tearing_down(jobs: JobStore) -> bool:
-    """Whether the job's controller still holds its lease: the record turns terminal before
-    the teardown (instances, security group, key pair) is done, and a waiter that returned
-    then would tell its user "done" while the job's resources still exist."""
-    from trainctl.controller.lease import view_lease
-
-    return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
 
 
 def _past(deadline: float | None) -> bool:

@@ -129,7 +129,6 @@ class CheckpointSync(PeriodicSync):
         gone = [rel for rel in changed if rel not in went_up]  # pruned since the scan
         for rel in gone:
             changed.remove(rel)
-            current.pop(rel)
             if rel in self.uploaded:
                 removed.append(rel)
         for rel in changed:
