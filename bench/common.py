@@ -397,7 +397,7 @@ class TrainctlRunner:
 
     def wait_gone(self, name: str, timeout: float = 30.0) -> None:
         """Wait for the job's processes (its controller too) to exit after it ended."""
-        from trainctl.node.procs import CONTROLLER_TAG, find_tagged, job_processes
+        from trainctl.procs import CONTROLLER_TAG, find_tagged, job_processes
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from tests.conftest import digits_estimator, free_port, point_aws_at
 from tests.imds_server import ImdsStandIn
 from tests.sshd import _environ, job_processes, kill_all
 from trainctl import Estimator
-from trainctl.node.procs import ATTEMPT_TAG
+from trainctl.procs import ATTEMPT_TAG
 
 USER_SECRET = "submitter-secret-key-never-on-a-node"
 REGION = "us-east-1"

@@ -20,7 +20,7 @@ from tests.registry import (  # noqa: F401  (image registry and isolated podman 
     readonly_registry,
     registry,
 )
-from trainctl.provisioning.local import free_port  # noqa: F401  (shared by tests)
+from trainctl.provisioning.base import free_port  # noqa: F401  (shared by tests)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -59,7 +59,7 @@ def log_lines(text: str) -> list[str]:
 def tagged_processes(home: Path | None = None) -> list[int]:
     """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
     (other trainctl users on the machine, a benchmark say, are not ours to judge)."""
-    from trainctl.node.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
+    from trainctl.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
 
     home = home or Path(os.environ["TRAINCTL_HOME"])
     return [

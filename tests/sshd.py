@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.node.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
-from trainctl.provisioning.local import free_port
+from trainctl.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
+from trainctl.provisioning.base import free_port
 from trainctl.spec.capacity import SshHost
 
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path

@@ -17,52 +17,79 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainctl"
 
-# Client-side packages: what runs on the user's machine (or a controller host).
-CLIENT = (
-    "trainctl.cli",
-    "trainctl.controller",
-    "trainctl.estimator",
-    "trainctl.image",
-    "trainctl.packaging",
-    "trainctl.provisioning",
-    "trainctl.transport",
-    "trainctl.ui",
-    "trainctl.sagemaker",
-    "trainctl.notebook",
-    "trainctl.progress",
-)
-# layer (module or package) -> what it may import of trainctl (modules or packages).
-FOUNDATION = (
-    "trainctl.errors",
-    "trainctl.version",
-    "trainctl.protocol",
-    "trainctl.state",
-    "trainctl.redact",
-)
-ALLOWED: dict[str, tuple[str, ...]] = {
-    # The user's validated input: errors and settings-level helpers only.
-    "trainctl.spec": (*FOUNDATION, "trainctl.spec", "trainctl.settings"),
-    "trainctl.settings": (*FOUNDATION, "trainctl.spec.capacity", "trainctl.spec.catalog"),
-    "trainctl.store": (*FOUNDATION, "trainctl.store", "trainctl.spec.uris"),
-    "trainctl.record": (*FOUNDATION, "trainctl.spec", "trainctl.store", "trainctl.metrics"),
-    # Metric history's pure parts: a leaf (plotext, lazily, for charts).
-    "trainctl.metrics": (),
-    "trainctl.launcher": (*FOUNDATION, "trainctl.launcher", "trainctl.spec", "trainctl.cluster"),
-    # What a node imports: never a client-side package.
-    "trainctl.node": (
-        *FOUNDATION,
-        "trainctl.node",
-        "trainctl.spec",
-        "trainctl.settings",
-        "trainctl.store",
-        "trainctl.record",
-        "trainctl.launcher",
+# Every package and top-level module of trainctl, in layers from the bottom: each may import
+# its own layer's siblings only where listed in SAME_LAYER, and any layer below. A module
+# that is in no layer fails test_every_package_has_a_layer: place it before it lands.
+LAYERS: list[tuple[str, ...]] = [
+    # shared small modules: no trainctl imports but each other's
+    (
+        "trainctl.errors",
+        "trainctl.version",
+        "trainctl.protocol",
+        "trainctl.state",
+        "trainctl.redact",
+        "trainctl.procs",
         "trainctl.cluster",
+        "trainctl.metrics",
+        "trainctl.toolkit",
+        "trainctl.train",
     ),
-    # Imported by training scripts: nothing of the job machinery.
-    "trainctl.train": ("trainctl.train", "trainctl.protocol"),
+    # the user's validated input: the job spec and the settings (config.yaml, TRAINCTL_*)
+    ("trainctl.spec",),
+    ("trainctl.store",),
+    ("trainctl.record", "trainctl.launcher", "trainctl.packaging", "trainctl.progress"),
+    # what runs on a node (imports no client package: everything above is client side)
+    ("trainctl.node",),
+    ("trainctl.transport", "trainctl.image"),
+    ("trainctl.provisioning",),
+    ("trainctl.controller",),
+    # the front doors, over the controller
+    ("trainctl.notebook", "trainctl.diagnose", "trainctl.ui"),
+    ("trainctl.estimator",),
+    ("trainctl.sagemaker",),
+    ("trainctl.cli",),
+    ("trainctl",),  # the package's __init__: the public names
+]
+# Imports within one layer that are allowed (one way).
+SAME_LAYER: dict[str, tuple[str, ...]] = {
     "trainctl.toolkit": ("trainctl.version",),
+    "trainctl.train": ("trainctl.protocol",),
+    "trainctl.image": ("trainctl.transport",),
+    "trainctl.record": ("trainctl.metrics",),
+    "trainctl.launcher": ("trainctl.protocol",),
+    "trainctl.notebook": ("trainctl.metrics",),
+    "trainctl.diagnose": ("trainctl.train",),
 }
+# Narrower than their layer: imported by training scripts, or pure leaves.
+ONLY: dict[str, tuple[str, ...]] = {
+    "trainctl.train": ("trainctl.protocol",),
+    "trainctl.toolkit": ("trainctl.version",),
+    "trainctl.metrics": (),
+    "trainctl.spec": (
+        "trainctl.errors",
+        "trainctl.version",
+        "trainctl.protocol",
+        "trainctl.state",
+        "trainctl.redact",
+    ),
+}
+# What runs on the user's machine (or a controller host): every layer above the node's but
+# the package's own __init__.
+CLIENT = tuple(p for layer in LAYERS[LAYERS.index(("trainctl.node",)) + 1 : -1] for p in layer)
+
+
+def _layer_of(name: str) -> str | None:
+    """The layer entry a module belongs to: the longest package prefix listed."""
+    listed = [p for layer in LAYERS for p in layer]
+    return max((p for p in listed if _within(name, (p,))), key=len, default=None)
+
+
+def _allowed(entry: str) -> tuple[str, ...]:
+    if entry in ONLY:
+        return (entry, *ONLY[entry])
+    level = next(i for i, layer in enumerate(LAYERS) if entry in layer)
+    below = tuple(p for layer in LAYERS[:level] for p in layer)
+    return (entry, *below, *SAME_LAYER.get(entry, ()))
 
 
 def _module_name(path: Path) -> str:
@@ -179,16 +206,36 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
+def test_no_package_import_cycles() -> None:
+    """Cycles between packages (spec <-> settings once) hide behind module-level acyclicity."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        entry = _layer_of(name) or name
+        graph.setdefault(entry, set()).update(
+            d for d in (_layer_of(dep) or dep for dep in deps) if d != entry
+        )
+    assert _cycles(graph) == []
+
+
+def test_every_package_has_a_layer() -> None:
+    assert [name for name in _graph() if _layer_of(name) is None] == []
+
+
 def test_layers_import_only_downwards() -> None:
     graph = _graph()
     wrong = []
     for name, deps in sorted(graph.items()):
-        layer = max((p for p in ALLOWED if _within(name, (p,))), key=len, default=None)
-        if layer is None:
+        entry = _layer_of(name)
+        if entry is None or entry == "trainctl":
+            # the package's __init__ (the public names) may import anything
             continue
-        allowed = ALLOWED[layer]
-        # A package's own __init__ re-exports its modules.
-        wrong += [f"{name} -> {d}" for d in sorted(deps) if not _within(d, allowed)]
+        allowed = _allowed(entry)
+        # `trainctl.x` matches the layer entry `trainctl.x` and its modules, never a sibling
+        wrong += [
+            f"{name} -> {d}"
+            for d in sorted(deps)
+            if not any(_within(d, (a,)) for a in allowed if a != "trainctl")
+        ]
     assert wrong == []
 
 
@@ -250,3 +297,9 @@ def test_node_side_imports_stay_small(module: str) -> None:
     loaded = json.loads(out.stdout)
     assert [m for m in loaded if m.split(".")[0] in heavy] == []
     assert [m for m in loaded if _within(m, CLIENT)] == []
+
+
+def test_the_layer_table_refuses_an_upward_import() -> None:
+    assert not any(_within("trainctl.controller.submit", (a,)) for a in _allowed("trainctl.node"))
+    assert any(_within("trainctl.spec.settings", (a,)) for a in _allowed("trainctl.store"))
+    assert "trainctl.node" not in CLIENT and "trainctl.cli" in CLIENT

@@ -125,23 +125,31 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
     ("hp-no-equals", lambda t, s: ["src/train.py", "-p", "epochs"], ("-p", "epochs")),
     ("hp-empty-key", lambda t, s: ["src/train.py", "-p", "=3"], ("-p",)),
     ("hp-nan", lambda t, s: ["src/train.py", "-p", "lr=NaN"], ("hyperparameters", "lr")),
-    ("input-no-equals", lambda t, s: ["src/train.py", "--input", "train"], ("--input",)),
-    ("input-empty-key", lambda t, s: ["src/train.py", "--input", "=file:///x"], ("--input",)),
-    ("env-no-equals", lambda t, s: ["src/train.py", "--env", "FOO"], ("--env", "FOO")),
-    ("env-bad-name", lambda t, s: ["src/train.py", "--env", "1BAD=x"], ("environment", "1BAD")),
+    ("input-no-equals", lambda t, s: ["src/train.py", "--inputs", "train"], ("--inputs",)),
+    ("input-empty-key", lambda t, s: ["src/train.py", "--inputs", "=file:///x"], ("--inputs",)),
+    (
+        "env-no-equals",
+        lambda t, s: ["src/train.py", "--environment", "FOO"],
+        ("--environment", "FOO"),
+    ),
+    (
+        "env-bad-name",
+        lambda t, s: ["src/train.py", "--environment", "1BAD=x"],
+        ("environment", "1BAD"),
+    ),
     (
         "input-ftp",
-        lambda t, s: ["src/train.py", "--input", "train=ftp://x"],
+        lambda t, s: ["src/train.py", "--inputs", "train=ftp://x"],
         ("inputs", "ftp"),
     ),
     (
         "input-does-not-exist",
-        lambda t, s: ["src/train.py", "--input", "train=file:///does/not/exist"],
+        lambda t, s: ["src/train.py", "--inputs", "train=file:///does/not/exist"],
         ("inputs.train", "/does/not/exist"),
     ),
     (
         "input-bad-channel",
-        lambda t, s: ["src/train.py", "--input", "bad name=file:///tmp"],
+        lambda t, s: ["src/train.py", "--inputs", "bad name=file:///tmp"],
         ("inputs", "bad name"),
     ),
     (
@@ -151,7 +159,7 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
     ),
     (
         "checkpoint-uri-ftp",
-        lambda t, s: ["src/train.py", "--checkpoint-uri", "ftp://x"],
+        lambda t, s: ["src/train.py", "--checkpoint-s3-uri", "ftp://x"],
         ("checkpoint_s3_uri",),
     ),
     (
@@ -215,19 +223,35 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
     ),
     (
         "image-not-supported",
-        lambda t, s: ["src/train.py", "--image", "some-image"],
+        lambda t, s: ["src/train.py", "--image-uri", "some-image"],
         ("image_uri",),
     ),
-    ("image-malformed", lambda t, s: ["src/train.py", "--image", "Not An Image"], ("image_uri",)),
+    (
+        "image-malformed",
+        lambda t, s: ["src/train.py", "--image-uri", "Not An Image"],
+        ("image_uri",),
+    ),
     ("output-yaml", lambda t, s: ["src/train.py", "-o", "yaml"], ("--output", "yaml", "json")),
     (
         "keep-alive-over-max",
-        lambda t, s: ["src/train.py", "--instance-type", "g5.2xlarge", "--keep-alive", "3601"],
+        lambda t, s: [
+            "src/train.py",
+            "--instance-type",
+            "g5.2xlarge",
+            "--keep-alive-period-in-seconds",
+            "3601",
+        ],
         ("keep_alive_period_in_seconds", "3600", "3601"),
     ),
     (
         "keep-alive-negative",
-        lambda t, s: ["src/train.py", "--instance-type", "g5.2xlarge", "--keep-alive", "-1"],
+        lambda t, s: [
+            "src/train.py",
+            "--instance-type",
+            "g5.2xlarge",
+            "--keep-alive-period-in-seconds",
+            "-1",
+        ],
         ("keep_alive_period_in_seconds", "greater than or equal to 0"),
     ),
     (
@@ -307,9 +331,9 @@ def test_usage_errors_of_the_command_are_one_line(
 @pytest.mark.parametrize(
     ("yaml_text", "flag"),
     [
-        pytest.param("inputs: file:///tmp\n", ["--input", "val=file:///tmp"], id="in"),
+        pytest.param("inputs: file:///tmp\n", ["--inputs", "val=file:///tmp"], id="in"),
         pytest.param("hyperparameters: [1, 2]\n", ["-p", "a=1"], id="hp"),
-        pytest.param("environment: A\n", ["--env", "B=1"], id="env"),
+        pytest.param("environment: A\n", ["--environment", "B=1"], id="env"),
     ],
 )
 def test_file_non_mapping_plus_flag(
@@ -375,7 +399,7 @@ def test_parse_pairs_typed() -> None:
 
 
 def test_parse_pairs_untyped_keeps_strings() -> None:
-    assert parse_pairs(["train=file:///x", "N=8", "url=s3://b/k?x=1"], "--input") == {
+    assert parse_pairs(["train=file:///x", "N=8", "url=s3://b/k?x=1"], "--inputs") == {
         "train": "file:///x",
         "N": "8",
         "url": "s3://b/k?x=1",
@@ -389,7 +413,7 @@ def test_parse_pairs_last_wins_and_empty() -> None:
 
 
 @pytest.mark.parametrize("item", ["epochs", "=3", " =3", ""])
-@pytest.mark.parametrize("flag", ["-p", "--input", "--env"])
+@pytest.mark.parametrize("flag", ["-p", "--inputs", "--environment"])
 def test_parse_pairs_malformed(item: str, flag: str) -> None:
     with pytest.raises(SpecError) as info:
         parse_pairs([item], flag, typed=flag == "-p")
@@ -522,11 +546,11 @@ def test_flags_override_the_file(cli_home: Path, tmp_path: Path, capture: None) 
             "flag=true",
             "-p",
             "name=abc",
-            "--env",
+            "--environment",
             "B=2",
-            "--input",
+            "--inputs",
             f"train={data.as_uri()}",
-            "--input",
+            "--inputs",
             f"val={data}",
             "--distribution",
             "torchrun",
@@ -654,7 +678,7 @@ def test_the_new_fields_reach_the_spec_from_flags_and_the_file(
     )
     result = _invoke(
         [
-            "submit", "-f", job, "--input", f"train={data.as_uri()}",
+            "submit", "-f", job, "--inputs", f"train={data.as_uri()}",
             "--input-mode", "train=FastFile", "--workdir-max-mb", "64",
             "--workdir-ignore", "*.log", "--instance-type", "ml.p4d.24xlarge",
         ]

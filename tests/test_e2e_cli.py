@@ -256,7 +256,7 @@ def test_dead_controller_nodes_shut_down_and_stop_takes_over(home, source, monke
     assert proc.returncode == 0, proc.stderr
     wait_state("orphan", {"Training"})
     from tests.conftest import tagged_processes, wait_no_leftovers
-    from trainctl.node.procs import CONTROLLER_TAG, find_tagged
+    from trainctl.procs import CONTROLLER_TAG, find_tagged
 
     controllers = find_tagged(CONTROLLER_TAG, "orphan")
     assert len(controllers) == 1

@@ -142,7 +142,7 @@ def test_s3_locations_that_cannot_be_read_fail_at_submit_and_make_nothing(
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for field, args in [
-        ("inputs.train", ["--input", f"train=s3://{bucket}/data"]),
+        ("inputs.train", ["--inputs", f"train=s3://{bucket}/data"]),
         ("output_path", ["--output-path", f"s3://{bucket}/models"]),
     ]:
         done = subprocess.run(

@@ -302,7 +302,7 @@ def test_cli_submit_passes_build_fields(
             "--build-image",
             "--base-image",
             "Bad Image",
-            "--dependency",
+            "--dependencies",
             "numpy",
         ],
     )

@@ -36,7 +36,7 @@ def test_killing_a_node_spares_the_next_attempt_on_the_same_rank(home) -> None:
     import sys
 
     from trainctl.cluster import ClusterInfo, NodeInfo
-    from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
+    from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
     from trainctl.provisioning.local import LocalProvider
 
     def node(attempt: int) -> subprocess.Popen:

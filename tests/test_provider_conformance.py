@@ -65,7 +65,7 @@ class Rig:
 
 def _processes(job: str) -> list[str]:
     """The job's processes, and its detached controller (done once it has torn down)."""
-    from trainctl.node.procs import CONTROLLER_TAG, find_tagged
+    from trainctl.procs import CONTROLLER_TAG, find_tagged
 
     found = job_processes(job)
     controller = find_tagged(CONTROLLER_TAG, job)

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import TRAINCTL
 from tests.sshd import job_processes, kill_all
 from tests.test_fault_tolerance import assert_bit_identical, digits, model_tensors
-from trainctl.node.procs import alive
+from trainctl.procs import alive
 from trainctl.record import JobKeys, JobStore
 
 pytestmark = pytest.mark.e2e

@@ -8,6 +8,7 @@ from typing import Any
 MARKER = "<!-- the commands: written by tools/docs_hooks.py -->"
 SETTINGS_MARKER = "<!-- the settings: written by tools/docs_hooks.py -->"
 ERRORS_MARKER = "<!-- the errors: written by tools/docs_hooks.py -->"
+FIELDS_MARKER = "<!-- the job fields: written by tools/docs_hooks.py -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
@@ -15,6 +16,8 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         markdown = markdown.replace(MARKER, cli_reference())
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_reference())
+    if FIELDS_MARKER in markdown:
+        markdown = markdown.replace(FIELDS_MARKER, fields_reference())
     if ERRORS_MARKER in markdown:
         markdown = markdown.replace(ERRORS_MARKER, error_index())
     return markdown
@@ -97,12 +100,33 @@ def _cell(text: str) -> str:
     return text.replace("`", "'")
 
 
+def fields_reference() -> str:
+    """Every job field: its Estimator keyword and YAML key (the field's name), its
+    `trainctl submit` flag, its SageMaker counterpart and what it does, from JobSpec's
+    declarations (trainctl.spec.fields)."""
+    from trainctl.spec.fields import job_fields
+
+    rows = ["| field | `submit` flag | SageMaker | what it is |", "|---|---|---|---|"]
+    for field in job_fields():
+        door = field.door
+        if field.name == "entry_point":
+            flag = "`ENTRY_POINT`"
+        elif field.name == "arguments":
+            flag = "`-- ARG ...`"
+        else:
+            flag = f"`{field.flag}`" + (f" `{door.short}`" if door.short else "")
+        sagemaker = {"same": "the same", None: "-"}.get(door.sagemaker) or str(door.sagemaker)
+        cells = [_cell(sagemaker.removeprefix("mapped: ")), _cell(door.help)]
+        rows.append(f"| `{field.name}` | {flag} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
 def settings_reference() -> str:
     """Every setting (`TRAINCTL_NAME` in the environment, `name:` in config.yaml), its
     default and what it does, from the Settings model."""
     from pydantic_core import PydanticUndefined
 
-    from trainctl.settings import Settings
+    from trainctl.spec.settings import Settings
 
     rows = ["| setting | default | what it does |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():

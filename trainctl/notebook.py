@@ -21,20 +21,6 @@ TAIL_LINES = 40
 STATE_COLOURS = {"Completed": "#1a7f37", "Failed": "#cf222e", "Stopped": "#9a6700"}
 
 
-def in_notebook() -> bool:
-    """Whether this process is a Jupyter kernel running a cell (not a terminal IPython)."""
-    import sys
-
-    if "ipykernel" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
 class NotebookLogPrinter:
     """LogPrinter's interface, drawing into one display area that is updated in place."""
 
@@ -85,6 +71,8 @@ def log_printer(stream: Any = None) -> Any:
     """The printer for `fit(logs=True)` and `wait(logs=True)`: one updating area in a
     notebook, lines on `stream` (stdout) anywhere else."""
     import sys
+
+    from trainctl.progress import in_notebook
 
     if stream in (None, sys.stdout) and in_notebook():
         return NotebookLogPrinter()

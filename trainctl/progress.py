@@ -24,6 +24,20 @@ NOTEBOOK_REDRAW_SECONDS = 0.5
 _quiet = False
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel running a cell (not a terminal IPython)."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def quiet(on: bool = True) -> None:
     global _quiet
     _quiet = on
@@ -33,8 +47,6 @@ def shown() -> bool:
     """Whether progress is drawn: a terminal on stderr, or a notebook, and not quiet."""
     if _quiet:
         return False
-    from trainctl.notebook import in_notebook
-
     return bool(getattr(sys.stderr, "isatty", lambda: False)()) or in_notebook()
 
 
@@ -47,8 +59,6 @@ def progress_task(
     if not shown():
         yield lambda n: None
         return
-    from trainctl.notebook import in_notebook
-
     if in_notebook():
         with _notebook_task(description, total, bytes_) as advance:
             yield advance
@@ -81,8 +91,6 @@ def status(message: str) -> Iterator[Callable[[str], None]]:
     if not shown():
         yield lambda text: None
         return
-    from trainctl.notebook import in_notebook
-
     if in_notebook():
         line = _NotebookLine(message)
         try:

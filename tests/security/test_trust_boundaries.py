@@ -102,19 +102,19 @@ def test_a_job_cannot_point_its_uris_at_the_store_or_another_job(home, src):
     store = store_root(home)
     before = snapshot(store)
     attacks = [
-        ("--checkpoint-uri", store.as_uri(), "checkpoint_s3_uri"),
-        ("--checkpoint-uri", str(store), "checkpoint_s3_uri"),
-        ("--checkpoint-uri", (store / "jobs" / "victim").as_uri(), "checkpoint_s3_uri"),
-        ("--checkpoint-uri", (store / "sources").as_uri(), "checkpoint_s3_uri"),
-        ("--checkpoint-uri", home.as_uri(), "checkpoint_s3_uri"),  # holds the store
+        ("--checkpoint-s3-uri", store.as_uri(), "checkpoint_s3_uri"),
+        ("--checkpoint-s3-uri", str(store), "checkpoint_s3_uri"),
+        ("--checkpoint-s3-uri", (store / "jobs" / "victim").as_uri(), "checkpoint_s3_uri"),
+        ("--checkpoint-s3-uri", (store / "sources").as_uri(), "checkpoint_s3_uri"),
+        ("--checkpoint-s3-uri", home.as_uri(), "checkpoint_s3_uri"),  # holds the store
         ("--output-path", store.as_uri(), "output_path"),
         ("--output-path", (store / "jobs").as_uri(), "output_path"),
-        ("--input", f"train={store.as_uri()}", "inputs.train"),
-        ("--input", f"train={(store / 'jobs' / 'victim').as_uri()}", "inputs.train"),
+        ("--inputs", f"train={store.as_uri()}", "inputs.train"),
+        ("--inputs", f"train={(store / 'jobs' / 'victim').as_uri()}", "inputs.train"),
     ]
     link = home.parent / "link-to-store"
     link.symlink_to(store)
-    attacks.append(("--checkpoint-uri", link.as_uri(), "checkpoint_s3_uri"))
+    attacks.append(("--checkpoint-s3-uri", link.as_uri(), "checkpoint_s3_uri"))
 
     def attempt(attack):
         flag, value, field = attack
@@ -128,7 +128,7 @@ def test_a_job_cannot_point_its_uris_at_the_store_or_another_job(home, src):
     # Reading another job's results stays allowed (fine-tuning from its model).
     output = (store / "jobs" / "victim" / "output").as_uri()
     proc = cli(
-        "submit", "train.py", "--source-dir", str(src), "--input", f"m={output}", "--dry-run"
+        "submit", "train.py", "--source-dir", str(src), "--inputs", f"m={output}", "--dry-run"
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -205,7 +205,9 @@ def test_two_running_jobs_cannot_share_a_checkpoint_uri(home, src, tmp_path):
     create_job(
         build_spec(entry_point="train.py", source_dir=str(src), checkpoint_s3_uri=shared), store
     )
-    proc = cli("submit", "train.py", "--source-dir", str(src), "--checkpoint-uri", shared + "/sub")
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(src), "--checkpoint-s3-uri", shared + "/sub"
+    )
     assert "overlaps the checkpoints of job" in one_line_error(proc)
 
 
@@ -296,7 +298,7 @@ def test_secrets_stay_out_of_everything_shown(home, src):
     finished_job(
         home, src, "secretive",
         "-p", f"password={PASSWORD}", "-p", "epochs=2",
-        "--env", f"MY_API_KEY={API_KEY}", "--env", f"PLAIN_BUT_SECRET={DECLARED}",
+        "--environment", f"MY_API_KEY={API_KEY}", "--environment", f"PLAIN_BUT_SECRET={DECLARED}",
         "--secret-env", "PLAIN_BUT_SECRET",
     )  # fmt: skip
     secrets = (PASSWORD, API_KEY, DECLARED)
@@ -318,7 +320,7 @@ def test_secrets_stay_out_of_everything_shown(home, src):
         cli("logs", "secretive").stdout,
         cli("jobs", "-o", "json").stdout,
         cli("submit", "train.py", "--source-dir", str(src), "-p", f"password={PASSWORD}",
-            "--env", f"MY_API_KEY={API_KEY}", "--dry-run").stdout,
+            "--environment", f"MY_API_KEY={API_KEY}", "--dry-run").stdout,
     ]  # fmt: skip
     for text in shown:
         assert not any(s in text for s in secrets), text
@@ -385,7 +387,7 @@ def test_the_launch_environment_cannot_be_overridden(home, src):
              "SM_MODEL_DIR=/etc", "MASTER_ADDR=evil", "TORCHELASTIC_RUN_ID=x"]  # fmt: skip
 
     def attempt(pair: str) -> tuple[str, subprocess.CompletedProcess]:
-        return pair, cli("submit", "train.py", "--source-dir", str(src), "--env", pair)
+        return pair, cli("submit", "train.py", "--source-dir", str(src), "--environment", pair)
 
     with ThreadPoolExecutor(4) as pool:
         for pair, proc in pool.map(attempt, names):
@@ -553,7 +555,7 @@ def test_odd_input_is_one_line_and_exit_2(home, src, tmp_path):
         (["-f", job_file("nul.yaml", 'environment:\n  X: "a\\0b"\n')], None, "environment"),
         (["--volume-size", "50"], None, "volume_size"),
         (["--output-path", "file:///tmp/out?x=1#frag"], None, "output_path"),
-        (["--checkpoint-uri", "s3://bucket/ckpt#frag"], None, "checkpoint_s3_uri"),
+        (["--checkpoint-s3-uri", "s3://bucket/ckpt#frag"], None, "checkpoint_s3_uri"),
         (["--distribution", "mpi"], no_mpi, "distribution"),
     ]  # fmt: skip
 

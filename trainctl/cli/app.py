@@ -109,6 +109,10 @@ def err(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
 
 
+def warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
 def handle_errors(fn):
     """Turn trainctl errors into one line on stderr and a non-zero exit code."""
 

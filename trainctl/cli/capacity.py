@@ -25,7 +25,7 @@ def pools(output: str = OutputOpt) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from trainctl.settings import get_settings, trainctl_home
+    from trainctl.spec.settings import get_settings, trainctl_home
 
     check_output(output)
     configured = get_settings().pools
@@ -65,7 +65,7 @@ RegionOpt = typer.Option(
 
 def _regions(given: list[str] | None) -> list[str]:
     from trainctl.provisioning.aws.clients import env_region
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     regions = list(given or [])
     if not regions:

@@ -47,7 +47,7 @@ def jobs(
         return
     if not records and not unreadable:
         # say where it looked: a demo or a test may have used another TRAINCTL_HOME
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
 
         home = get_settings().home
         sys.stderr.write(f"No jobs in {store.uri} (TRAINCTL_HOME={home}).\n")
@@ -282,7 +282,8 @@ def logs(
     verdict and exits non-zero unless it Completed (or, when its controller is lost, says
     so: `trainctl attach` then takes it over)."""
     from trainctl.controller.logs import LogPrinter
-    from trainctl.estimator import TrainingJob, _print_summary
+    from trainctl.controller.submit import print_summary
+    from trainctl.estimator import TrainingJob
     from trainctl.state import JobState
 
     handle = TrainingJob.attach(job)
@@ -305,7 +306,7 @@ def logs(
         )
         raise typer.Exit(EXIT_FAILED)
     record = handle._record()
-    _print_summary(LogPrinter(sys.stdout), record)
+    print_summary(LogPrinter(sys.stdout), record)
     if record.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
 
@@ -316,16 +317,16 @@ def attach(job: str = JobArg) -> None:
     """Follow a job's logs to its end, like submit; if its controller is lost (killed, a
     closed laptop), take the job over: adopt its running nodes, or finish or relaunch it."""
     from trainctl.controller.logs import LogPrinter
-    from trainctl.controller.submit import default_store
+    from trainctl.controller.submit import default_store, print_summary
     from trainctl.controller.supervise import supervise
-    from trainctl.estimator import TrainingJob, _print_summary
+    from trainctl.estimator import TrainingJob
     from trainctl.state import JobState
 
     store = default_store()
     TrainingJob.attach(job)  # one line if there is no such job
     printer = LogPrinter(sys.stdout)
     final = supervise(store, job, printer=printer)
-    _print_summary(printer, final)
+    print_summary(printer, final)
     if final.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
 

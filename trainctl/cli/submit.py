@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -51,199 +53,215 @@ def _load_job_file(path: Path) -> dict[str, Any]:
     return data
 
 
-@app.command()
+# `trainctl submit`'s options that are not job fields; the job fields' options are made
+# from JobSpec (trainctl.spec.fields), so a new field needs no edit here.
+def _submit_options() -> list[inspect.Parameter]:
+    P = inspect.Parameter
+
+    def option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+        return P(name, P.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    return [
+        option(
+            "ssh_key",
+            str | None,
+            typer.Option(None, "--ssh-key", help="Private key file for --hosts."),
+        ),
+        option(
+            "input_mode",
+            list[str] | None,
+            typer.Option(
+                None,
+                "--input-mode",
+                metavar="CHANNEL=MODE",
+                help="CHANNEL=File (a copy of a file:// channel, the default) or "
+                "CHANNEL=FastFile (a link to it: no copy of large data, but a script's writes "
+                "reach the original); SageMaker's input_mode, per channel.",
+            ),
+        ),
+        option(
+            "dry_run",
+            bool,
+            typer.Option(
+                False, "--dry-run", help="Print the requests and node commands; change nothing."
+            ),
+        ),
+        option(
+            "estimate",
+            bool,
+            typer.Option(
+                False, "--estimate", help="Print the expected hourly cost; launch nothing."
+            ),
+        ),
+        option(
+            "detach",
+            bool,
+            typer.Option(False, "--detach", "-d", help="Return once the job is started."),
+        ),
+        option(
+            "file",
+            Path | None,
+            typer.Option(None, "-f", "--file", help="job.yaml with job fields (the same names)."),
+        ),
+        option("output", str, OutputOpt),
+    ]
+
+
+def _field_options() -> tuple[list[inspect.Parameter], dict[str, tuple[str, str]]]:
+    """One option per job field (`--<field-name>`), and a hidden one per old spelling.
+    Returns the parameters and {old parameter: (field, old flag)}."""
+    from trainctl.spec.fields import job_fields
+
+    P = inspect.Parameter
+    params: list[inspect.Parameter] = []
+    old: dict[str, tuple[str, str]] = {}
+    for field in job_fields():
+        door = field.door
+        if door.cli == "argument":
+            continue  # ENTRY_POINT, and the script's arguments after `--`
+        if door.cli == "flag":
+            decls = [f"{field.flag}/--no-{field.flag[2:]}"]
+            annotation: Any = bool | None
+        elif door.cli == "value":
+            decls = [field.flag]
+            annotation = field.value_type | None
+        elif door.cli == "own" and typing.get_origin(field.value_type) is not list:
+            decls = [field.flag]
+            annotation = str | None
+        else:  # repeated, pairs, typed, own lists: one item per flag
+            decls = [field.flag]
+            annotation = list[str] | None
+        if door.short:
+            decls.append(door.short)
+        params.append(
+            P(
+                field.name,
+                P.KEYWORD_ONLY,
+                annotation=annotation,
+                default=typer.Option(None, *decls, help=door.help, metavar=door.metavar),
+            )
+        )
+        for index, flag in enumerate(door.old_flags):
+            name = f"old_{field.name}_{index}"
+            old[name] = (field.name, flag)
+            params.append(
+                P(
+                    name,
+                    P.KEYWORD_ONLY,
+                    annotation=annotation,
+                    default=typer.Option(None, flag, hidden=True, metavar=door.metavar),
+                )
+            )
+    return params, old
+
+
+FIELD_OPTIONS, OLD_FLAGS = _field_options()
+
+
+def fields_from_options(options: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The job fields given as options, on top of `base` (the job file's): a mapping's
+    KEY=VALUE pairs are added to the file's, every other option replaces its field. An old
+    flag spelling counts as the new one, with one deprecation line."""
+    from trainctl.cli.app import warn
+    from trainctl.spec.fields import job_fields
+
+    given = dict(options)
+    for name, (field, flag) in OLD_FLAGS.items():
+        value = given.pop(name, None)
+        if value is None or value == []:
+            continue
+        new = "--" + field.replace("_", "-")
+        if "/" in flag:  # a switch and its negation (--spot/--on-demand)
+            on, off = flag.split("/")
+            flag, new = (on, new) if value else (off, "--no-" + new[2:])
+        warn(f"{flag} is deprecated; use {new}")
+        if isinstance(value, list):
+            given[field] = [*(given.get(field) or []), *value]
+        elif given.get(field) is None:
+            given[field] = value
+    fields = dict(base)
+    for field in job_fields():
+        value = given.get(field.name)
+        if value is None or value == [] or field.door.cli == "argument":
+            continue
+        flag = field.flag + (f" ({field.door.short})" if field.door.short else "")
+        kind = field.door.cli
+        if kind in ("pairs", "typed"):
+            pairs = parse_pairs(value, flag, typed=kind == "typed")
+            earlier = fields.get(field.name)
+            fields[field.name] = {**(earlier if isinstance(earlier, dict) else {}), **pairs}
+        elif kind == "own":
+            fields[field.name] = OWN_PARSERS[field.name](value, given)
+        else:
+            fields[field.name] = value
+    return fields
+
+
+def _parse_metric_definitions(values: list[str], _: dict[str, Any]) -> list[dict[str, str]]:
+    from trainctl.errors import SpecError
+
+    out = []
+    for item in values:
+        name, sep, regex = item.partition("=")
+        if not sep or not name.strip():
+            raise SpecError("--metric-definitions", f"{item!r} must be NAME=REGEX")
+        out.append({"Name": name.strip(), "Regex": regex})
+    return out
+
+
+def _parse_distribution(value: str, _: dict[str, Any]) -> Any:
+    from trainctl.spec.parts import parse_distribution
+
+    return parse_distribution(value)
+
+
+def _parse_hosts(values: list[str], given: dict[str, Any]) -> list[dict[str, Any]]:
+    return [parse_host(text, given.get("ssh_key")) for text in values]
+
+
+# The `own` doors (trainctl.spec.fields): a field whose flag is not a plain value or list.
+OWN_PARSERS = {
+    "distribution": _parse_distribution,
+    "metric_definitions": _parse_metric_definitions,
+    "hosts": _parse_hosts,
+}
+
+
 @handle_errors
-def submit(
-    ctx: typer.Context,
-    entry_point: str | None = typer.Argument(None, help="The training script."),
-    source_dir: str | None = typer.Option(None, "--source-dir", help="Code directory."),
-    instance_type: str | None = typer.Option(None, "--instance-type", help="'local' (default)."),
-    instance_count: int | None = typer.Option(None, "--instance-count", help="Nodes."),
-    min_instance_count: int | None = typer.Option(
-        None,
-        "--min-instance-count",
-        help="Elastic: go on with as few as this many nodes when --instance-count cannot be had.",
-    ),
-    processes_per_host: int | None = typer.Option(None, "--processes-per-host"),
-    distribution: str | None = typer.Option(
-        None, "--distribution", help="torch_distributed | mpi | none (default: none)."
-    ),
-    hyperparameter: list[str] | None = typer.Option(
-        None, "-p", "--hyperparameter", help="KEY=VALUE (JSON values: 8, 0.1, true)."
-    ),
-    input_: list[str] | None = typer.Option(None, "--input", help="CHANNEL=URI."),
-    env: list[str] | None = typer.Option(None, "--env", help="K=V for the training script."),
-    job_name: str | None = typer.Option(None, "--job-name"),
-    output_path: str | None = typer.Option(None, "--output-path"),
-    checkpoint_s3_uri: str | None = typer.Option(None, "--checkpoint-uri"),
-    checkpoint_local_path: str | None = typer.Option(None, "--checkpoint-local-path"),
-    max_run: int | None = typer.Option(None, "--max-run", help="Seconds before stopping."),
-    image_uri: str | None = typer.Option(None, "--image"),
-    build_image: bool | None = typer.Option(
-        None, "--build-image", help="Build the job's image (see `trainctl build`)."
-    ),
-    framework_version: str | None = typer.Option(None, "--framework-version", help="e.g. 2.5.1"),
-    py_version: str | None = typer.Option(None, "--py-version", help="e.g. py311"),
-    dependency: list[str] | None = typer.Option(
-        None, "--dependency", help="pip requirement for the built image; repeatable."
-    ),
-    base_image: str | None = typer.Option(None, "--base-image", help="FROM of the built image."),
-    max_restarts: int | None = typer.Option(
-        None, "--max-restarts", help="Relaunches after the user's code fails (default 0)."
-    ),
-    max_wait: int | None = typer.Option(
-        None, "--max-wait", help="Seconds the whole job may take, waits and retries included."
-    ),
-    inject_fault: list[str] | None = typer.Option(
-        None,
-        "--inject-fault",
-        help="kill:NODE@SECONDS or notice:NODE@SECONDS (NODE: rank or algo-N); repeatable.",
-    ),
-    pool: str | None = typer.Option(None, "--pool", help="A resource pool from config.yaml."),
-    spot: bool | None = typer.Option(
-        None, "--spot/--on-demand", help="EC2 market (default: on-demand)."
-    ),
-    on_demand_fallback: bool | None = typer.Option(
-        None, "--on-demand-fallback", help="Spot capacity short: fall back to on-demand."
-    ),
-    fallback_instance_type: list[str] | None = typer.Option(
-        None, "--fallback-instance-type", help="Next EC2 type to try; repeatable, in order."
-    ),
-    region: str | None = typer.Option(None, "--region", help="AWS region."),
-    subnet: list[str] | None = typer.Option(None, "--subnet", help="Repeatable, in order."),
-    security_group: list[str] | None = typer.Option(None, "--security-group", help="sg-..."),
-    image_id: str | None = typer.Option(None, "--image-id", help="ami-... or resolve:ssm:NAME"),
-    instance_profile: str | None = typer.Option(None, "--instance-profile"),
-    volume_size: int | None = typer.Option(None, "--volume-size", help="Root volume GB."),
-    keep_alive: int | None = typer.Option(
-        None,
-        "--keep-alive-period-in-seconds",
-        "--keep-alive",
-        help="Keep the job's EC2 instances warm this long after it (0-3600 s) for the next "
-        "job with the same capacity spec; `trainctl warm` lists them.",
-    ),
-    host: list[str] | None = typer.Option(
-        None, "--host", help="[USER@]ADDRESS[:PORT] of an SSH host; repeatable (ssh type)."
-    ),
-    ssh_key: str | None = typer.Option(None, "--ssh-key", help="Private key file for --host."),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the requests and node commands; change nothing."
-    ),
-    estimate: bool = typer.Option(
-        False, "--estimate", help="Print the expected hourly cost; launch nothing."
-    ),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Return once the job is started."),
-    controller: str | None = typer.Option(
-        None,
-        "--controller",
-        help="Where the job's controller runs: local (this machine), ssh://[user@]host[:port], "
-        "an ssh pool's name, or ec2 (trainctl's own small instance). A remote one keeps the "
-        "job going when this machine goes away.",
-    ),
-    input_mode: list[str] | None = typer.Option(
-        None,
-        "--input-mode",
-        help="CHANNEL=File (a copy of a file:// channel, the default) or CHANNEL=FastFile "
-        "(a link to it: no copy of large data, but a script's writes reach the original).",
-    ),
-    workdir_max_mb: float | None = typer.Option(
-        None,
-        "--workdir-max-mb",
-        help="The working directory is kept across relaunches: at most this many MB per node "
-        "(default 1024; 0: not kept).",
-    ),
-    workdir_ignore: list[str] | None = typer.Option(
-        None,
-        "--workdir-ignore",
-        help="gitignore-style pattern of working-directory files not to keep; repeatable.",
-    ),
-    secret_env: list[str] | None = typer.Option(
-        None,
-        "--secret-env",
-        help="An --env NAME whose value is shown as <redacted> (names with SECRET, TOKEN, "
-        "PASSWORD, KEY... already are); repeatable.",
-    ),
-    secret_hyperparameter: list[str] | None = typer.Option(
-        None,
-        "--secret-hyperparameter",
-        help="A -p KEY whose value is shown as <redacted>; repeatable.",
-    ),
-    file: Path | None = typer.Option(None, "-f", "--file", help="job.yaml with Estimator fields."),
-    output: str = OutputOpt,
-) -> None:
+def submit(ctx: typer.Context, entry_point: str | None = None, **options: Any) -> None:
     """Submit a training job; streams its logs and exits 0 only if it Completed.
 
     Words after `--` are the script's own arguments, before its hyperparameters:
     `trainctl submit multinode.py --instance-count 2 -- 50 10`."""
-    from trainctl.controller.controller import Controller
-    from trainctl.controller.logs import LogPrinter
-    from trainctl.controller.submit import create_job, default_store, start_detached
+    from trainctl.controller.submit import create_job, default_store, run_job
     from trainctl.errors import SpecError
-    from trainctl.estimator import _print_summary
     from trainctl.spec.build import build_spec
-    from trainctl.spec.parts import parse_distribution
-    from trainctl.state import JobState
 
+    output = options.pop("output")
+    file: Path | None = options.pop("file")
+    dry_run, estimate, detach = (
+        options.pop("dry_run"),
+        options.pop("estimate"),
+        options.pop("detach"),
+    )
+    input_mode = options.pop("input_mode")
     check_output(output)
-    fields: dict[str, Any] = _load_job_file(file) if file else {}
+    base: dict[str, Any] = _load_job_file(file) if file else {}
     arguments = (ctx.obj or {}).get("arguments")
-    flags: dict[str, Any] = {
-        "entry_point": entry_point,
-        "arguments": arguments,
-        "source_dir": str(Path(source_dir).resolve()) if source_dir else None,
-        "instance_type": instance_type,
-        "instance_count": instance_count,
-        "min_instance_count": min_instance_count,
-        "processes_per_host": processes_per_host,
-        "job_name": job_name,
-        "output_path": output_path,
-        "checkpoint_s3_uri": checkpoint_s3_uri,
-        "checkpoint_local_path": checkpoint_local_path,
-        "max_run": max_run,
-        "image_uri": image_uri,
-        "build_image": build_image,
-        "framework_version": framework_version,
-        "py_version": py_version,
-        "dependencies": dependency or None,
-        "base_image": base_image,
-        "max_restarts": max_restarts,
-        "max_wait": max_wait,
-        "faults": inject_fault or None,
-        "pool": pool,
-        "use_spot_instances": spot,
-        "on_demand_fallback": on_demand_fallback,
-        "fallback_instance_types": fallback_instance_type or None,
-        "region": region,
-        "subnets": subnet or None,
-        "security_group_ids": security_group or None,
-        "image_id": image_id,
-        "instance_profile": instance_profile,
-        "volume_size": volume_size,
-        "keep_alive_period_in_seconds": keep_alive,
-        "hosts": [parse_host(h, ssh_key) for h in host] if host else None,
-        "controller": controller,
-        "workdir_max_mb": workdir_max_mb,
-        "workdir_ignore": workdir_ignore or None,
-        "secret_env": secret_env or None,
-        "secret_hyperparameters": secret_hyperparameter or None,
-    }
-    if host and instance_type is None and "instance_type" not in fields:
-        flags["instance_type"] = "ssh"
-    fields.update({k: v for k, v in flags.items() if v is not None})
-    if distribution is not None:
-        fields["distribution"] = parse_distribution(distribution)
+    fields = fields_from_options(options, base)
+    if entry_point is not None:
+        fields["entry_point"] = entry_point
+    if arguments is not None:
+        fields["arguments"] = arguments
+    if options.get("source_dir"):
+        fields["source_dir"] = str(Path(options["source_dir"]).resolve())
+    if fields.get("hosts") and options.get("instance_type") is None and "instance_type" not in base:
+        fields["instance_type"] = "ssh"
     if file and "source_dir" not in fields and isinstance(fields.get("entry_point"), str):
         # an entry point from the file (with no source_dir anywhere) is relative to the file
         entry = Path(fields["entry_point"])
         if not entry.is_absolute() and entry_point is None:
             fields["entry_point"] = str((file.parent / entry).resolve())
-    for key, values, typed, flag in (
-        ("hyperparameters", hyperparameter, True, "-p"),
-        ("inputs", input_, False, "--input"),
-        ("environment", env, False, "--env"),
-    ):
-        if values:
-            fields[key] = {**(fields.get(key) or {}), **parse_pairs(values, flag, typed=typed)}
     if input_mode:
         fields["channel_config"] = _channel_modes(
             fields.get("channel_config"), parse_pairs(input_mode, "--input-mode")
@@ -259,22 +277,8 @@ def submit(
         _plan(spec, store, output, dry_run=dry_run, estimate=estimate)
         return
     record = create_job(spec, store)
-    if detach or spec.controller != "local":
-        start_detached(store, record)
-    if spec.controller != "local" and not detach:
-        # A remote controller runs the job: follow it here, as `trainctl attach` does.
-        from trainctl.controller.supervise import supervise
-
-        printer = LogPrinter(sys.stderr if output == "json" else sys.stdout)
-        printer.info(f"job {record.name} submitted (controller {spec.controller})")
-        final = supervise(store, record.name, printer=printer)
-        _print_summary(printer, final)
-        if output == "json":
-            print_json(final.describe())
-        if final.state is not JobState.COMPLETED:
-            raise typer.Exit(EXIT_FAILED)
-        return
     if detach:
+        run_job(store, record, wait=False)
         if output == "json":
             print_json(record.describe())
         else:
@@ -283,19 +287,38 @@ def submit(
                 f"job {record.name} started; follow it with `trainctl logs {record.name} -f`\n"
             )
         return
+    from trainctl.controller.logs import LogPrinter
+
     printer = LogPrinter(sys.stderr if output == "json" else sys.stdout)
-    printer.info(f"job {record.name} submitted (store {store.uri})")
-    controller = Controller(store, record.name, printer=printer)
-    final = controller.run()
-    if controller.handed_off:  # the terminal closed: a detached controller runs the job
+    outcome = run_job(store, record, printer=printer, follow_after_hand_off=False)
+    if outcome.handed_off:  # the terminal closed: a detached controller runs the job
         raise typer.Exit(EXIT_HANGUP)
-    _print_summary(printer, final)
     if output == "json":
-        print_json(final.describe())
-    if controller.interrupted_by_user:
+        print_json(outcome.record.describe())
+    if outcome.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
-    if final.state is not JobState.COMPLETED:
+    if not outcome.completed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _register_submit() -> None:
+    P = inspect.Parameter
+    head = [
+        P("ctx", P.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+        P(
+            "entry_point",
+            P.POSITIONAL_OR_KEYWORD,
+            annotation=str | None,
+            default=typer.Argument(None, help="The training script."),
+        ),
+    ]
+    submit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*head, *FIELD_OPTIONS, *_submit_options()]
+    )
+    app.command()(submit)
+
+
+_register_submit()
 
 
 def _channel_modes(config: Any, modes: dict[str, str]) -> dict[str, Any]:
@@ -318,9 +341,10 @@ def build(
     framework_version: str | None = typer.Option(None, "--framework-version", help="e.g. 2.5.1"),
     py_version: str | None = typer.Option(None, "--py-version", help="e.g. py311"),
     gpu: bool = typer.Option(False, "--gpu", help="The framework image's GPU flavour."),
-    dependency: list[str] | None = typer.Option(
-        None, "--dependency", help="pip requirement; repeatable."
+    dependencies: list[str] | None = typer.Option(
+        None, "--dependencies", help="pip requirement; repeatable.", metavar="REQUIREMENT"
     ),
+    old_dependency: list[str] | None = typer.Option(None, "--dependency", hidden=True),
     push: str | None = typer.Option(
         None, "--push", help="Repository to push to: HOST[:PORT]/NAME or an ECR URI."
     ),
@@ -333,11 +357,16 @@ def build(
     from trainctl.image.build import build_image, plan_build
 
     check_output(output)
+    if old_dependency:
+        from trainctl.cli.app import warn
+
+        warn("--dependency is deprecated; use --dependencies")
+        dependencies = [*(dependencies or []), *old_dependency]
     plan = plan_build(
         source_dir,
         entry_point,
         base_image=base_image,
-        dependencies=dependency or [],
+        dependencies=dependencies or [],
         framework_version=framework_version,
         py_version=py_version,
         gpu=gpu,

@@ -49,7 +49,7 @@ def serve(argv: list[str]) -> int:
         parser.error("--on-idle terminate-instance needs --instance-id and --region")
 
     from trainctl.controller.service import ControllerService
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
     from trainctl.store import open_store
 
     on_idle = None

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainctl.settings import Settings
+    from trainctl.spec.settings import Settings
 
 
 def agent_argv(python: str, store_uri: str, job: str, attempt: int, rank: int) -> list[str]:
@@ -43,7 +43,7 @@ def agent_env(settings: Settings) -> dict[str, str]:
     """What a node agent needs from here: the settings it acts on, the TRAINCTL_* variables
     in effect, and `node_environment`. Not TRAINCTL_HOME (the node has its own), and
     nothing else: a remote node never gets this machine's credentials."""
-    from trainctl.node.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
+    from trainctl.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
 
     env = {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
     not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}

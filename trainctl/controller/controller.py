@@ -44,7 +44,7 @@ from trainctl.record import (
     now_iso,
     output_store,
 )
-from trainctl.settings import get_settings
+from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
 from trainctl.transport import RunningProcess

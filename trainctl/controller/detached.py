@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainctl.node.procs import CONTROLLER_TAG
+from trainctl.procs import CONTROLLER_TAG
 from trainctl.record import JobStore
-from trainctl.settings import get_settings
+from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 
 

@@ -48,7 +48,7 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     if silent > seconds:
         return LeaseView(lease, False, silent)
     if same_machine(lease):
-        from trainctl.node.procs import alive
+        from trainctl.procs import alive
 
         try:
             if not alive(int(lease.get("pid", 0))):  # gone, or a zombie nobody reaped yet
@@ -61,7 +61,7 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
 def lease_is_live(jobs: Any) -> bool:
     """Whether a controller holds the job's lease now (`jobs`: its JobStore): it runs the
     job, or is still tearing it down (the record turns terminal first)."""
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     return view_lease(jobs.read_lease(), get_settings().lease_seconds).live
 

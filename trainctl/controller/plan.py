@@ -77,7 +77,7 @@ def _agent_command(
 
     argv = agent_argv(python, store_uri, cluster.job, cluster.attempt, rank)
     if isinstance(provider, LocalProvider) and provider.runs_in_container(cluster.job):
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
 
         names = set(agent_env(get_settings()))
         return provider.container_argv(cluster, rank, argv, names)
@@ -89,7 +89,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     from trainctl.controller.submit import default_store, generate_job_name, validate_offline
     from trainctl.launcher import build_node_command
     from trainctl.provisioning import get_provider
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     store = store or default_store()
     validate_offline(spec, store.uri)

@@ -18,9 +18,9 @@ from typing import Any
 from trainctl.controller.service import assign, service_is_live
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.record import JobStore, owner_id
-from trainctl.settings import Settings, get_settings
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.controller import ControllerTarget
+from trainctl.spec.settings import Settings, get_settings
 from trainctl.store import Store
 
 SERVICE_RUN_DIR = ".trainctl/controllers"  # under the remote home: <id>/log, pid, exit

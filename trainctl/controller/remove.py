@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainctl.errors import SpecError
 from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs
-from trainctl.settings import get_settings
+from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainctl.record import JobStore, now_iso
-from trainctl.settings import get_settings
+from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 
 SERVICE_POLL_SECONDS = 1.0

@@ -7,8 +7,10 @@ import secrets
 import signal
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from trainctl.controller.detached import spawn_controller
 from trainctl.controller.lease import lease_is_live
@@ -16,9 +18,9 @@ from trainctl.errors import SpecError, TrainctlError
 from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
 from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
-from trainctl.settings import get_settings
 from trainctl.spec.controller import ControllerTarget, controller_target
 from trainctl.spec.job import JobSpec
+from trainctl.spec.settings import get_settings
 from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
 from trainctl.store import Store, open_store
@@ -242,18 +244,48 @@ def resolve_image(spec: JobSpec) -> JobSpec:
 
 
 def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
-    """Validate, package and upload the source, and record the job (state Pending)."""
-    from trainctl.packaging import package_source
-
+    """Validate, build the image, preflight, package and upload the source, and record the
+    job (state Pending): each step its own function, in the order nothing is made before
+    every check that can refuse the job has passed."""
     store = store or default_store()
     validate_offline(spec, store.uri)
     spec = resolve_image(spec)
     preflight(spec, store.uri)
     check_checkpoint_unshared(spec, store)
-    name = spec.job_name or generate_job_name(spec.entry_point)
+    jobs = claimable_name(store, spec.job_name or generate_job_name(spec.entry_point))
+    source = upload_source(spec, store)
+    return _record_new_job(
+        jobs,
+        spec.model_copy(update={"job_name": jobs.name}),
+        source.uri,
+        source.sha256,
+        files=source.files,
+        bytes=source.size,
+    )
+
+
+def claimable_name(store: Store, name: str) -> JobStore:
+    """The new job's keys, refused (before anything is uploaded) if the name is taken."""
     jobs = JobStore(store, name)
     if jobs.exists():
         raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
+    return jobs
+
+
+@dataclass(frozen=True)
+class UploadedSource:
+    uri: str
+    sha256: str
+    files: int
+    size: int
+
+
+def upload_source(spec: JobSpec, store: Store) -> UploadedSource:
+    """Package source_dir and put it in the store under its content hash: an unchanged
+    source is not sent again, if what is stored under its name still has its content (a
+    replaced object is overwritten, not reused)."""
+    from trainctl.packaging import package_source
+
     settings = get_settings()
     with tempfile.TemporaryDirectory(prefix="trainctl-pkg-") as tmp:
         with progress_status(f"packaging {spec.source_dir}"):
@@ -263,19 +295,86 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
                 max_bytes=int(settings.max_source_mb * 1024 * 1024),
             )
         key = source_key(packaged.sha256)
-        # Content-addressed: an unchanged source is not sent again, if what is stored under
-        # its name still has its content (a replaced object is overwritten, not reused).
         if not store.matches(key, packaged.path):
             with progress_task("uploading source", total=packaged.size) as advance:
                 store.put_file(key, packaged.path, progress=advance)
-    return _record_new_job(
-        jobs,
-        spec.model_copy(update={"job_name": name}),
-        store.url(key),
-        packaged.sha256,
-        files=packaged.file_count,
-        bytes=packaged.size,
+    return UploadedSource(store.url(key), packaged.sha256, packaged.file_count, packaged.size)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How `run_job` ended: `record` is the job's last state seen (its start, when
+    detached); `handed_off`: the terminal closed and a detached controller runs the job;
+    `interrupted`: the user pressed Ctrl-C (the job was stopped)."""
+
+    record: JobRecord
+    detached: bool = False
+    handed_off: bool = False
+    interrupted: bool = False
+
+    @property
+    def completed(self) -> bool:
+        return self.record.state is JobState.COMPLETED
+
+
+def run_job(
+    store: Store,
+    record: JobRecord,
+    *,
+    printer: Any = None,
+    wait: bool = True,
+    follow_after_hand_off: bool = True,
+) -> RunOutcome:
+    """Run a recorded job, the one way both front doors (Estimator.fit, `trainctl submit`)
+    do: without `wait`, start a detached controller and return; with a remote controller,
+    start it and follow the job (taking it over should that controller be lost); else run
+    the controller in this process. A closed terminal hands the job to a detached
+    controller; with `follow_after_hand_off` this process then follows it, silently, to the
+    job's end. `printer` (LogPrinter-like, or None) gets the logs and a closing summary."""
+    from trainctl.controller.controller import Controller
+    from trainctl.controller.supervise import supervise
+
+    spec = record.spec
+    if not wait or spec.controller != "local":
+        start_detached(store, record)
+        if not wait:
+            return RunOutcome(record, detached=True)
+        if printer:
+            printer.info(f"job {record.name} submitted (controller {spec.controller})")
+        final = supervise(store, record.name, printer=printer)
+        if printer:
+            print_summary(printer, final)
+        return RunOutcome(final)
+    if printer:
+        printer.info(f"job {record.name} submitted (store {store.uri})")
+    controller = Controller(store, record.name, printer=printer)
+    final = controller.run()
+    if controller.handed_off:
+        if not follow_after_hand_off:
+            return RunOutcome(final, handed_off=True)
+        printer = None  # the terminal is gone
+        final = supervise(store, record.name, printer=None)
+    if printer:
+        print_summary(printer, final)
+    return RunOutcome(
+        final, handed_off=controller.handed_off, interrupted=controller.interrupted_by_user
     )
+
+
+def print_summary(printer: Any, record: JobRecord) -> None:
+    """The lines that close a followed job: its end, model, failure, and how to see it."""
+    duration = f"{record.duration_s:.1f} s" if record.duration_s is not None else "-"
+    printer.info(f"job {record.name}: {record.state.value} in {duration}")
+    if record.model_data:
+        printer.info(f"model: {record.model_data}")
+    if record.failure_reason:
+        printer.info(f"failure: {record.failure_reason}")
+        if record.failure_detail:
+            for line in record.failure_detail.splitlines():
+                printer.info(f"  {line}")
+    if record.stop_reason:
+        printer.info(f"stopped: {record.stop_reason}")
+    printer.info(f"see it again: trainctl status {record.name} · trainctl logs {record.name}")
 
 
 def create_derived_job(
@@ -300,9 +399,7 @@ def create_derived_job(
     except ValidationError as exc:
         raise spec_error(exc) from None
     preflight(spec, store.uri)
-    jobs = JobStore(store, name)
-    if jobs.exists():
-        raise SpecError("job_name", f"a job named {name!r} already exists in {store.uri}")
+    jobs = claimable_name(store, name)
     return _record_new_job(
         jobs,
         spec,

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from trainctl.record import JobRecord, JobStore, parse_iso
-from trainctl.settings import get_settings
+from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 
 

@@ -226,92 +226,24 @@ class Estimator:
         entry_point: str,
         source_dir: str | None = None,
         *,
-        instance_type: str | None = None,
-        instance_count: int = 1,
-        min_instance_count: int | None = None,
-        processes_per_host: int | None = None,
-        hyperparameters: dict[str, Any] | None = None,
-        distribution: dict[str, Any] | None = None,
-        environment: dict[str, str] | None = None,
-        output_path: str | None = None,
-        checkpoint_s3_uri: str | None = None,
-        checkpoint_local_path: str | None = None,
-        max_run: int | None = None,
-        job_name: str | None = None,
         base_job_name: str | None = None,
-        metric_definitions: list[dict[str, str]] | None = None,
-        image_uri: str | None = None,
-        build_image: bool | None = None,
-        framework_version: str | None = None,
-        py_version: str | None = None,
-        dependencies: list[str] | None = None,
-        base_image: str | None = None,
-        max_restarts: int | None = None,
-        max_wait: int | None = None,
-        faults: list[str] | None = None,
         store_uri: str | None = None,
-        pool: str | None = None,
-        region: str | None = None,
-        use_spot_instances: bool | None = None,
-        on_demand_fallback: bool | None = None,
-        fallback_instance_types: list[str] | None = None,
-        subnets: list[str] | None = None,
-        security_group_ids: list[str] | None = None,
-        image_id: str | None = None,
-        instance_profile: str | None = None,
-        volume_size: int | None = None,
-        hosts: list[dict[str, Any]] | None = None,
-        keep_alive_period_in_seconds: int | None = None,
-        controller: str | None = None,
-        arguments: list[str] | None = None,
-        workdir_max_mb: float | None = None,
-        workdir_ignore: list[str] | None = None,
-        secret_env: list[str] | None = None,
-        secret_hyperparameters: list[str] | None = None,
+        **fields: Any,
     ) -> None:
+        # Every other keyword is a job field (trainctl.spec.fields): the signature below is
+        # made from JobSpec, so a new field needs no edit here.
+        known = _estimator_fields()
+        for name in fields:
+            if name not in known:
+                import difflib
+
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"Estimator() got an unexpected keyword argument {name!r}{hint}")
         self._fields: dict[str, Any] = {
+            **fields,
             "entry_point": entry_point,
             "source_dir": source_dir,
-            "arguments": arguments,
-            "instance_type": instance_type,
-            "instance_count": instance_count,
-            "min_instance_count": min_instance_count,
-            "processes_per_host": processes_per_host,
-            "hyperparameters": dict(hyperparameters or {}),
-            "distribution": distribution,
-            "environment": dict(environment or {}),
-            "output_path": output_path,
-            "checkpoint_s3_uri": checkpoint_s3_uri,
-            "checkpoint_local_path": checkpoint_local_path,
-            "max_run": max_run,
-            "job_name": job_name,
-            "metric_definitions": metric_definitions,
-            "image_uri": image_uri,
-            "build_image": build_image,
-            "framework_version": framework_version,
-            "py_version": py_version,
-            "dependencies": dependencies,
-            "base_image": base_image,
-            "max_restarts": max_restarts,
-            "max_wait": max_wait,
-            "faults": faults,
-            "pool": pool,
-            "region": region,
-            "use_spot_instances": use_spot_instances,
-            "on_demand_fallback": on_demand_fallback,
-            "fallback_instance_types": fallback_instance_types,
-            "subnets": subnets,
-            "security_group_ids": security_group_ids,
-            "image_id": image_id,
-            "instance_profile": instance_profile,
-            "volume_size": volume_size,
-            "hosts": hosts,
-            "keep_alive_period_in_seconds": keep_alive_period_in_seconds,
-            "controller": controller,
-            "workdir_max_mb": workdir_max_mb,
-            "workdir_ignore": workdir_ignore,
-            "secret_env": secret_env,
-            "secret_hyperparameters": secret_hyperparameters,
         }
         self.base_job_name = base_job_name
         self.store_uri = store_uri
@@ -355,14 +287,14 @@ class Estimator:
         provisioning would send and each node's commands and environment; see
         trainctl.controller.plan).
         """
-        from trainctl.controller.submit import create_job, default_store
+        from trainctl.controller.submit import create_job, default_store, run_job
         from trainctl.estimator.inputs import split_inputs
         from trainctl.notebook import log_printer
         from trainctl.store import open_store
 
         uris, channel_config = split_inputs(inputs)
         fields = {**self._fields, "inputs": uris, "channel_config": channel_config}
-        if job_name or self._fields["job_name"]:
+        if job_name or self._fields.get("job_name"):
             fields["job_name"] = job_name or self._fields["job_name"]
         elif self.base_job_name:
             from trainctl.controller.submit import generate_job_name
@@ -379,47 +311,15 @@ class Estimator:
         self.latest_training_job = job
         printer = log_printer() if logs else None
         try:
-            return self._run(store, record, job, spec, printer, wait)
+            outcome = run_job(store, record, printer=printer, wait=wait)
         finally:
             _flush(printer)
-
-    def _run(self, store: Any, record: Any, job: TrainingJob, spec: Any, printer: Any, wait: bool):
-        from trainctl.controller.controller import Controller
-        from trainctl.controller.submit import start_detached
-
-        if not wait or spec.controller != "local":
-            start_detached(store, record)
-            if not wait:
-                return job
-            if printer:
-                printer.info(f"job {record.name} submitted (controller {spec.controller})")
-            # The remote controller runs the job; this process follows it (and takes it
-            # over, should that controller be lost).
-            from trainctl.controller.supervise import supervise
-
-            final = supervise(store, record.name, printer=printer)
-            if printer:
-                _print_summary(printer, final)
-            if final.state is not JobState.COMPLETED:
-                raise JobFailedError(job, final)
+        if outcome.detached:
             return job
-        controller = Controller(store, record.name, printer=printer)
-        if printer:
-            printer.info(f"job {record.name} submitted (store {store.uri})")
-        final = controller.run()
-        if controller.handed_off:
-            # The terminal closed: a detached controller runs the job now; this process
-            # follows it, silently, so that fit() still returns at the job's end.
-            from trainctl.controller.supervise import supervise
-
-            printer = None
-            final = supervise(store, record.name, printer=None)
-        if printer:
-            _print_summary(printer, final)
-        if controller.interrupted_by_user:
+        if outcome.interrupted:
             raise KeyboardInterrupt
-        if final.state is not JobState.COMPLETED:
-            raise JobFailedError(job, final)
+        if not outcome.completed:
+            raise JobFailedError(job, outcome.record)
         return job
 
     @classmethod
@@ -434,16 +334,34 @@ def _flush(printer: Any) -> None:
         printer.flush()
 
 
-def _print_summary(printer: Any, record: Any) -> None:
-    duration = f"{record.duration_s:.1f} s" if record.duration_s is not None else "-"
-    printer.info(f"job {record.name}: {record.state.value} in {duration}")
-    if record.model_data:
-        printer.info(f"model: {record.model_data}")
-    if record.failure_reason:
-        printer.info(f"failure: {record.failure_reason}")
-        if record.failure_detail:
-            for line in record.failure_detail.splitlines():
-                printer.info(f"  {line}")
-    if record.stop_reason:
-        printer.info(f"stopped: {record.stop_reason}")
-    printer.info(f"see it again: trainctl status {record.name} · trainctl logs {record.name}")
+def _estimator_fields() -> frozenset[str]:
+    from trainctl.spec.fields import job_fields
+
+    return frozenset(f.name for f in job_fields() if f.door.estimator)
+
+
+def _describe_fields() -> None:
+    """Estimator.__init__'s signature and docstring list every job field (for help(), IDEs
+    that inspect at run time, and the API docs)."""
+    import inspect
+
+    from trainctl.spec.fields import estimator_doc, estimator_signature
+
+    init = Estimator.__init__
+    P = inspect.Parameter
+    head = [
+        P("self", P.POSITIONAL_OR_KEYWORD),
+        P("entry_point", P.POSITIONAL_OR_KEYWORD, annotation=str),
+        P("source_dir", P.POSITIONAL_OR_KEYWORD, default=None, annotation=str | None),
+        P("base_job_name", P.KEYWORD_ONLY, default=None, annotation=str | None),
+        P("store_uri", P.KEYWORD_ONLY, default=None, annotation=str | None),
+    ]
+    init.__signature__ = estimator_signature(head)  # type: ignore[attr-defined]
+    init.__doc__ = (
+        "Describe the job. `base_job_name`: the prefix of generated job names; `store_uri`: "
+        "the store (default: settings' TRAINCTL_STORE). Job fields (YAML keys and "
+        "`trainctl submit` flags of the same names):\n\n" + estimator_doc()
+    )
+
+
+_describe_fields()

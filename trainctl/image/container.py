@@ -26,9 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainctl.errors import SpecError, one_line
 from trainctl.image.engine import Engine
+
+if TYPE_CHECKING:
+    from trainctl.spec.job import JobSpec
 
 JOB_LABEL = "trainctl.job"
 ATTEMPT_LABEL = "trainctl.attempt"
@@ -41,6 +46,9 @@ CONTAINER_OPT_ML = "/opt/ml"
 # Used only with a private IPC namespace (ipc_host=False); see the module docstring.
 DEFAULT_SHM_SIZE = "16g"
 PULL_TIMEOUT_SECONDS = 3600.0
+
+# The interpreter a job image provides on PATH (python3 is in every image that has Python).
+IMAGE_PYTHON = "python3"
 
 
 @dataclass(frozen=True)
@@ -226,3 +234,26 @@ def _last_line(output: bytes) -> str:
     lines = [line.strip() for line in output.decode(errors="replace").splitlines()]
     lines = [line for line in lines if line]
     return one_line(lines[-1]) if lines else "no error output"
+
+
+def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
+    """The host directories a containerised agent reaches at their own paths: a file://
+    store (from the agent's --store), checkpoint and output locations, and input channels."""
+    from trainctl.spec.uris import parse_uri
+
+    writable: list[str] = []
+    if "--store" in agent_argv:
+        writable.append(agent_argv[agent_argv.index("--store") + 1])
+    writable += [uri for uri in (spec.checkpoint_s3_uri, spec.output_path) if uri]
+    mounts: list[Mount] = []
+    for uri in writable:
+        scheme, rest = parse_uri(uri)
+        if scheme == "file":
+            path = Path(rest).expanduser()
+            path.mkdir(parents=True, exist_ok=True)  # a bind mount needs its source
+            mounts.append(Mount(str(path)))
+    for name, uri in sorted(spec.inputs.items()):
+        scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+        if scheme == "file":
+            mounts.append(Mount(str(Path(rest).expanduser()), read_only=True))
+    return mounts

@@ -68,7 +68,7 @@ def find_engine(preferred: str | None = None) -> Engine | None:
     `container_engine` setting, else docker, else podman; None when none is installed and
     answering."""
     if preferred is None:
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
 
         preferred = get_settings().container_engine or None
     if preferred == "none":

@@ -5,8 +5,8 @@ that other hosts must pull."""
 from __future__ import annotations
 
 from trainctl.errors import SpecError
-from trainctl.settings import get_settings
 from trainctl.spec.job import JobSpec
+from trainctl.spec.settings import get_settings
 
 
 def check_container_runtime(spec: JobSpec) -> None:

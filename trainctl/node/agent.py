@@ -36,8 +36,8 @@ from trainctl.node.output import (
     failure_from_output,
     yielding,
 )
-from trainctl.node.procs import children, descendants, signal_all
 from trainctl.node.staging import pack_directory, stage_channel, write_json
+from trainctl.procs import children, descendants, signal_all
 from trainctl.protocol import (
     CONTROL_PREFIX,
     EXIT_INFRA,
@@ -73,7 +73,7 @@ class Agent:
         from trainctl.cluster import ClusterInfo
         from trainctl.launcher.layout import Layout
         from trainctl.record import JobStore
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
         from trainctl.store import open_store
 
         self.settings = get_settings()
@@ -473,7 +473,7 @@ class Agent:
         """End what the script left running once its launcher has exited (a daemon, a
         `setsid` child with an empty environment, a child that kept the output pipe): as
         the node's subreaper every one of them is still a descendant of this agent."""
-        from trainctl.node.procs import end_descendants
+        from trainctl.procs import end_descendants
 
         ended = end_descendants(os.getpid(), grace=STRAY_GRACE_SECONDS)
         if ended:

@@ -16,6 +16,16 @@ from trainctl.spec.job import JobSpec
 from trainctl.transport import RunningProcess
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(address: str = LOOPBACK) -> int:
+    """A TCP port free on `address` now (for nodes that share this machine's addresses)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
 
 
 def processes_per_host(spec: JobSpec) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,20 +25,23 @@ from trainctl.cluster import (
     loopback_name,
     loopback_network_env,
 )
-from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, NoCapacityError, Provider
-from trainctl.settings import get_settings
+from trainctl.image.container import IMAGE_PYTHON, container_mounts
+from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
+from trainctl.provisioning.base import (
+    DEFAULT_MASTER_PORT,
+    LOOPBACK,
+    NoCapacityError,
+    Provider,
+    free_port,
+)
 from trainctl.spec.job import JobSpec
+from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 from trainctl.transport.local import LocalProcess
 
 if TYPE_CHECKING:
-    from trainctl.image.container import Mount
     from trainctl.image.engine import Engine
 
-LOOPBACK = "127.0.0.1"
-# The interpreter a job image provides on PATH (python3 is in every image that has Python).
-IMAGE_PYTHON = "python3"
 # Host variables a containerised agent also gets (by name; the engine passes the values), so
 # an s3:// store is reachable from inside as it is from a process on the host.
 FORWARDED_TO_CONTAINERS = (
@@ -52,12 +54,6 @@ FORWARDED_TO_CONTAINERS = (
     "AWS_ENDPOINT_URL_S3",
 )
 ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
-
-
-def free_port(address: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalProvider(Provider):
@@ -240,27 +236,3 @@ class LocalProvider(Provider):
         except OSError:
             return None
         return Engine(Path(path).name, path) if path else None
-
-
-def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
-    """The host directories a containerised agent reaches at their own paths: a file://
-    store (from the agent's --store), checkpoint and output locations, and input channels."""
-    from trainctl.image.container import Mount
-    from trainctl.spec.uris import parse_uri
-
-    writable: list[str] = []
-    if "--store" in agent_argv:
-        writable.append(agent_argv[agent_argv.index("--store") + 1])
-    writable += [uri for uri in (spec.checkpoint_s3_uri, spec.output_path) if uri]
-    mounts: list[Mount] = []
-    for uri in writable:
-        scheme, rest = parse_uri(uri)
-        if scheme == "file":
-            path = Path(rest).expanduser()
-            path.mkdir(parents=True, exist_ok=True)  # a bind mount needs its source
-            mounts.append(Mount(str(path)))
-    for name, uri in sorted(spec.inputs.items()):
-        scheme, rest = parse_uri(uri, field=f"inputs.{name}")
-        if scheme == "file":
-            mounts.append(Mount(str(Path(rest).expanduser()), read_only=True))
-    return mounts

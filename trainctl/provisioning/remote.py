@@ -10,10 +10,10 @@ from typing import Any
 
 from trainctl.cluster import ClusterInfo, is_loopback
 from trainctl.errors import SpecError, TrainctlError, UnrunnableJobError
-from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
-from trainctl.settings import get_settings
+from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.job import JobSpec
+from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 
 AGENT_RUN_DIR = ".agent"  # in a node's root: the agent's log, pid and exit files
@@ -145,9 +145,13 @@ def start_in_container(
     """The node agent `argv` in the job's image on a host, through the host's engine: the
     same per-node container command as the local provider's, run detached over SSH (on
     `conn` if one is open)."""
-    from trainctl.image.container import container_command, container_labels, container_name
+    from trainctl.image.container import (
+        container_command,
+        container_labels,
+        container_mounts,
+        container_name,
+    )
     from trainctl.image.engine import Engine
-    from trainctl.provisioning.local import container_mounts
     from trainctl.transport.ssh import SshProcess
 
     assert spec.image_uri is not None

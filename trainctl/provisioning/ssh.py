@@ -29,9 +29,9 @@ from trainctl.cluster import (
     node_name,
 )
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.node.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
+from trainctl.image.container import IMAGE_PYTHON
+from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
 from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
-from trainctl.provisioning.local import IMAGE_PYTHON
 from trainctl.provisioning.remote import (
     AGENT_RUN_DIR,
     SshProvisionError,
@@ -39,9 +39,9 @@ from trainctl.provisioning.remote import (
     remote_engine,
     start_in_container,
 )
-from trainctl.settings import get_settings
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.job import JOB_NAME_RE, JobSpec, uses_s3
+from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 
 T = TypeVar("T")

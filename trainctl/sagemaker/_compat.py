@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from trainctl.errors import SpecError
+from trainctl.spec.fields import sagemaker_passed
 
 
 class SageMakerCompatibilityWarning(UserWarning):
@@ -49,21 +50,6 @@ SAGEMAKER_ARGUMENTS = frozenset(
     }
 )  # fmt: skip
 
-# Passed on as they are (same name, same meaning).
-PASSED = (
-    "volume_size",
-    "max_run",
-    "output_path",
-    "subnets",
-    "security_group_ids",
-    "metric_definitions",
-    "use_spot_instances",
-    "max_wait",
-    "checkpoint_s3_uri",
-    "checkpoint_local_path",
-    "environment",
-    "keep_alive_period_in_seconds",
-)
 # Honoured, but not passed as they are: the shim reads them itself.
 HANDLED = ("input_mode", "sagemaker_session")
 # Accepted; one warning when given: trainctl has nothing to do with them.
@@ -125,6 +111,9 @@ SIGNATURE = (
     "base_job_name",
     "dependencies",
 )
+# Passed on as they are (same name, same meaning): the job fields whose door says so
+# (trainctl.spec.fields), less those PyTorch's own signature names.
+PASSED = tuple(name for name in sagemaker_passed() if name not in SIGNATURE)
 INPUT_MODES = ("File", "FastFile")
 
 

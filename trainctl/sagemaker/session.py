@@ -224,7 +224,7 @@ def get_execution_role(sagemaker_session: Session | None = None, use_default: bo
     EC2 nodes (the `instance_profile` setting, TRAINCTL_INSTANCE_PROFILE), or, when none is
     configured, ROLE_PLACEHOLDER: the local provider needs no role, and an EC2 job gets one
     warning that it has no instance profile."""
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     return get_settings().instance_profile or ROLE_PLACEHOLDER
 

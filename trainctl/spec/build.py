@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from trainctl.errors import SpecError
+from trainctl.spec.capacity import PoolConfig
 from trainctl.spec.job import JobSpec
 from trainctl.spec.limits import MAX_DEPTH, check_value
 from trainctl.spec.parts import (
@@ -91,7 +92,7 @@ def build_spec(**fields: Any) -> JobSpec:
     if fields.get("pool") is not None:
         fields = _merge_pool(fields)
     if fields.get("instance_profile") is None and _is_ec2(fields.get("instance_type")):
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
 
         # the configured default (a pool's, or the job's own, come first)
         fields["instance_profile"] = get_settings().instance_profile
@@ -127,8 +128,7 @@ def spec_error(exc: ValidationError) -> SpecError:
 
 def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:
     """The pool's fields under the job's own: the job wins where it sets a field."""
-    from trainctl.settings import get_settings
-    from trainctl.spec.capacity import pool_fields
+    from trainctl.spec.settings import get_settings
 
     name = fields["pool"]
     pools = get_settings().pools
@@ -144,3 +144,22 @@ def _merge_pool(fields: dict[str, Any]) -> dict[str, Any]:
             f"{count} exceeds pool {name!r}'s max_instances ({pool.max_instances})",
         )
     return merged
+
+
+def pool_fields(pool: PoolConfig) -> dict[str, object]:
+    """The job-spec fields a pool supplies (those it sets), for `build_spec` to merge."""
+    out: dict[str, object] = {}
+    if pool.instance_types:
+        out["instance_type"] = pool.instance_types[0]
+        out["fallback_instance_types"] = list(pool.instance_types[1:])
+    elif pool.provider in ("local", "ssh"):
+        out["instance_type"] = pool.provider
+    # The pool's fields that are job fields too (the same name), besides those above.
+    shared = [n for n in type(pool).model_fields if n in JobSpec.model_fields and n != "hosts"]
+    for name in shared:
+        value = getattr(pool, name)
+        if value not in (None, [], False):
+            out[name] = value
+    if pool.hosts:
+        out["hosts"] = [h.model_dump(exclude_defaults=True) for h in pool.hosts]
+    return out

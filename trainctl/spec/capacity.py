@@ -147,30 +147,3 @@ class PoolConfig(_Strict):
     max_instances: int | None = Field(default=None, ge=1, le=512)
     keep_alive_period_in_seconds: int | None = Field(default=None, ge=0, le=3600)
     hosts: list[SshHost] = Field(default_factory=list)
-
-
-def pool_fields(pool: PoolConfig) -> dict[str, object]:
-    """The job-spec fields a pool supplies (those it sets), for `build_spec` to merge."""
-    out: dict[str, object] = {}
-    if pool.instance_types:
-        out["instance_type"] = pool.instance_types[0]
-        out["fallback_instance_types"] = list(pool.instance_types[1:])
-    elif pool.provider in ("local", "ssh"):
-        out["instance_type"] = pool.provider
-    for name in (
-        "region",
-        "use_spot_instances",
-        "on_demand_fallback",
-        "subnets",
-        "security_group_ids",
-        "image_id",
-        "instance_profile",
-        "volume_size",
-        "keep_alive_period_in_seconds",
-    ):
-        value = getattr(pool, name)
-        if value not in (None, [], False):
-            out[name] = value
-    if pool.hosts:
-        out["hosts"] = [h.model_dump(exclude_defaults=True) for h in pool.hosts]
-    return out

@@ -68,7 +68,7 @@ def controller_target(
     """Resolve a job's `controller` field against the settings (pools, controller_python);
     errors name the field and what is allowed. `store_uri` is the job's store: an ec2
     controller cannot reach a file:// one."""
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     settings = get_settings()
     if value == "local":

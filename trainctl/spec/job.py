@@ -29,6 +29,7 @@ from trainctl.spec.capacity import (
     SshHost,
     SubnetIds,
 )
+from trainctl.spec.door import Door
 from trainctl.spec.limits import (
     MAX_ARGUMENTS_BYTES,
     check_environment,
@@ -106,71 +107,312 @@ def _check_json_value(value: Any, path: str) -> None:
 class JobSpec(StrictModel):
     """Everything needed to run a job; stored as `spec` in the job's job.json."""
 
-    entry_point: str
-    source_dir: str  # absolute, resolved
-    # Positional arguments of the entry point (`python train.py 50 10`), before the
-    # hyperparameters' `--key value` pairs; the name SageMaker Processing uses.
-    arguments: list[str] = Field(default_factory=list)
-    instance_type: str = "local"
+    entry_point: Annotated[
+        str,
+        Door(
+            "The training script, relative to source_dir.",
+            cli="argument",
+            estimator=False,
+            sagemaker="same",
+        ),
+    ]
+    source_dir: Annotated[
+        str,
+        Door(
+            "The code directory (default: the entry point's); packaged and sent to every node.",
+            estimator=False,
+            sagemaker="same",
+        ),
+    ]  # absolute, resolved
+    # The name SageMaker Processing uses.
+    arguments: Annotated[
+        list[str],
+        Door(
+            "The script's own positional arguments, before the hyperparameters' --key value pairs "
+            "(on the command line: after `--`).",
+            cli="argument",
+        ),
+    ] = Field(default_factory=list)
+    instance_type: Annotated[
+        str,
+        Door(
+            "'local' (this machine, the default), 'ssh' (hosts), or an EC2 type (ml. names too).",
+            sagemaker="mapped: ml.<type> is the EC2 type; local and local_gpu are 'local'",
+        ),
+    ] = "local"
     # strict: True is not a count, and "2" from an untyped source is a mistake worth naming
-    instance_count: int = Field(default=1, ge=1, le=512, strict=True)
-    processes_per_host: int | None = Field(default=None, ge=1, le=64, strict=True)
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    distribution: Distribution | None = None
-    environment: dict[str, str] = Field(default_factory=dict)
-    inputs: dict[ChannelName, InputUri] = Field(default_factory=dict)
+    instance_count: Annotated[int, Door("Nodes.", sagemaker="same")] = Field(
+        default=1, ge=1, le=512, strict=True
+    )
+    processes_per_host: Annotated[
+        int | None, Door("Worker processes per node (default: its GPUs, or 1).")
+    ] = Field(default=None, ge=1, le=64, strict=True)
+    hyperparameters: Annotated[
+        dict[str, Any],
+        Door(
+            "KEY=VALUE passed to the script as --KEY VALUE (JSON values: 8, 0.1, true).",
+            cli="typed",
+            short="-p",
+            old_flags=("--hyperparameter",),
+            metavar="KEY=VALUE",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=dict)
+    distribution: Annotated[
+        Distribution | None,
+        Door(
+            "The launcher: torch_distributed (torchrun), mpi, or none (one python per node).",
+            cli="own",
+            metavar="torch_distributed|mpi|none",
+            sagemaker="mapped: torch_distributed, pytorchddp and mpi",
+        ),
+    ] = None
+    environment: Annotated[
+        dict[str, str],
+        Door(
+            "NAME=VALUE in the script's environment.",
+            cli="pairs",
+            short="-e",
+            old_flags=("--env",),
+            metavar="NAME=VALUE",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=dict)
+    inputs: Annotated[
+        dict[ChannelName, InputUri],
+        Door(
+            "CHANNEL=URI: a data channel (file:// or s3://), at `SM_CHANNEL_<CHANNEL>` on every "
+            "node.",
+            cli="pairs",
+            old_flags=("--input",),
+            metavar="CHANNEL=URI",
+            sagemaker="mapped: fit()'s inputs",
+        ),
+    ] = Field(default_factory=dict)
     # Per channel: its distribution (FullyReplicated | ShardedByS3Key) and content type.
-    channel_config: dict[ChannelName, ChannelConfig] = Field(default_factory=dict)
-    output_path: str | None = None
-    checkpoint_s3_uri: str | None = None
-    checkpoint_local_path: str | None = None
-    max_run: int = Field(default=86400, ge=1, le=28 * 86400, strict=True)
-    job_name: str | None = None
-    metric_definitions: list[MetricDefinition] = Field(default_factory=list)
-    image_uri: str | None = None
+    channel_config: Annotated[
+        dict[ChannelName, ChannelConfig],
+        Door(
+            "CHANNEL=JSON: a channel's options as a JSON object: distribution (FullyReplicated "
+            "or ShardedByS3Key), input_mode (File or FastFile), content_type.",
+            cli="typed",
+            metavar="CHANNEL=JSON",
+            sagemaker="mapped: fit()'s TrainingInput options",
+        ),
+    ] = Field(default_factory=dict)
+    output_path: Annotated[
+        str | None,
+        Door(
+            "Where model.tar.gz and output.tar.gz go (default: the job's store prefix).",
+            sagemaker="same",
+        ),
+    ] = None
+    checkpoint_s3_uri: Annotated[
+        str | None,
+        Door(
+            "Where checkpoints are synced (default: the job's store prefix).",
+            old_flags=("--checkpoint-uri",),
+            sagemaker="same",
+        ),
+    ] = None
+    checkpoint_local_path: Annotated[
+        str | None,
+        Door(
+            "The checkpoint directory on each node (default /opt/ml/checkpoints).", sagemaker="same"
+        ),
+    ] = None
+    max_run: Annotated[
+        int, Door("Seconds of training before the job is stopped.", sagemaker="same")
+    ] = Field(default=86400, ge=1, le=28 * 86400, strict=True)
+    job_name: Annotated[
+        str | None,
+        Door(
+            "The job's name (default: the script's name and a timestamp).",
+            sagemaker="mapped: fit()'s job_name",
+        ),
+    ] = None
+    metric_definitions: Annotated[
+        list[MetricDefinition],
+        Door(
+            "NAME=REGEX: a metric read from the logs (one capture group: the value).",
+            cli="own",
+            metavar="NAME=REGEX",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=list)
+    image_uri: Annotated[
+        str | None,
+        Door("The container image the nodes run in.", old_flags=("--image",), sagemaker="same"),
+    ] = None
     # Building the job's image (trainctl.image.build): on base_image, or on the framework
     # image for framework_version/py_version; plus requirements.txt and `dependencies`.
-    build_image: bool = Field(default=False, strict=True)
-    framework_version: str | None = None
-    py_version: str | None = None
-    dependencies: list[str] = Field(default_factory=list)
-    base_image: str | None = None
-    max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
+    build_image: Annotated[
+        bool, Door("Build the job's image (see `trainctl build`).", cli="flag")
+    ] = Field(default=False, strict=True)
+    framework_version: Annotated[
+        str | None, Door("PyTorch version of the framework image, e.g. 2.5.1.", sagemaker="same")
+    ] = None
+    py_version: Annotated[
+        str | None, Door("Python of the framework image, e.g. py311.", sagemaker="same")
+    ] = None
+    dependencies: Annotated[
+        list[str],
+        Door(
+            "A pip requirement for the built image; repeatable.",
+            cli="repeated",
+            old_flags=("--dependency",),
+            metavar="REQUIREMENT",
+            sagemaker="mapped: SageMaker's are directories copied beside the source",
+        ),
+    ] = Field(default_factory=list)
+    base_image: Annotated[str | None, Door("FROM of the built image.")] = None
+    max_restarts: Annotated[
+        int,
+        Door("Relaunches after the user's code fails (infrastructure failures always relaunch)."),
+    ] = Field(default=0, ge=0, le=100, strict=True)
     # Elastic: run on as few as this many nodes when instance_count cannot be had (None:
     # always instance_count, waiting for capacity).
-    min_instance_count: int | None = Field(default=None, strict=True)
-    max_wait: int | None = Field(default=None, ge=1, le=28 * 86400, strict=True)
-    faults: list[str] = Field(default_factory=list)
+    min_instance_count: Annotated[
+        int | None,
+        Door("Elastic: go on with as few as this many nodes when instance_count cannot be had."),
+    ] = Field(default=None, strict=True)
+    max_wait: Annotated[
+        int | None,
+        Door("Seconds the whole job may take, waits and relaunches included.", sagemaker="same"),
+    ] = Field(default=None, ge=1, le=28 * 86400, strict=True)
+    faults: Annotated[
+        list[str],
+        Door(
+            "A fault to inject: kill:NODE@SECONDS, notice:NODE@SECONDS or "
+            "nocapacity:NODE@SECONDS[+SECONDS]; repeatable.",
+            cli="repeated",
+            old_flags=("--inject-fault",),
+            metavar="KIND:NODE@SECONDS",
+        ),
+    ] = Field(default_factory=list)
     # Capacity (EC2 and SSH providers; see trainctl.spec.capacity). A pool fills those unset.
-    pool: str | None = None
-    region: Region = None
-    use_spot_instances: bool = Field(default=False, strict=True)
-    on_demand_fallback: bool = Field(default=False, strict=True)
-    fallback_instance_types: list[str] = Field(default_factory=list)
-    subnets: SubnetIds = Field(default_factory=list)
-    security_group_ids: SecurityGroupIds = Field(default_factory=list)
-    image_id: ImageId = None
-    instance_profile: str | None = Field(default=None, min_length=1, max_length=2048)
+    pool: Annotated[
+        str | None, Door("A resource pool from config.yaml (fills the capacity fields not given).")
+    ] = None
+    region: Annotated[Region, Door("AWS region.")] = None
+    use_spot_instances: Annotated[
+        bool,
+        Door(
+            "EC2 spot capacity (default: on-demand).",
+            cli="flag",
+            old_flags=("--spot/--on-demand",),
+            sagemaker="same",
+        ),
+    ] = Field(default=False, strict=True)
+    on_demand_fallback: Annotated[
+        bool, Door("Spot capacity short: fall back to on-demand.", cli="flag")
+    ] = Field(default=False, strict=True)
+    fallback_instance_types: Annotated[
+        list[str],
+        Door(
+            "The next EC2 type to try when capacity is short; repeatable, in order.",
+            cli="repeated",
+            old_flags=("--fallback-instance-type",),
+            metavar="TYPE",
+        ),
+    ] = Field(default_factory=list)
+    subnets: Annotated[
+        SubnetIds,
+        Door(
+            "subnet-...; repeatable, tried in order.",
+            cli="repeated",
+            old_flags=("--subnet",),
+            metavar="SUBNET",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=list)
+    security_group_ids: Annotated[
+        SecurityGroupIds,
+        Door(
+            "sg-...; repeatable (default: one made for the job).",
+            cli="repeated",
+            old_flags=("--security-group",),
+            metavar="SG",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=list)
+    image_id: Annotated[ImageId, Door("The nodes' AMI: ami-... or resolve:ssm:NAME.")] = None
+    instance_profile: Annotated[
+        str | None, Door("The nodes' IAM instance profile.", sagemaker="mapped: from role")
+    ] = Field(default=None, min_length=1, max_length=2048)
     # Root volume of an EC2 instance, GB (None: DEFAULT_VOLUME_GB); nothing else has one.
-    volume_size: int | None = Field(default=None, ge=8, le=16384, strict=True)
-    hosts: list[SshHost] = Field(default_factory=list)
+    volume_size: Annotated[
+        int | None,
+        Door(f"Root volume of an EC2 node, GB (default {DEFAULT_VOLUME_GB}).", sagemaker="same"),
+    ] = Field(default=None, ge=8, le=16384, strict=True)
+    hosts: Annotated[
+        list[SshHost],
+        Door(
+            "[USER@]ADDRESS[:PORT] of an SSH host (instance_type ssh); repeatable.",
+            cli="own",
+            old_flags=("--host",),
+            metavar="[USER@]ADDRESS[:PORT]",
+        ),
+    ] = Field(default_factory=list)
     # Warm capacity (EC2): after the job, its healthy instances stay up this long for the
     # next job with the same capacity spec (SageMaker's warm pools; 0: terminate at once).
-    keep_alive_period_in_seconds: int = Field(
-        default=0, ge=0, le=MAX_KEEP_ALIVE_SECONDS, strict=True
-    )
+    keep_alive_period_in_seconds: Annotated[
+        int,
+        Door(
+            "Keep the job's EC2 instances warm this long after it (0-3600 s) for the next job with"
+            " the same capacity spec; `trainctl warm` lists them.",
+            old_flags=("--keep-alive",),
+            sagemaker="same",
+        ),
+    ] = Field(default=0, ge=0, le=MAX_KEEP_ALIVE_SECONDS, strict=True)
     # Where the job's controller runs (trainctl.spec.controller): local, ssh://..., a pool, ec2.
-    controller: str = "local"
+    controller: Annotated[
+        str,
+        Door(
+            "Where the job's controller runs: local (this machine), ssh://[user@]host[:port], an "
+            "ssh pool's name, or ec2 (a small instance of its own). A remote one keeps the job "
+            "going when this machine goes away."
+        ),
+    ] = "local"
     # The working directory (and SM_MODEL_DIR, SM_OUTPUT_DATA_DIR) survives a relaunch
     # (trainctl.node.workdir): at most this many MB per node, newest files first (0: not
     # kept), leaving out what these gitignore-style patterns match.
-    workdir_max_mb: float = Field(default=1024, ge=0, le=1024 * 1024)
-    workdir_ignore: list[str] = Field(default_factory=list)
+    workdir_max_mb: Annotated[
+        float,
+        Door(
+            "The working directory is kept across relaunches: at most this many MB per node (0: "
+            "not kept)."
+        ),
+    ] = Field(default=1024, ge=0, le=1024 * 1024)
+    workdir_ignore: Annotated[
+        list[str],
+        Door(
+            "A gitignore-style pattern of working-directory files not to keep; repeatable.",
+            cli="repeated",
+            metavar="PATTERN",
+        ),
+    ] = Field(default_factory=list)
     # Names whose values are shown as <redacted> everywhere trainctl shows the job (status,
     # logs, events, the dashboard), besides those that look secret (trainctl.redact); the
     # script still gets the real values.
-    secret_env: list[str] = Field(default_factory=list)
-    secret_hyperparameters: list[str] = Field(default_factory=list)
+    secret_env: Annotated[
+        list[str],
+        Door(
+            "An environment NAME whose value is shown as <redacted> (names with SECRET, TOKEN, "
+            "PASSWORD, KEY... already are); repeatable.",
+            cli="repeated",
+            metavar="NAME",
+        ),
+    ] = Field(default_factory=list)
+    secret_hyperparameters: Annotated[
+        list[str],
+        Door(
+            "A hyperparameter KEY whose value is shown as <redacted>; repeatable.",
+            cli="repeated",
+            old_flags=("--secret-hyperparameter",),
+            metavar="KEY",
+        ),
+    ] = Field(default_factory=list)
 
     @field_validator("arguments", mode="before")
     @classmethod
@@ -506,7 +748,7 @@ class JobSpec(StrictModel):
 
 def uses_s3(spec: JobSpec) -> bool:
     """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     uris = [get_settings().store_uri, spec.output_path, spec.checkpoint_s3_uri]
     uris += list(spec.inputs.values())

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainctl.node.procs import descendants, signal_all
+from trainctl.procs import descendants, signal_all
 from trainctl.transport import RunningProcess
 
 

@@ -33,8 +33,8 @@ from trainctl.provisioning.aws.clients import (
 from trainctl.provisioning.aws.keys import default_key_path, ensure_key
 from trainctl.provisioning.aws.lookups import caller_name, resolve_image, resolve_network
 from trainctl.provisioning.aws.preflight import check_ssh_cidr
-from trainctl.settings import get_settings
 from trainctl.spec.capacity import SshHost
+from trainctl.spec.settings import get_settings
 
 CONTROLLER_JOB_PREFIX = "controller-"
 TAG_STORE = "trainctl:store"

@@ -22,7 +22,7 @@ class SshKeyError(TrainctlError):
 
 
 def default_key_path() -> Path:
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     return get_settings().home / "ssh" / "id_ed25519"
 

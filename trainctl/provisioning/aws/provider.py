@@ -27,6 +27,7 @@ from trainctl.cluster import (
     node_name,
 )
 from trainctl.errors import SpecError, TrainctlError
+from trainctl.image.container import IMAGE_PYTHON
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws import resources, warm
 from trainctl.provisioning.aws.capacity import Backoff, BootFailed, launch, wait_running
@@ -50,12 +51,17 @@ from trainctl.provisioning.aws.resources import (
     terminate_job,
     wait_terminated,
 )
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, InstanceUsage, Provider, WarmStart
-from trainctl.provisioning.local import IMAGE_PYTHON
-from trainctl.settings import get_settings
+from trainctl.provisioning.base import (
+    DEFAULT_MASTER_PORT,
+    InstanceUsage,
+    Provider,
+    WarmStart,
+    free_port,
+)
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
 from trainctl.spec.job import JobSpec
+from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
@@ -561,10 +567,13 @@ class AwsProvider(Provider):
             addresses[rank] = parse_override(value)[0]
         network_env = rq.network_env(instance_type)
         roots = ["/"] * len(addresses)  # an instance is the job's: the layout is /opt/ml
+        master_port = DEFAULT_MASTER_PORT
         if overrides and all(is_loopback(a) for a in addresses):
             # Test seam: loopback sshd servers on this machine stand in for the instances;
-            # each gets its own layout root here, as the local provider's nodes do.
+            # each gets its own layout root here, as the local provider's nodes do, and a
+            # free rendezvous port (jobs side by side on one machine share its addresses).
             network_env = dict(LOOPBACK_ENV)
+            master_port = free_port(addresses[0])
             roots = [str(self._seam_root(job, attempt, rank)) for rank in range(len(addresses))]
             for root in roots:
                 Path(root).mkdir(parents=True, exist_ok=True)
@@ -588,7 +597,7 @@ class AwsProvider(Provider):
             provider=self.name,
             instance_type=instance_type,
             nodes=nodes,
-            master_port=DEFAULT_MASTER_PORT,
+            master_port=master_port,
             processes_per_host=spec.processes_per_host or CATALOG[instance_type].gpus or 1,
             network_env=network_env,
         )

@@ -295,7 +295,7 @@ class SshConnector:
     def _proxy_jump(self) -> str | None:
         """The host's own proxy_jump, else the `ssh_proxy_jump` setting, else the config's
         ProxyJump; None (or OpenSSH's 'none') for a direct connection."""
-        from trainctl.settings import get_settings
+        from trainctl.spec.settings import get_settings
 
         jump = self.host.proxy_jump or get_settings().ssh_proxy_jump
         jump = jump or self.ssh_config.get("proxyjump")

@@ -21,7 +21,7 @@ log = logging.getLogger("trainctl.ssh")
 
 
 def known_hosts_path() -> Path:
-    from trainctl.settings import get_settings
+    from trainctl.spec.settings import get_settings
 
     return get_settings().home / "known_hosts"
 

@@ -205,7 +205,7 @@ class SshProcess(RunningProcess):
         """`conn`: a connection to the host already open (it is the process's from now on):
         one connection per host from the bootstrap to the end, not a second handshake."""
         if unreachable_timeout is None:
-            from trainctl.settings import get_settings
+            from trainctl.spec.settings import get_settings
 
             unreachable_timeout = get_settings().heartbeat_timeout_seconds
         self.connector = connector

@@ -1,0 +1,139 @@
+"""Every job field reaches the job through every door: the Estimator's keywords, the
+`trainctl submit` options, the job file's keys and the SageMaker shim's mapping are all made
+from JobSpec's declarations (trainctl.spec.fields), and these tests fail if one is missed."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from trainctl.cli.app import app
+from trainctl.estimator import Estimator
+from trainctl.sagemaker._compat import PASSED, SAGEMAKER_ARGUMENTS, SIGNATURE
+from trainctl.spec.door import Door
+from trainctl.spec.fields import job_fields
+from trainctl.spec.job import JobSpec
+
+FIELDS = job_fields()
+
+
+def _submit_command() -> click.Command:
+    group = typer.main.get_command(app)
+    return group.commands["submit"]  # type: ignore[attr-defined]
+
+
+def test_every_jobspec_field_declares_one_door() -> None:
+    assert [f.name for f in FIELDS] == list(JobSpec.model_fields)
+    for field in FIELDS:
+        assert isinstance(field.door, Door)
+        assert field.door.help.strip(), field.name
+
+
+def test_the_estimator_takes_every_field_by_its_name() -> None:
+    params = inspect.signature(Estimator.__init__).parameters
+    for field in FIELDS:
+        assert field.name in params, field.name
+    with pytest.raises(TypeError, match="did you mean 'instance_count'"):
+        Estimator("train.py", instance_counts=2)
+
+
+def test_submit_has_one_option_per_field_named_after_it() -> None:
+    options = {
+        opt: param
+        for param in _submit_command().params
+        for opt in param.opts + param.secondary_opts
+    }
+    visible = {p.name for p in _submit_command().params if not getattr(p, "hidden", False)}
+    for field in FIELDS:
+        if field.door.cli == "argument":
+            continue
+        assert field.flag in options, field.flag
+        assert options[field.flag].name == field.name
+        assert field.name in visible
+        for old in field.door.old_flags:
+            for spelling in old.split("/"):
+                assert getattr(options[spelling], "hidden", False), spelling
+
+
+def test_sagemaker_passes_every_field_it_shares_by_name() -> None:
+    for field in FIELDS:
+        stance = field.door.sagemaker
+        if stance == "same":
+            assert field.name in SAGEMAKER_ARGUMENTS, field.name
+            assert field.name in PASSED or field.name in SIGNATURE, field.name
+        elif stance is not None:
+            assert stance.startswith("mapped: "), (field.name, stance)
+        else:
+            assert field.name not in SAGEMAKER_ARGUMENTS, (
+                f"{field.name} is SageMaker's argument too: say how the shim maps it"
+            )
+
+
+# One value per field kind, given through the CLI and through the Estimator: the same spec.
+CLI_AND_ESTIMATOR = [
+    (["--instance-count", "2"], {"instance_count": 2}),
+    (["--max-run", "60"], {"max_run": 60}),
+    (
+        ["-p", "epochs=3", "--hyperparameters", "lr=0.1"],
+        {"hyperparameters": {"epochs": 3, "lr": 0.1}},
+    ),
+    (["-e", "A=1"], {"environment": {"A": "1"}}),
+    (["--faults", "kill:0@5", "--faults", "notice:0@9"], {"faults": ["kill:0@5", "notice:0@9"]}),
+    (["--workdir-ignore", "*.tmp"], {"workdir_ignore": ["*.tmp"]}),
+    (
+        ["--distribution", "torch_distributed"],
+        {"distribution": {"torch_distributed": {"enabled": True}}},
+    ),
+    (
+        ["--metric-definitions", "loss=loss: ([0-9.]+)"],
+        {"metric_definitions": [{"Name": "loss", "Regex": "loss: ([0-9.]+)"}]},
+    ),
+    (["--secret-env", "TOKEN_X"], {"secret_env": ["TOKEN_X"]}),
+]
+
+
+@pytest.mark.parametrize(("argv", "fields"), CLI_AND_ESTIMATOR)
+def test_a_field_given_at_either_door_makes_the_same_spec(
+    argv: list[str], fields: dict, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TRAINCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result, spec = _submitted(monkeypatch, ["train.py", "--source-dir", str(tmp_path), *argv])
+    assert result.exit_code == 0, result.output
+    from_estimator = Estimator("train.py", str(tmp_path), **fields).spec
+    assert spec == from_estimator
+
+
+def test_an_old_flag_still_works_with_one_deprecation_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TRAINCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    argv = ["train.py", "--source-dir", str(tmp_path), "--inject-fault", "kill:0@5", "--on-demand"]
+    result, spec = _submitted(monkeypatch, argv)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "warning: --inject-fault is deprecated; use --faults",
+        "warning: --on-demand is deprecated; use --no-use-spot-instances",
+    ]
+    assert spec.faults == ["kill:0@5"] and spec.use_spot_instances is False
+
+
+def _submitted(monkeypatch, argv: list[str]):
+    """`trainctl submit ARGV` up to its spec (nothing recorded): (result, JobSpec)."""
+    from typer.testing import CliRunner
+
+    from trainctl.spec import build
+
+    real = build.build_spec
+    seen = {}
+
+    def capture(**fields):
+        seen["spec"] = real(**fields)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(build, "build_spec", capture)
+    result = CliRunner().invoke(app, ["submit", *argv])
+    return result, seen.get("spec")
