@@ -1,4 +1,6 @@
-# trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite;
+# trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite
+# (`make test-fast`: the unit tier and a smoke run, for the edit-test loop; `make test-deps`
+# installs the real parts the tests use: sshd, podman, a registry, dockerd, mpirun, chromium);
 # `make bench` measures the performance table (bench/results.json; see docs/benchmarks.md);
 # `make docs` builds the documentation site into site/.
 PYTHON ?= python3
@@ -6,8 +8,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+# Test files run side by side (pytest-xdist, a file per worker: its fixtures are made once).
+# The tests mostly wait on real processes, so 3 workers beat 2 on a 2-core machine.
+TEST_WORKERS ?= 3
 
-.PHONY: venv demo test docs lint format bench clean
+.PHONY: venv demo test test-fast test-deps docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -30,8 +35,16 @@ demo: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 	@test -f .pytest_cache/session-finished || { echo "pytest did not finish its session"; exit 1; }
+
+# tests/unit (no process, no connection) and the few end-to-end checks marked smoke.
+test-fast: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -m "unit or smoke"
+
+test-deps:
+	tools/test-deps.sh
 
 # Not part of `test`: timings, not assertions. Exits non-zero naming any missed goal.
 # BENCH_ARGS="--quick" or "--only upload" for a partial run.

@@ -98,8 +98,8 @@ def measure_runs(reps: int, workdir: Path) -> dict[str, list[tuple[float, dict[s
 
     import pytest
 
-    from tests.cloud import ec2_fields, stand_in_cloud
-    from tests.sshd import SshdFarm, require_sshd
+    from tests.rigs.cloud import ec2_fields, stand_in_cloud
+    from tests.rigs.sshd import SshdFarm, require_sshd
 
     require_sshd()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log

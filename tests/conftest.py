@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated TRAINCTL_HOME per test and a check that nothing is left."""
+"""Shared fixtures: an isolated TRAINCTL_HOME per test and a check that nothing is left; the
+session's hooks. Helpers that are not fixtures live in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -8,77 +9,17 @@ import os
 import shutil
 import signal
 import socket
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
-from tests.registry import (  # noqa: F401  (image registry and isolated podman storage)
+from tests.helpers import FIXTURES, RELAUNCHED_SECRET, REPO, wait_no_leftovers
+from tests.rigs.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
+from tests.rigs.registry import (  # noqa: F401  (image registry and isolated podman storage)
     podman_storage,
     readonly_registry,
     registry,
 )
-from trainctl.provisioning.base import free_port  # noqa: F401  (shared by tests)
-
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-EXAMPLES = REPO / "examples"
-TRAINCTL = str(Path(sys.executable).parent / "trainctl")
-
-
-def read_terminal(master: int, proc, timeout: float = 60) -> bytes:
-    """What a pty (its `master` side) received until `proc` closed it or ended."""
-    import select
-
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other side closed
-                break
-            if not chunk:
-                break
-            seen += chunk
-        elif proc.poll() is not None:
-            break
-    return seen
-
-
-def log_lines(text: str) -> list[str]:
-    """A stored node log's lines without the time each starts with (protocol.split_stamp)."""
-    from trainctl.protocol import split_stamp
-
-    return [split_stamp(line)[1] for line in text.splitlines()]
-
-
-def tagged_processes(home: Path | None = None) -> list[int]:
-    """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
-    (other trainctl users on the machine, a benchmark say, are not ours to judge)."""
-    from trainctl.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
-
-    home = home or Path(os.environ["TRAINCTL_HOME"])
-    return [
-        pid
-        for pid in _pids()
-        if (JOB_TAG in (env := _environ(pid)) or CONTROLLER_TAG in env)
-        and env.get("TRAINCTL_HOME") == str(home)
-        and not _is_zombie(pid)
-    ]
-
-
-def wait_no_leftovers(timeout: float = 20.0, home: Path | None = None) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = tagged_processes(home)
-        if not left:
-            return []
-        time.sleep(0.2)
-    return tagged_processes(home)
 
 
 @pytest.fixture
@@ -99,15 +40,33 @@ def home(tmp_path, monkeypatch) -> Path:
     assert not nodes.exists() or not any(nodes.iterdir()), "node directories left behind"
 
 
-RELAUNCHED_SECRET = "dashboard-must-not-show-this-s3cr3t"
+@pytest.fixture
+def cli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TRAINCTL_HOME in tmp_path (its store is where a job would go); cwd is tmp_path."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINCTL_HOME", str(home))
+    monkeypatch.delenv("TRAINCTL_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    """A source dir with train.py (and a script outside it, next to it)."""
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "train.py").write_text("print('hi')\n")
+    (tmp_path / "outside.py").write_text("print('outside')\n")
+    return d
 
 
 @pytest.fixture(scope="session")
 def relaunched_digits(tmp_path_factory):
-    """One finished 2-node digits job, relaunched once (node 1 killed 8 s into training),
-    with a secret in its environment: (home, job). Made once per session and shared by
-    the tests that only read it (the metric history from the CLI, the dashboard)."""
-    from tests.test_fault_tolerance import digits
+    """One finished 2-node digits job, relaunched once (node 1 killed once the script
+    reported step 25: a condition, so attempt 1 has a loss curve on any machine), with a
+    secret in its environment: (home, job). Made once per session and shared by the tests
+    that only read it (the metric history from the CLI, the dashboard)."""
+    from tests.train.test_fault_tolerance import digits
 
     home = tmp_path_factory.mktemp("relaunched-home")
     mp = pytest.MonkeyPatch()
@@ -116,7 +75,7 @@ def relaunched_digits(tmp_path_factory):
     try:
         job = digits(
             step_delay=0.05,
-            faults=["kill:1@8"],
+            faults=["kill:1@step25"],
             environment={"WANDB_API_KEY": RELAUNCHED_SECRET},
         ).fit(logs=False)
         info = job.describe()
@@ -125,22 +84,6 @@ def relaunched_digits(tmp_path_factory):
         yield home, job
     finally:
         mp.undo()
-
-
-def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: str = "testing"):
-    """The environment that points boto3 (ours and the tests') at a moto server, with
-    fake credentials and nothing from the user's own AWS configuration."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": key,
-        "AWS_SECRET_ACCESS_KEY": secret,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -227,7 +170,7 @@ def sshd(home, tmp_path):
     more), each with its own host key and HOME under tmp_path (tests/sshd.py). At teardown
     the servers stop and anything started through them that is still running is killed -
     and fails the test."""
-    from tests.sshd import SshdFarm, require_sshd
+    from tests.rigs.sshd import SshdFarm, require_sshd
 
     require_sshd()
     farm = SshdFarm(tmp_path / "sshd")
@@ -240,16 +183,42 @@ def sshd(home, tmp_path):
     assert not left, f"processes started over ssh left running: {left}"
 
 
-def digits_estimator(hyperparameters: dict, /, **fields):
-    """examples/digits as a 2-node torchrun job, with the given fields on top (those
-    include `hyperparameters` to replace the default ones)."""
-    from trainctl import Estimator
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line naming the real parts this machine lacks, with how many tests skipped for
+    each (tests.helpers.require_part); nothing when none is missing."""
+    import re
+    from collections import Counter
 
-    base = {
-        "entry_point": "train.py",
-        "source_dir": str(EXAMPLES / "digits"),
-        "instance_count": 2,
-        "hyperparameters": hyperparameters,
-        "distribution": {"torch_distributed": {"enabled": True}},
-    }
-    return Estimator(**{**base, **fields})
+    from tests.helpers import MISSING
+
+    parts: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        if found := re.search(rf"{MISSING} (\S+):", str(reason)):
+            parts[found.group(1)] += 1
+    if parts:
+        counts = ", ".join(f"{part} ({n} tests)" for part, n in sorted(parts.items()))
+        terminalreporter.write_line(
+            f"skipped for a missing part: {counts}; `make test-deps` installs them",
+            yellow=True,
+        )
+
+
+# Each real part a test needs is a marker (`pytest -m "not podman"` leaves those out), set
+# from the rig fixtures the test uses; tests that reach a part without a fixture say so
+# with the marker itself (mpirun, chromium, kernel).
+PART_FIXTURES = {
+    "sshd": ("sshd", "cloud"),
+    "podman": ("registry", "readonly_registry", "podman_storage", "node_image", "in_podman"),
+    "docker": ("dockerd",),
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if "tests/unit/" in item.nodeid:
+            item.add_marker("unit")
+        used = set(getattr(item, "fixturenames", ()))
+        for part, fixtures in PART_FIXTURES.items():
+            if used.intersection(fixtures):
+                item.add_marker(part)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TRAINCTL, free_port
+from tests.helpers import TRAINCTL, free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -184,7 +184,7 @@ def fields_from_options(options: dict[str, Any], base: dict[str, Any]) -> dict[s
         value = given.get(field.name)
         if value is None or value == [] or field.door.cli == "argument":
             continue
-        flag = field.flag + (f" ({field.door.short})" if field.door.short else "")
+        flag = f"{field.door.short}/{field.flag}" if field.door.short else field.flag
         kind = field.door.cli
         if kind in ("pairs", "typed"):
             pairs = parse_pairs(value, flag, typed=kind == "typed")
@@ -432,7 +432,10 @@ def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) 
 
     result: dict[str, Any] = plan_job(spec, store) if dry_run else {}
     if estimate:
-        hourly = get_provider(spec.instance_type, spec.region).hourly_cost(spec)
+        from trainctl.provisioning.base import Billing
+
+        provider = get_provider(spec.instance_type, spec.region)
+        hourly = provider.hourly_cost(spec) if isinstance(provider, Billing) else None
         result["estimate"] = {
             "instance_type": spec.instance_type,
             "instance_count": spec.instance_count,

@@ -34,7 +34,15 @@ from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.protocol import EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
-from trainctl.provisioning.base import NoCapacityError, Provider, WarmStart
+from trainctl.provisioning.base import (
+    Billing,
+    CapacityProbe,
+    FaultInjection,
+    NoCapacityError,
+    Provider,
+    WarmPools,
+    WarmStart,
+)
 from trainctl.record import (
     Attempt,
     AttemptNode,
@@ -306,7 +314,8 @@ class Controller:
         if resized:
             self.jobs.event("resized", attempt=attempt, nodes=len(cluster.nodes), why=resized)
             self._info(f"attempt {attempt}: {resized}")
-        if warm := self.provider.warm_start(self.name, attempt):
+        provider = self.provider
+        if isinstance(provider, WarmPools) and (warm := provider.warm_start(self.name, attempt)):
             self._warm_started(attempt, warm)
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
@@ -447,6 +456,8 @@ class Controller:
             )
         except NotFoundError:  # it died before its nodes were started
             return AttemptEnd("interrupted", "controller lost")
+        provider = self.provider
+        killer = provider if isinstance(provider, FaultInjection) else None
         procs: dict[int, StoreFollower] = {
             node.rank: StoreFollower(
                 self.store,
@@ -454,7 +465,7 @@ class Controller:
                 cluster.attempt,
                 node.rank,
                 lost_after=self.settings.heartbeat_timeout_seconds,
-                kill=lambda rank=node.rank: self.provider.kill_node(cluster, rank),
+                kill=(lambda rank=node.rank: killer.kill_node(cluster, rank)) if killer else None,
                 log_offset=self.log_offsets.get((cluster.attempt, node.rank), 0),
             )
             for node in cluster.nodes
@@ -708,7 +719,11 @@ class Controller:
         if self._training_started is None or any(n.lost for n in nodes.values()):
             return
         try:
-            available = self.provider.available_nodes(spec, self.name)
+            available = (
+                self.provider.available_nodes(spec, self.name)
+                if isinstance(self.provider, CapacityProbe)
+                else None
+            )
         except Exception:  # asking is best effort: the next check asks again
             return
         if available is None:
@@ -793,22 +808,29 @@ class Controller:
         # next fault is due, so faults at nearby times hit successive attempts in order.
         # (a fault naming a node the attempt does not have, an elastic job's shrunk one,
         # waits for an attempt that has it)
-        due = [f for f in self._pending_faults if all(r in nodes for r in f.ranks)]
-        for fault in sorted(due, key=lambda f: f.at)[:1]:
-            if fault.at > elapsed or any(n.lost for n in nodes.values()):
-                return
+        # A step fault fires once the script has reported its step, whatever the time.
+        if any(n.lost for n in nodes.values()):
+            return
+        reached = self.record.attempts[-1].last_step
+        ordered = sorted(
+            self._pending_faults, key=lambda f: (f.step is not None, f.at, f.step or 0)
+        )
+        due = [f for f in ordered if all(r in nodes for r in f.ranks) and f.due(elapsed, reached)]
+        for fault in due[:1]:
             self._pending_faults.remove(fault)
             self.record.attempts[-1].faults.append(str(fault))
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
             hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)
             self._info(f"injecting fault {fault} ({hosts}, {elapsed:.1f} s in)")
+            provider = self.provider
+            assert isinstance(provider, FaultInjection)  # (validate_offline refuses faults else)
             if fault.kind == "nocapacity":  # and no replacement for a while
-                self.provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
+                provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
             for rank in fault.ranks:
                 if fault.kind in ("kill", "nocapacity"):
                     nodes[rank].lost = nodes[rank].lost or f"killed by injected fault {fault}"
                     nodes[rank].exited_at = now
-                    self.provider.kill_node(cluster, rank)
+                    provider.kill_node(cluster, rank)
                 else:
                     self.store.put_text(
                         self.jobs.keys.notice(cluster.attempt, rank),
@@ -1019,11 +1041,16 @@ class Controller:
     def _teardown(self) -> None:
         kept: list[str] = []
         keep = self.record.spec.keep_alive_period_in_seconds
-        if keep and self.record.state in (JobState.COMPLETED, JobState.FAILED):
+        provider = self.provider
+        if (
+            keep
+            and isinstance(provider, WarmPools)
+            and self.record.state in (JobState.COMPLETED, JobState.FAILED)
+        ):
             # Billed up to now as the job's; from here on as warm time (see record_idle).
             self._record_usage()
             try:
-                kept = self.provider.keep_warm(self.name, keep)
+                kept = provider.keep_warm(self.name, keep)
             except Exception as exc:  # then they are terminated with the rest
                 self._info(f"could not keep the instances warm: {exc}")
         try:
@@ -1045,6 +1072,8 @@ class Controller:
         warm, then claimed by another job) stay as they were."""
         from trainctl.controller.usage import instance_costs, merge_costs
 
+        if not isinstance(self.provider, Billing):
+            return  # owned machines: no instance time to bill
         try:
             usage = self.provider.usage(self.name)
         except Exception as exc:  # cost is information; a failed lookup must not fail a job

@@ -33,14 +33,7 @@ def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, An
         )
         key = source_key(packaged.sha256)
         uploaded = store.matches(key, packaged.path)  # (as create_job decides)
-    if store.uri.startswith("s3://"):
-        bucket, _, prefix = store.uri[len("s3://") :].partition("/")
-        full_key = f"{prefix.strip('/')}/{key}" if prefix.strip("/") else key
-        operation = {"service": "s3", "operation": "PutObject"}
-        params: dict[str, Any] = {"Bucket": bucket, "Key": full_key}
-    else:
-        operation = {"service": "store", "operation": "PutFile"}
-        params = {"uri": store.url(key)}
+    operation, params = store.put_request(key)
     params.update(bytes=packaged.size, files=packaged.file_count, sha256=packaged.sha256)
     if uploaded:
         params["skipped"] = "already in the store (content-addressed)"
@@ -73,10 +66,10 @@ def _agent_command(
 ) -> list[str]:
     """What starts the node's agent: the agent itself, or the engine command that runs it in
     the job's image."""
-    from trainctl.provisioning.local import LocalProvider
+    from trainctl.provisioning.base import ContainerNodes
 
     argv = agent_argv(python, store_uri, cluster.job, cluster.attempt, rank)
-    if isinstance(provider, LocalProvider) and provider.runs_in_container(cluster.job):
+    if isinstance(provider, ContainerNodes) and provider.runs_in_container(cluster.job):
         from trainctl.spec.settings import get_settings
 
         names = set(agent_env(get_settings()))
@@ -128,7 +121,9 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
                 "env": _node_env(spec, cluster, node.rank, command.env),
             }
         )
-    capacity = provider.capacity_plan(spec)
+    from trainctl.provisioning.base import WarmPools
+
+    capacity = provider.capacity_plan(spec) if isinstance(provider, WarmPools) else None
     # (a secret hyperparameter is in each node's command line and SM_HPS too)
     return Redactor.for_spec(spec).tree(
         {

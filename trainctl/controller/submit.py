@@ -40,8 +40,12 @@ def generate_job_name(entry_point: str) -> str:
 def validate_offline(spec: JobSpec, store_uri: str) -> None:
     """The checks that need no cloud call (a dry run makes these and no others)."""
     from trainctl.provisioning import get_provider
+    from trainctl.provisioning.base import FaultInjection
 
-    get_provider(spec.instance_type, spec.region).check_offline(spec, store_uri)
+    provider = get_provider(spec.instance_type, spec.region)
+    provider.check_offline(spec, store_uri)
+    if spec.faults and not isinstance(provider, FaultInjection):
+        raise SpecError("faults", f"the {provider.name} provider cannot inject faults")
     target_of(spec, store_uri)
     if spec.image_uri or spec.build_image or spec.framework_version:
         from trainctl.image.preflight import check_container_runtime

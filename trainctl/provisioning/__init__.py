@@ -1,40 +1,91 @@
-"""Capacity providers behind one small interface; one module per provider."""
+"""Capacity providers behind one small interface (base.Provider, with optional capabilities),
+found by name: the built-in ones (local, ssh, aws), and plug-ins that register themselves.
+
+A plug-in is one installed package with an entry point in the `trainctl.providers` group
+naming a `ProviderPlugin`: its name, a factory (region -> Provider) and its instance types.
+Nothing in trainctl is edited for it:
+
+    # pyproject.toml of the plug-in
+    [project.entry-points."trainctl.providers"]
+    gcp = "trainctl_gcp:PLUGIN"
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from trainctl.errors import SpecError
 from trainctl.provisioning.base import Provider
-from trainctl.spec.catalog import CATALOG
+from trainctl.spec.catalog import CATALOG, InstanceType, plugin_entry_points
+
+
+@dataclass(frozen=True)
+class ProviderPlugin:
+    """A provider and the instance types that select it (each with `provider=name`)."""
+
+    name: str
+    factory: Callable[[str | None], Provider]  # the job's region (None: the default)
+    instance_types: tuple[InstanceType, ...] = field(default=())
+
+
+# The built-in providers: "module:attribute" of their factory, and what they need installed.
+BUILT_IN: dict[str, tuple[str, str | None]] = {
+    "local": ("trainctl.provisioning.local:LocalProvider", None),
+    "ssh": ("trainctl.provisioning.ssh:SshProvider", None),
+    "aws": ("trainctl.provisioning.aws:AwsProvider", "boto3"),
+}
+_plugins: dict[str, ProviderPlugin] = {}
+
+
+def register_provider(plugin: ProviderPlugin) -> None:
+    """Make a provider (and its instance types) known to this process."""
+    for itype in plugin.instance_types:
+        if itype.provider != plugin.name:
+            raise ValueError(f"{itype.name}: provider {itype.provider!r}, not {plugin.name!r}")
+        CATALOG.setdefault(itype.name, itype)
+    _plugins[plugin.name] = plugin
+
+
+def provider_names() -> list[str]:
+    _load_plugins()
+    return sorted({*BUILT_IN, *_plugins})
+
+
+def _load_plugins() -> None:
+    for entry in plugin_entry_points():
+        if entry.name not in _plugins:
+            plugin = entry.load()
+            if isinstance(plugin, ProviderPlugin):
+                register_provider(plugin)
 
 
 def get_provider(instance_type: str, region: str | None = None) -> Provider:
-    """The provider for an instance type, or a SpecError if it is not available yet.
+    """The provider for an instance type, or a SpecError if it is not available.
 
     `region`: the job's (EC2), so a process that did not provision the job (a restarted
     controller, `trainctl stop`) finds its resources where they are.
     """
     kind = CATALOG[instance_type].provider
-    if kind == "local":
-        from trainctl.provisioning.local import LocalProvider
-
-        return LocalProvider()
-    if kind == "ssh":
-        from trainctl.provisioning.ssh import SshProvider
-
-        return SshProvider()
-    if kind == "aws":
-        import importlib.util
-
-        if importlib.util.find_spec("boto3") is None:  # found without importing it
+    if kind in BUILT_IN:
+        target, needs = BUILT_IN[kind]
+        if needs is not None and importlib.util.find_spec(needs) is None:  # found, not imported
             raise SpecError(
                 "instance_type",
-                f"{instance_type!r} runs on EC2, which needs boto3: pip install 'trainctl[aws]'",
+                f"{instance_type!r} runs on the {kind} provider, which needs {needs}: "
+                f"pip install 'trainctl[{kind}]'",
             )
-        from trainctl.provisioning.aws import AwsProvider
-
-        return AwsProvider(region=region)
+        module, _, attribute = target.partition(":")
+        factory = getattr(importlib.import_module(module), attribute)
+        return factory(region=region) if kind == "aws" else factory()
+    if kind not in _plugins:
+        _load_plugins()
+    if kind in _plugins:
+        return _plugins[kind].factory(region)
     raise SpecError(
         "instance_type",
-        f"{instance_type!r} needs the {kind!r} provider, which this version of trainctl "
-        "does not have yet; use instance_type='local'",
+        f"{instance_type!r} needs the {kind!r} provider, which is not installed (providers: "
+        f"{', '.join(provider_names())})",
     )

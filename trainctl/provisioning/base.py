@@ -28,13 +28,6 @@ def free_port(address: str = LOOPBACK) -> int:
         return int(sock.getsockname()[1])
 
 
-def processes_per_host(spec: JobSpec) -> int:
-    """Workers per node: the spec's, else one per GPU of the instance type, else one."""
-    from trainctl.spec.catalog import CATALOG
-
-    return spec.processes_per_host or CATALOG[spec.instance_type].gpus or 1
-
-
 class NoCapacityError(TrainctlError):
     """`provision` could not get the nodes asked for (none launched): an elastic job may
     ask for fewer."""
@@ -69,6 +62,12 @@ class WarmStart:
 
 
 class Provider(ABC):
+    """The core every provider has: check a spec, plan (the dry run's requests), provision
+    an attempt's nodes, describe them (which are lost), terminate the job's resources; and
+    start the node agent on a node it provisioned. What only some providers can do is a
+    capability below (Billing, WarmPools, CapacityProbe, FaultInjection, ContainerNodes),
+    which callers check with isinstance, never by a provider's class."""
+
     name: str
 
     def check_offline(self, spec: JobSpec, store_uri: str) -> None:
@@ -94,51 +93,7 @@ class Provider(ABC):
             NodeInfo(rank=r, host=host_name(r), address=f"<{host_name(r)} address>", root="/")
             for r in range(spec.instance_count)
         ]
-        return ClusterInfo(
-            job=job,
-            attempt=attempt,
-            provider=self.name,
-            instance_type=spec.instance_type,
-            nodes=nodes,
-            master_port=DEFAULT_MASTER_PORT,
-            processes_per_host=processes_per_host(spec),
-        )
-
-    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
-        """How many nodes of `spec`'s type `provision` could have now, if the provider can
-        tell without launching (None: it cannot; try and see)."""
-        return None
-
-    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
-        """Fault injection: `nodes` fewer can be had for `seconds` (None: for good)."""
-        raise NotImplementedError(f"the {self.name} provider cannot withhold capacity")
-
-    def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
-        """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
-        return {}
-
-    def keep_warm(self, job: str, seconds: float) -> list[str]:
-        """Keep the job's healthy nodes up `seconds` after it for a next job with the same
-        capacity spec, instead of terminating them; the ids kept ([]: nothing to keep, as
-        on providers whose nodes are not released after a job)."""
-        return []
-
-    def warm_start(self, job: str, attempt: int) -> WarmStart | None:
-        """The warm pool the attempt's `provision` claimed, if it claimed one."""
-        return None
-
-    def capacity_plan(self, spec: JobSpec) -> str | None:
-        """For a dry run: where the capacity would come from (e.g. a warm pool), found with
-        read-only calls; None when the provider has nothing to say."""
-        return None
-
-    def usage(self, job: str) -> list[InstanceUsage]:
-        """Billable instance time of every attempt of `job` so far."""
-        return []
-
-    def hourly_cost(self, spec: JobSpec) -> float | None:
-        """Expected USD per hour for `spec`'s capacity; None when there is no price."""
-        return None
+        return make_cluster(spec, job, attempt, self.name, spec.instance_type, nodes)
 
     @abstractmethod
     def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
@@ -148,6 +103,15 @@ class Provider(ABC):
     def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
         """Hosts for one attempt, all or nothing."""
 
+    def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
+        """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
+        return {}
+
+    @abstractmethod
+    def terminate(self, job: str, *, grace: float) -> None:
+        """Release everything the job holds on this provider. Idempotent; finds by tag."""
+
+    # -- running the agent on a node ------------------------------------------------------
     @abstractmethod
     def start_agent(
         self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
@@ -158,10 +122,103 @@ class Provider(ABC):
     def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
         """The interpreter that runs the agent on that node."""
 
-    @abstractmethod
-    def terminate(self, job: str, *, grace: float) -> None:
-        """Release everything the job holds on this provider. Idempotent; finds by tag."""
 
+def make_cluster(
+    spec: JobSpec,
+    job: str,
+    attempt: int,
+    provider: str,
+    instance_type: str,
+    nodes: list[NodeInfo],
+    *,
+    master_port: int = DEFAULT_MASTER_PORT,
+    gpus: int | None = None,
+    network_env: dict[str, str] | None = None,
+) -> ClusterInfo:
+    """The one place a ClusterInfo is made. Workers per node: the spec's, else one per GPU
+    (`gpus`: what every node has, default the instance type's), else one."""
+    from trainctl.spec.catalog import CATALOG
+
+    if gpus is None:
+        known = CATALOG.get(instance_type)
+        gpus = known.gpus if known else 0
+    return ClusterInfo(
+        job=job,
+        attempt=attempt,
+        provider=provider,
+        instance_type=instance_type,
+        nodes=nodes,
+        master_port=master_port,
+        processes_per_host=spec.processes_per_host or gpus or 1,
+        network_env=network_env or {},
+    )
+
+
+# -- capabilities: what some providers can do, checked with isinstance ---------------------
+
+
+class Billing(ABC):
+    """Capacity that costs money: each instance's billable time, and an estimate."""
+
+    @abstractmethod
+    def usage(self, job: str) -> list[InstanceUsage]:
+        """Billable instance time of every attempt of `job` so far."""
+
+    @abstractmethod
+    def hourly_cost(self, spec: JobSpec) -> float | None:
+        """Expected USD per hour for `spec`'s capacity; None when there is no price."""
+
+
+class WarmPools(ABC):
+    """Nodes kept up after a job for the next one with the same capacity spec."""
+
+    @abstractmethod
+    def keep_warm(self, job: str, seconds: float) -> list[str]:
+        """Keep the job's healthy nodes up `seconds` after it, instead of terminating
+        them; the ids kept."""
+
+    @abstractmethod
+    def warm_start(self, job: str, attempt: int) -> WarmStart | None:
+        """The warm pool the attempt's `provision` claimed, if it claimed one."""
+
+    @abstractmethod
+    def capacity_plan(self, spec: JobSpec) -> str | None:
+        """For a dry run: where the capacity would come from (e.g. a warm pool), found with
+        read-only calls; None when there is nothing to say."""
+
+
+class CapacityProbe(ABC):
+    """Knows, without launching, how many nodes it could provision now."""
+
+    @abstractmethod
+    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
+        """How many nodes of `spec`'s type `provision` could have now (None: cannot tell)."""
+
+
+class FaultInjection(ABC):
+    """Faults on demand (`faults`): a node taken away, capacity withheld."""
+
+    @abstractmethod
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
-        """Take one node away without warning (fault injection: a spot reclaim)."""
-        raise NotImplementedError(f"the {self.name} provider cannot kill a node")
+        """Take one node away without warning (a spot reclaim)."""
+
+    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
+        """`nodes` fewer can be had for `seconds` (None: for good)."""
+        raise NotImplementedError(
+            f"the {getattr(self, 'name', '?')} provider cannot withhold capacity"
+        )
+
+
+class ContainerNodes(ABC):
+    """Runs a job's agents in its image on this machine's engine: the dry run shows the
+    engine command that starts each agent."""
+
+    @abstractmethod
+    def runs_in_container(self, job: str) -> bool:
+        """Whether `job`'s agents run in its image (known once planned or provisioned)."""
+
+    @abstractmethod
+    def container_argv(
+        self, cluster: ClusterInfo, rank: int, argv: list[str], env_names: set[str]
+    ) -> list[str]:
+        """The engine command that runs the agent `argv` of `rank` in the job's image."""

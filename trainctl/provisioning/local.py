@@ -30,9 +30,13 @@ from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_pr
 from trainctl.provisioning.base import (
     DEFAULT_MASTER_PORT,
     LOOPBACK,
+    CapacityProbe,
+    ContainerNodes,
+    FaultInjection,
     NoCapacityError,
     Provider,
     free_port,
+    make_cluster,
 )
 from trainctl.spec.job import JobSpec
 from trainctl.spec.settings import get_settings
@@ -56,7 +60,7 @@ FORWARDED_TO_CONTAINERS = (
 ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
 
 
-class LocalProvider(Provider):
+class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
     name = "local"
 
     def __init__(self, home: Path | None = None) -> None:
@@ -148,14 +152,14 @@ class LocalProvider(Provider):
             name = host_name(rank) if spec.image_uri else loopback_name(rank)
             nodes.append(NodeInfo(rank=rank, host=name, address=LOOPBACK, root=root))
         network_env = loopback_network_env()
-        return ClusterInfo(
-            job=job,
-            attempt=attempt,
-            provider=self.name,
-            instance_type=spec.instance_type,
-            nodes=nodes,
+        return make_cluster(
+            spec,
+            job,
+            attempt,
+            self.name,
+            spec.instance_type,
+            nodes,
             master_port=port,
-            processes_per_host=spec.processes_per_host or 1,
             network_env=network_env,
         )
 

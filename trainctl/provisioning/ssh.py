@@ -31,7 +31,7 @@ from trainctl.cluster import (
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.image.container import IMAGE_PYTHON
 from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, Provider
+from trainctl.provisioning.base import DEFAULT_MASTER_PORT, FaultInjection, Provider, make_cluster
 from trainctl.provisioning.remote import (
     AGENT_RUN_DIR,
     SshProvisionError,
@@ -158,7 +158,7 @@ def _each(items: list[T], fn: Callable[[T], Any]) -> list[tuple[T, Any, BaseExce
         return list(pool.map(guarded, items))
 
 
-class SshProvider(Provider):
+class SshProvider(Provider, FaultInjection):
     name = "ssh"
     # How long a host may refuse connections at provision before the job fails (a host
     # that is rebooting gets this long; a wrong address fails after it).
@@ -324,23 +324,25 @@ class SshProvider(Provider):
         network_env: dict[str, str] = {}
         if is_loopback(hosts[0].address):
             network_env = loopback_network_env()
-        return ClusterInfo(
-            job=job,
-            attempt=attempt,
-            provider=self.name,
-            instance_type=spec.instance_type,
-            nodes=[
-                NodeInfo(
-                    rank=rank,
-                    host=node_name(rank, host.address, in_container=bool(spec.image_uri)),
-                    address=host.address,
-                    root=root,
-                )
-                for rank, (host, root) in enumerate(zip(hosts, roots, strict=True))
-            ],
+        nodes = [
+            NodeInfo(
+                rank=rank,
+                host=node_name(rank, host.address, in_container=bool(spec.image_uri)),
+                address=host.address,
+                root=root,
+            )
+            for rank, (host, root) in enumerate(zip(hosts, roots, strict=True))
+        ]
+        # one worker per GPU; the fewest any host has, as every node runs the same count
+        return make_cluster(
+            spec,
+            job,
+            attempt,
+            self.name,
+            spec.instance_type,
+            nodes,
             master_port=port,
-            # one worker per GPU; the fewest any host has, as every node runs the same count
-            processes_per_host=spec.processes_per_host or min(h.gpus for h in hosts) or 1,
+            gpus=min(h.gpus for h in hosts),
             network_env=network_env,
         )
 

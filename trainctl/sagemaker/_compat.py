@@ -23,7 +23,7 @@ def warn(name: str, message: str, stacklevel: int = 4) -> None:
 
 
 # The signatures of sagemaker.estimator.EstimatorBase, .Framework and
-# sagemaker.pytorch.PyTorch (SDK v2, master-v2 of 2026-08): tests/test_sagemaker_shim.py
+# sagemaker.pytorch.PyTorch (SDK v2, master-v2 of 2026-08): tests/unit/test_sagemaker_shim.py
 # checks that each is passed, warned about, refused or named in PyTorch's own signature.
 SAGEMAKER_ARGUMENTS = frozenset(
     {

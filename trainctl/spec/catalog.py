@@ -48,7 +48,33 @@ CATALOG: dict[str, InstanceType] = {
 }
 
 
+# Installed provider plug-ins (trainctl.provisioning.ProviderPlugin) bring instance types.
+PLUGIN_GROUP = "trainctl.providers"
+_plugins_loaded = False
+
+
+def plugin_entry_points() -> list:
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=PLUGIN_GROUP))
+
+
+def _load_plugin_types() -> None:
+    """Add the instance types of installed provider plug-ins, once per process: each entry
+    point names an object with `instance_types` (the plug-in's ProviderPlugin)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in plugin_entry_points():
+        for itype in getattr(entry.load(), "instance_types", ()):
+            if isinstance(itype, InstanceType):
+                CATALOG.setdefault(itype.name, itype)
+
+
 def check_instance_type(name: str) -> InstanceType:
+    if name not in CATALOG:
+        _load_plugin_types()
     try:
         return CATALOG[name]
     except KeyError:

@@ -12,15 +12,16 @@ from trainctl.errors import SpecError
 
 FAULT_RE = re.compile(
     r"(kill|notice|nocapacity):((?:algo-[1-9][0-9]*|[0-9]+)(?:,(?:algo-[1-9][0-9]*|[0-9]+))*)"
-    r"@([0-9]+(?:\.[0-9]+)?)"
+    r"@(step[0-9]+|[0-9]+(?:\.[0-9]+)?)"
     r"(?:\+([0-9]+(?:\.[0-9]+)?))?"
 )
 
 
 FAULT_FORMAT = (
-    "KIND:NODE@SECONDS with KIND kill, notice or nocapacity, NODE a rank (0, 1, ...) or "
-    "algo-N, or several joined by commas (hit at once); nocapacity takes +SECONDS too (how "
-    "long no replacement can be had)"
+    "KIND:NODE@WHEN with KIND kill, notice or nocapacity, NODE a rank (0, 1, ...) or "
+    "algo-N, or several joined by commas (hit at once), WHEN seconds into the attempt's "
+    "training or stepN (once the script has reported step N); nocapacity takes +SECONDS too "
+    "(how long no replacement can be had)"
 )
 
 
@@ -34,7 +35,10 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
     rank: int
-    at: float
+    at: float = 0.0
+    # Instead of `at`: once the attempt's script has reported this step (a condition, not a
+    # time, so the fault hits the same point of training on a fast machine and a slow one).
+    step: int | None = None
     duration: float | None = None
     others: tuple[int, ...] = ()
 
@@ -46,7 +50,10 @@ class Fault(BaseModel):
     def parse(cls, text: str) -> Fault:
         m = FAULT_RE.fullmatch(text.strip())
         if not m:
-            raise ValueError(f"{text!r} is not {FAULT_FORMAT} (e.g. kill:1@30, notice:algo-2@12.5)")
+            raise ValueError(
+                f"{text!r} is not {FAULT_FORMAT} "
+                "(e.g. kill:1@30, notice:algo-2@12.5, kill:1@step40)"
+            )
         ranks = [
             int(node[5:]) - 1 if node.startswith("algo-") else int(node)
             for node in m.group(2).split(",")
@@ -56,18 +63,29 @@ class Fault(BaseModel):
         if m.group(4) is not None and m.group(1) != "nocapacity":
             raise ValueError(f"{text!r}: only nocapacity takes +SECONDS")
         duration = float(m.group(4)) if m.group(4) is not None else None
+        when = m.group(3)
+        step = int(when[4:]) if when.startswith("step") else None
         return cls(
             kind=m.group(1),
             rank=ranks[0],
             others=tuple(ranks[1:]),
-            at=float(m.group(3)),
+            at=0.0 if step is not None else float(when),
+            step=step,
             duration=duration,
         )
 
     def __str__(self) -> str:
         tail = f"+{self.duration:g}" if self.duration is not None else ""
         nodes = ",".join(str(r) for r in self.ranks)
-        return f"{self.kind}:{nodes}@{self.at:g}{tail}"
+        when = f"step{self.step}" if self.step is not None else f"{self.at:g}"
+        return f"{self.kind}:{nodes}@{when}{tail}"
+
+    def due(self, elapsed: float, step: int | None) -> bool:
+        """Whether the fault fires now: `elapsed` seconds into the attempt's training, with
+        the script's latest reported `step` (None: none yet)."""
+        if self.step is not None:
+            return step is not None and step >= self.step
+        return elapsed >= self.at
 
 
 class StrictModel(BaseModel):

@@ -48,6 +48,11 @@ class Store(ABC):
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         """Upload `path`; `progress(n)` is called with each n bytes sent."""
 
+    def put_request(self, key: str) -> tuple[dict[str, str], dict[str, object]]:
+        """For a dry run: the call `put_file(key, ...)` would make, as ({"service",
+        "operation"}, params)."""
+        return {"service": "store", "operation": "PutFile"}, {"uri": self.url(key)}
+
     def matches(self, key: str, path: Path) -> bool:
         """Whether the stored object `key` has the content of `path` (checked by content
         hash where the store can tell cheaply; False when it cannot: then upload)."""

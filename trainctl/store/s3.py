@@ -196,6 +196,12 @@ class S3Store(Store):
                 Callback=progress,
             )
 
+    def put_request(self, key: str) -> tuple[dict[str, str], dict[str, object]]:
+        return {"service": "s3", "operation": "PutObject"}, {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+        }
+
     def matches(self, key: str, path: Path) -> bool:
         """Compare S3's ETag (MD5 of the content, or of the MD5s of its parts for a
         multipart upload) with the same hash of the local file, as `put_files` would have

@@ -53,10 +53,14 @@ from trainctl.provisioning.aws.resources import (
 )
 from trainctl.provisioning.base import (
     DEFAULT_MASTER_PORT,
+    Billing,
+    FaultInjection,
     InstanceUsage,
     Provider,
+    WarmPools,
     WarmStart,
     free_port,
+    make_cluster,
 )
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
@@ -94,7 +98,7 @@ def parse_override(value: str) -> tuple[str, int]:
     return value, 22
 
 
-class AwsProvider(Provider):
+class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
     name = "aws"
 
     def __init__(
@@ -591,14 +595,14 @@ class AwsProvider(Provider):
             )
             for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
         ]
-        return ClusterInfo(
-            job=job,
-            attempt=attempt,
-            provider=self.name,
-            instance_type=instance_type,
-            nodes=nodes,
+        return make_cluster(
+            spec,
+            job,
+            attempt,
+            self.name,
+            instance_type,
+            nodes,
             master_port=master_port,
-            processes_per_host=spec.processes_per_host or CATALOG[instance_type].gpus or 1,
             network_env=network_env,
         )
 

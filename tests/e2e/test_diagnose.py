@@ -1,0 +1,219 @@
+"""`trainctl diagnose`: the job's script run as bounded derived jobs, through the installed
+CLI, on the digits example (which uses the helpers) and on a script that uses none."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import EXAMPLES, FIXTURES, TRAINCTL
+from trainctl import Estimator
+from trainctl.diagnose import Diagnosis, RunMeasurement, _analyse
+from trainctl.record import JobStore
+from trainctl.train import diagnosis
+
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+
+
+def _trainctl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TRAINCTL, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _job_names(home: Path) -> set[str]:
+    jobs = home / "store" / "jobs"
+    return {p.name for p in jobs.iterdir()} if jobs.is_dir() else set()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_diagnose_digits_measures_every_share_and_leaves_the_job_alone(home):
+    job = Estimator(
+        "train.py",
+        source_dir=str(EXAMPLES / "digits"),
+        instance_count=2,
+        distribution=TORCHRUN,
+        hyperparameters={"epochs": 1, "checkpoint-every": 4},
+    ).fit(logs=False)
+    before = job.describe()
+    checkpoints = sorted(i.key for i in job.store.list(f"jobs/{job.name}/checkpoints"))
+
+    done = _trainctl(
+        "diagnose", job.name, "--steps", "8", "--warmup", "2", "--repeats", "1", "--keep",
+        "-o", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = Diagnosis.model_validate_json(done.stdout)
+    labels = [run.label for run in result.runs]
+    assert labels == ["2 nodes", "2 nodes, synthetic data", "1 node"], labels
+    # a line per run as it ended (on stderr: stdout is the JSON)
+    printed = [line.strip() for line in done.stderr.splitlines() if "ms/step" in line]
+    assert printed == [run.line().strip() for run in result.runs], done.stderr
+    for run in result.runs:
+        assert run.state == "Completed" and run.steps == 8, run
+        assert run.samples == 8 * 32 and run.seconds and run.seconds > 0, run
+        assert run.job.startswith(f"{job.name}-dx-")
+    main, synthetic, single = result.runs
+    assert main.nodes == synthetic.nodes == 2 and single.nodes == 1
+    assert synthetic.synthetic and main.data_wait is not None and main.data_wait > 0
+    assert main.saves == 2 and main.checkpoint_stall and main.checkpoint_stall > 0
+    for share in (result.communication_share, result.io_share, result.checkpoint_share):
+        assert share is not None and 0 <= share < 1
+    assert result.scaling_efficiency is not None and result.scaling_efficiency > 0
+    assert result.bound in ("communication", "data loading", "checkpointing", "compute")
+    assert result.advice
+    # local capacity is not reclaimed by a provider: no interval from an assumed market rate
+    assert result.checkpoint is None and any("interval" in n for n in result.not_measured)
+    assert any("--repeats" in n for n in result.not_measured)  # one run each: no spread
+    assert "bound by: " in result.render()
+
+    # The job itself: not run again, its checkpoints neither read nor written.
+    assert JobStore(job.store, job.name).load().describe()["attempts"] == before["attempts"]
+    after = sorted(i.key for i in job.store.list(f"jobs/{job.name}/checkpoints"))
+    assert after == checkpoints
+    assert len(_job_names(home)) == 4  # the job and its three runs (--keep)
+    listed = _trainctl("jobs", "-o", "json")
+    assert [j["name"] for j in json.loads(listed.stdout)] == [job.name]  # the runs: hidden
+    every = json.loads(_trainctl("jobs", "--all", "-o", "json").stdout)
+    assert sorted(j["measurement_of"] or "" for j in every) == ["", *[job.name] * 3]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(200)
+def test_diagnose_a_script_without_helpers_times_whole_runs_and_says_what_it_could_not(home):
+    job = Estimator("train.py", source_dir=str(FIXTURES / "plainwork"), instance_count=2).fit(
+        logs=False
+    )
+    done = _trainctl("diagnose", job.name, "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "2 nodes" in out and "1 node" in out and "ran to its end in" in out, out
+    assert "scaling efficiency" in out and "synthetic" not in out, out
+    assert "not measured:" in out and "report_step" in out, out
+    assert _job_names(home) == {job.name}  # its runs (no synthetic one) removed: no --keep
+
+
+@pytest.mark.timeout(60)
+def test_diagnose_bad_input_is_one_line_and_runs_nothing(home):
+    missing = _trainctl("diagnose", "no-such-job")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        f"error: job 'no-such-job' not found in {(home / 'store').as_uri()}"
+    )
+    for args, field in (
+        (["--steps", "0"], "steps"),
+        (["--max-seconds", "0"], "max_seconds"),
+        (["--interruptions-per-hour", "-1"], "interruptions_per_hour"),
+        (["--repeats", "0"], "repeats"),
+    ):
+        bad = _trainctl("diagnose", "no-such-job", *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        assert bad.stderr.startswith(f"error: {field}: ") and bad.stderr.count("\n") == 1
+    assert _job_names(home) == set()
+
+
+def _run(label: str, nodes: int, step: float, **fields) -> RunMeasurement:
+    return RunMeasurement(
+        label=label,
+        job=f"j-{label}",
+        nodes=nodes,
+        synthetic="synthetic" in label,
+        state="Completed",
+        steps=100,
+        seconds=step * 100,
+        **fields,
+    )
+
+
+def test_shares_and_the_young_daly_interval_from_the_runs():
+    runs = [
+        _run(
+            "4 nodes",
+            4,
+            0.10,
+            samples=3200,
+            data_wait=0.5,
+            saves=2,
+            checkpoint_stall=0.2,
+            checkpoint_write=1.0,
+        ),
+        _run("4 nodes, synthetic data", 4, 0.09, samples=3200),
+        _run("1 node", 1, 0.05, samples=3200),
+    ]
+    result = _analyse("j", 4, runs, rate=0.5, rate_source="given")
+    assert result.communication_share == pytest.approx(0.5)
+    assert result.scaling_efficiency == pytest.approx(0.5)
+    assert result.io_share == pytest.approx(0.1)
+    assert result.checkpoint_share == pytest.approx(0.02)
+    assert result.bound == "communication"
+    figures = result.checkpoint
+    assert figures is not None
+    assert figures["mtbf_seconds"] == pytest.approx(3600 / (0.5 * 4))  # every node's rate
+    assert figures["optimum_seconds"] == pytest.approx(math.sqrt(2 * 0.1 * 1800), rel=1e-3)
+    assert figures["optimum_steps"] == round(math.sqrt(2 * 0.1 * 1800) / 0.10)
+    assert figures["current_steps"] == 50
+    # A bigger per-worker batch on 4 nodes is more compute per step, not communication.
+    runs[0].samples = 6400
+    assert _analyse("j", 4, runs, 0.5, "given").communication_share == pytest.approx(0.0)
+
+
+def test_synthetic_batches_keep_the_loaders_batch_sizes(monkeypatch):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(10.0), torch.arange(10))
+    loader = DataLoader(data, batch_size=4)
+    monkeypatch.setenv(diagnosis.DIAGNOSE_STEPS, "100")
+    monkeypatch.setenv(diagnosis.SYNTHETIC_DATA, "1")
+    monkeypatch.setattr(diagnosis, "_meter_read", False)
+    monkeypatch.setattr(diagnosis, "_meter", None)
+    for _epoch in range(2):
+        got = list(diagnosis.batches(loader))
+        assert [len(x) for x, _ in got] == [4, 4, 2]
+        assert all(torch.equal(x, torch.arange(float(len(x)))) for x, _ in got)  # the first
+    monkeypatch.setattr(diagnosis, "_meter", None)  # no exit-time report from this test
+
+
+def test_repeated_runs_give_a_spread_and_a_noise_verdict():
+    """Three interleaved runs per configuration: the median run counts, the spread is
+    reported, and a share smaller than the spread is within noise, not the bound."""
+    runs = []
+    for main, synthetic, single in (
+        (0.100, 0.098, 0.060),
+        (0.130, 0.099, 0.061),
+        (0.104, 0.097, 0.059),
+    ):
+        runs += [
+            _run("4 nodes", 4, main, samples=3200, data_wait=0.1),
+            _run("4 nodes, synthetic data", 4, synthetic, samples=3200),
+            _run("1 node", 1, single, samples=3200),
+        ]
+    result = _analyse("j", 4, runs, rate=0.5, rate_source="given")
+    assert result.repeats == 3
+    assert result.spread["4 nodes"] == pytest.approx((0.130 - 0.100) / 0.104)
+    assert result.verdict is not None and "busy" in result.verdict  # 29% > 20%
+    assert result.io_share == pytest.approx((0.104 - 0.098) / 0.104)  # the medians
+    assert result.within_noise == ["data loading"]
+    assert result.bound == "communication"  # 42%: well above the noise
+    assert any("within the spread" in a for a in result.advice)
+    assert "(within noise)" in result.render()
+    quiet = [r.model_copy(update={"seconds": (r.step_seconds or 0) * 100}) for r in runs[:3]]
+    assert _analyse("j", 4, quiet, 0.5, "given").verdict is None  # one run each: no verdict
+
+
+def test_checkpoint_advice_is_bounded_by_the_job_and_by_its_capacity():
+    runs = [
+        _run("1 node", 1, 0.10, saves=2, checkpoint_stall=0.2, checkpoint_write=1.0),
+    ]
+    short = _analyse("j", 1, runs, rate=0.001, rate_source="given", job_steps=184)
+    assert short.checkpoint is not None and short.checkpoint["job_steps"] == 184
+    assert any("no periodic checkpoint is worth its cost" in a for a in short.advice)
+    assert not any("checkpoint every ~" in a for a in short.advice)
+    local = _analyse("j", 1, runs, 1e-5, "assumed for on-demand capacity", interruptible=False)
+    assert local.checkpoint is None
+    assert any("not reclaimed by a provider" in n for n in local.not_measured)

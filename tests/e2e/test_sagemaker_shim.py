@@ -1,0 +1,423 @@
+"""`from trainctl.sagemaker import PyTorch, TrainingInput`: SageMaker's arguments mapped,
+refused in one line, or warned about in one line; channels sharded; a job run with SageMaker's
+API (the notebook with one changed import runs in tests/providers/test_container_run.py, in a real
+kernel, in the containers SageMaker's local mode would use)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FIXTURES
+from trainctl.errors import SpecError
+from trainctl.sagemaker import PyTorch, SageMakerCompatibilityWarning, TrainingInput
+from trainctl.sagemaker._compat import REFUSED
+
+SOURCE = FIXTURES / "sagemaker"
+ROLE = "arn:aws:iam::111122223333:role/service-role/AmazonSageMaker-ExecutionRole"
+PROFILE_ARN = "arn:aws:iam::111122223333:instance-profile/trainctl-node"
+
+
+def pytorch(**kwargs) -> PyTorch:
+    base = {
+        "entry_point": "known_args.py",
+        "source_dir": str(SOURCE),
+        "framework_version": "2.5.1",
+        "py_version": "py311",
+        "instance_count": 2,
+        "instance_type": "ml.p4d.24xlarge",
+        "role": PROFILE_ARN,
+    }
+    return PyTorch(**{**base, **kwargs})
+
+
+def spec_of(est: PyTorch):
+    return est._estimator.spec
+
+
+@pytest.mark.timeout(30)
+def test_sagemaker_arguments_map_to_the_job(home):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing here deserves a warning
+        est = pytorch(
+            hyperparameters={"learning_rate": 0.1},
+            output_path="s3://bucket/models",
+            checkpoint_s3_uri="s3://bucket/ckpt",
+            base_job_name="mnist",
+            use_spot_instances=True,
+            max_run=3600,
+            max_wait=7200,
+            metric_definitions=[{"Name": "loss", "Regex": "loss=([0-9.]+)"}],
+            environment={"MODE": "x"},
+            volume_size=100,
+            distribution={"pytorchddp": {"enabled": True}},
+            enable_network_isolation=False,  # SageMaker's defaults are accepted quietly
+            input_mode="File",
+        )
+    spec = spec_of(est)
+    assert spec.instance_type == "p4d.24xlarge" and spec.instance_count == 2
+    assert spec.instance_profile == PROFILE_ARN
+    assert spec.framework_version == "2.5.1" and spec.py_version == "py311"
+    assert spec.use_spot_instances and spec.max_wait == 7200 and spec.max_run == 3600
+    assert spec.launcher == "torchrun"
+    assert spec.volume_size == 100 and spec.environment == {"MODE": "x"}
+    assert est.hyperparameters() == {"learning_rate": 0.1}
+    est.set_hyperparameters(batch_size=8)
+    assert spec_of(est).hyperparameters == {"learning_rate": 0.1, "batch_size": 8}
+    assert est.latest_training_job is None and est.model_data is None
+
+
+@pytest.mark.timeout(30)
+def test_local_instance_types_run_here(home):
+    for itype in ("local", "local_gpu"):
+        est = pytorch(instance_type=itype, framework_version=None, py_version=None, role=ROLE)
+        assert spec_of(est).instance_type == "local"
+        assert spec_of(est).instance_profile is None  # your machine: no profile, no warning
+
+
+@pytest.mark.timeout(30)
+def test_a_role_arn_is_used_as_the_instance_profile_of_its_name_with_one_warning(home):
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        est = pytorch(role=ROLE)
+    assert len(caught) == 1
+    assert "role: " in str(caught[0].message)
+    assert "'AmazonSageMaker-ExecutionRole'" in str(caught[0].message)
+    assert spec_of(est).instance_profile == "AmazonSageMaker-ExecutionRole"
+    assert spec_of(pytorch(role="my-profile")).instance_profile == "my-profile"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("kwargs", "field", "text"),
+    [
+        ({"instance_type": "ml.r7i.48xlarge"}, "instance_type", "has no EC2 equivalent"),
+        ({"role": "not a role!"}, "role", "is neither an IAM ARN"),
+        ({"keep_alive_period_in_seconds": 7200}, "keep_alive_period_in_seconds", "3600"),
+        ({"input_mode": "Pipe"}, "input_mode", "no Pipe mode"),
+        ({"enable_network_isolation": True}, "enable_network_isolation", "not supported"),
+        ({"volume_kms_key": "arn:aws:kms:..."}, "volume_kms_key", "not supported"),
+        ({"distribution": {"smdistributed": {}}}, "distribution", "runs only on SageMaker"),
+    ],
+)
+def test_what_trainctl_cannot_honour_is_one_line_naming_it(home, kwargs, field, text):
+    with pytest.raises(SpecError) as raised:
+        pytorch(**kwargs)
+    assert raised.value.field == field
+    assert text in str(raised.value) and "\n" not in str(raised.value)
+    assert not (home / "store").exists(), "something was created"
+
+
+@pytest.mark.timeout(30)
+def test_keep_alive_is_a_warm_pool_as_on_sagemaker(home):
+    assert spec_of(pytorch(keep_alive_period_in_seconds=1800)).keep_alive_period_in_seconds == 1800
+
+
+@pytest.mark.timeout(30)
+def test_training_input_distribution_is_checked(home):
+    with pytest.raises(SpecError, match=r"TrainingInput\.distribution: 'Sharded' is not"):
+        TrainingInput("s3://bucket/train", distribution="Sharded")
+    with pytest.raises(SpecError, match=r"TrainingInput\.input_mode: not supported"):
+        TrainingInput("s3://bucket/train", input_mode="Pipe")
+
+
+@pytest.mark.timeout(30)
+def test_accepted_arguments_without_effect_warn_once_each(home):
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        pytorch(sagemaker_session=object(), tags=[{"Key": "team", "Value": "x"}])
+    messages = sorted(str(w.message).split(":")[0] for w in caught)
+    assert messages == ["sagemaker_session", "tags"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
+        pytorch(no_such_argument=1)
+
+
+@pytest.mark.timeout(30)
+def test_dependencies_are_copied_next_to_the_source(home, tmp_path):
+    lib = tmp_path / "mylib"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("VALUE = 1\n")
+    est = pytorch(dependencies=[str(lib)])
+    staged = Path(spec_of(est).source_dir)
+    assert (staged / "mylib" / "__init__.py").read_text() == "VALUE = 1\n"
+    assert (staged / "known_args.py").exists()
+    del est
+    import gc
+
+    gc.collect()
+    assert not staged.exists()  # the staged copy goes with the estimator
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_fit_with_sagemaker_api_on_two_local_nodes(home, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (data / name).write_text(name)
+    est = PyTorch(
+        entry_point="shard_probe.py",
+        source_dir=str(SOURCE),
+        role=ROLE,
+        instance_count=2,
+        instance_type="local",
+        base_job_name="shards",
+        metric_definitions=[{"Name": "shard", "Regex": r"SHARD (\d)"}],
+    )
+    est.fit({"train": TrainingInput(f"file://{data}", distribution="ShardedByS3Key")})
+    job = est.latest_training_job
+    assert job is not None and job.name.startswith("shards-")
+    assert job.describe()["state"] == "Completed"
+    logs = {
+        rank: job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log")
+        for rank in (0, 1)
+    }
+    assert "SHARD 0 a.txt,c.txt" in logs[0]
+    assert "SHARD 1 b.txt,d.txt" in logs[1]
+    capsys.readouterr()
+    est.logs()  # SageMaker's: the latest job's logs, every node's
+    printed = capsys.readouterr().out
+    assert "[algo-1] SHARD 0 a.txt,c.txt" in printed
+    assert "[algo-2] SHARD 1 b.txt,d.txt" in printed
+    frame = est.training_job_analytics.dataframe()
+    assert list(frame.columns) == ["timestamp", "metric_name", "value"]
+    assert sorted(frame["value"].tolist()) == [0.0, 1.0]
+    assert set(frame["metric_name"]) == {"shard"}
+
+
+# --- every SageMaker argument, the session, the role, framework images without an engine ----
+
+
+def test_every_sagemaker_argument_is_honoured_warned_or_refused():
+    from trainctl.sagemaker import _compat
+
+    classified = (
+        set(_compat.SIGNATURE)
+        | set(_compat.PASSED)
+        | set(_compat.HANDLED)
+        | set(_compat.WARNED)
+        | set(_compat.REFUSED)
+    )
+    assert classified == _compat.SAGEMAKER_ARGUMENTS
+    # the newest arguments of SageMaker's estimator are among them
+    assert {"training_plan", "instance_placement_config"} <= set(_compat.REFUSED)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_each_refused_argument_is_one_line_and_its_default_is_quiet(home, name):
+    defaults, _ = REFUSED[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pytorch(**{name: defaults[0]})  # SageMaker's default: accepted quietly
+    with pytest.raises(SpecError) as raised:
+        pytorch(**{name: "something"})
+    assert raised.value.field == name
+    assert "not supported by trainctl" in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.timeout(30)
+def test_a_name_sagemaker_does_not_have_is_a_type_error_with_the_closest_name(home):
+    with pytest.raises(TypeError, match=r"'instance_typ'; did you mean 'instance_type'\?"):
+        pytorch(instance_typ="ml.p3.2xlarge")
+    with pytest.raises(TypeError, match=r"'checkpoint_uri'; did you mean 'checkpoint_s3_uri'\?"):
+        pytorch(checkpoint_uri="s3://b/c")
+
+
+@pytest.mark.timeout(30)
+def test_what_comes_after_training_is_refused_in_one_line(home):
+    est = pytorch()
+    with pytest.raises(SpecError, match=r"deploy: not supported by trainctl: .*hosts no endpoints"):
+        est.deploy(initial_instance_count=1, instance_type="ml.m5.xlarge")
+    with pytest.raises(AttributeError):
+        est.no_such_method  # noqa: B018
+
+
+@pytest.mark.timeout(30)
+def test_framework_version_without_a_container_engine_runs_as_processes(home, monkeypatch):
+    monkeypatch.setenv("TRAINCTL_CONTAINER_ENGINE", "none")  # as a machine without one
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        est = pytorch(instance_type="local", role=None)
+    (warning,) = [str(w.message) for w in caught]
+    assert warning.startswith("framework_version: 2.5.1 (py_version py311)")
+    assert "no container engine" in warning and "PyTorch" in warning
+    spec = spec_of(est)
+    assert spec.framework_version is None and spec.image_uri is None and not spec.builds_image
+
+
+@pytest.mark.timeout(30)
+def test_get_execution_role_is_the_configured_instance_profile_or_a_placeholder(home, monkeypatch):
+    from trainctl.sagemaker import get_execution_role
+    from trainctl.sagemaker.session import ROLE_PLACEHOLDER
+
+    role = get_execution_role()
+    assert role == ROLE_PLACEHOLDER
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the placeholder is fine on this machine
+        assert spec_of(pytorch(instance_type="local", role=role)).instance_profile is None
+    with pytest.warns(SageMakerCompatibilityWarning, match="no instance profile is configured"):
+        assert spec_of(pytorch(role=role)).instance_profile is None
+    monkeypatch.setenv("TRAINCTL_INSTANCE_PROFILE", "trainctl-node")
+    assert get_execution_role() == "trainctl-node"
+    assert spec_of(pytorch(role=get_execution_role())).instance_profile == "trainctl-node"
+    # the same default for a job that names no profile, through any door
+    from trainctl import Estimator
+
+    plain = Estimator(
+        entry_point="known_args.py", source_dir=str(SOURCE), instance_type="ml.p4d.24xlarge"
+    )
+    assert (plain.spec.instance_type, plain.spec.instance_profile) == (
+        "p4d.24xlarge",
+        "trainctl-node",
+    )
+
+
+@pytest.mark.timeout(30)
+def test_the_session_default_bucket_is_the_store(home, tmp_path):
+    import trainctl.sagemaker as sagemaker
+    from trainctl.sagemaker.s3 import S3Downloader, S3Uploader
+
+    sess = sagemaker.Session()
+    bucket = sess.default_bucket()
+    assert bucket == "trainctl-local-bucket"
+    assert sess.boto_region_name
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.csv").write_text("1,2\n")
+    (data / "sub" / "b.csv").write_text("3,4\n")
+    uri = sess.upload_data(path=str(data), bucket=bucket, key_prefix="sagemaker/demo")
+    store_dir = home / "store" / "bucket" / "sagemaker" / "demo"
+    assert uri == f"file://{store_dir}"
+    assert (store_dir / "sub" / "b.csv").read_text() == "3,4\n"
+    one = sess.upload_data(path=str(data / "a.csv"), key_prefix="single")
+    assert one.endswith("/bucket/single/a.csv")
+    assert sorted(sess.list_s3_files(bucket, "sagemaker/demo")) == [
+        "sagemaker/demo/a.csv",
+        "sagemaker/demo/sub/b.csv",
+    ]
+    assert sess.read_s3_file(bucket, "sagemaker/demo/a.csv") == "1,2\n"
+    got = sess.download_data(str(tmp_path / "back"), bucket, "sagemaker/demo")
+    assert sorted(Path(p).relative_to(tmp_path / "back").as_posix() for p in got) == [
+        "a.csv",
+        "sub/b.csv",
+    ]
+    # URIs built from the bucket's name, as notebooks build them, are the store's
+    assert sess.resolve(f"s3://{bucket}/sagemaker/demo/output") == f"{uri}/output"
+    assert sess.resolve("s3://another-bucket/x") == "s3://another-bucket/x"
+    S3Uploader.upload_string_as_file_body(
+        "hello", f"s3://{bucket}/notes/n.txt", sagemaker_session=sess
+    )
+    assert S3Downloader.read_file(f"s3://{bucket}/notes/n.txt", sagemaker_session=sess) == "hello"
+    assert S3Downloader.list(f"s3://{bucket}/notes", sagemaker_session=sess) == [
+        f"s3://{bucket}/notes/n.txt"
+    ]
+    est = pytorch(
+        instance_type="local",
+        framework_version=None,
+        py_version=None,
+        sagemaker_session=sess,
+        output_path=f"s3://{bucket}/sagemaker/demo/output",
+        checkpoint_s3_uri=f"s3://{bucket}/ckpt",
+    )
+    assert spec_of(est).output_path == f"{uri}/output"
+    assert spec_of(est).checkpoint_s3_uri == f"file://{home / 'store' / 'bucket' / 'ckpt'}"
+
+
+@pytest.mark.timeout(30)
+def test_sagemaker_module_layout_imports_as_notebooks_write_it():
+    import trainctl.sagemaker as sagemaker
+    from trainctl.sagemaker import get_execution_role
+    from trainctl.sagemaker.analytics import TrainingJobAnalytics
+    from trainctl.sagemaker.inputs import TrainingInput as Input
+    from trainctl.sagemaker.local import LocalSession
+    from trainctl.sagemaker.pytorch import PyTorch as Estimator
+    from trainctl.sagemaker.pytorch.estimator import PyTorch as Same
+    from trainctl.sagemaker.session import Session
+
+    assert Estimator is Same is sagemaker.PyTorch
+    assert Input is TrainingInput and sagemaker.Session is Session
+    assert issubclass(LocalSession, Session) and callable(get_execution_role)
+    assert sagemaker.TrainingJobAnalytics is TrainingJobAnalytics
+
+
+# A notebook written as SageMaker's PyTorch examples write theirs (session, default bucket,
+# execution role, upload_data, framework_version, S3 URIs made from the bucket name), with its
+# import lines - and nothing else - changed to trainctl.sagemaker.
+SAGEMAKER_NOTEBOOK = [
+    """import trainctl.sagemaker as sagemaker
+from trainctl.sagemaker import get_execution_role
+from trainctl.sagemaker.pytorch import PyTorch
+from trainctl.sagemaker.inputs import TrainingInput""",
+    """sagemaker_session = sagemaker.Session()
+bucket = sagemaker_session.default_bucket()
+prefix = "sagemaker/DEMO-pytorch-mnist"
+role = get_execution_role()""",
+    """import os
+import numpy as np
+os.makedirs("data", exist_ok=True)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 16)).astype("float32")
+np.savez("data/train.npz", x=x, y=(x.sum(axis=1) > 0).astype("int64"))
+inputs = sagemaker_session.upload_data(path="data", bucket=bucket, key_prefix=prefix)
+print("input spec (in this case, just an S3 path): {}".format(inputs))""",
+    """estimator = PyTorch(
+    entry_point="mnist.py",
+    source_dir=SOURCE_DIR,
+    role=role,
+    py_version="py311",
+    framework_version="2.5.1",
+    instance_count=2,
+    instance_type="local",
+    hyperparameters={"epochs": 2, "backend": "gloo"},
+    output_path=f"s3://{bucket}/{prefix}/output",
+    metric_definitions=[{"Name": "train:loss", "Regex": r"Loss: ([0-9.]+)"}],
+)""",
+    """estimator.fit({"training": TrainingInput(inputs)})""",
+    """job = estimator.latest_training_job
+print(job.describe()["TrainingJobStatus"], job.describe()["ModelArtifacts"]["S3ModelArtifacts"])
+print(estimator.model_data)""",
+    """sagemaker_session.download_data(
+    path="model", bucket=bucket, key_prefix=f"{prefix}/output/{job.name}/output/model.tar.gz"
+)
+print(sorted(os.listdir("model")))""",
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_a_sagemaker_notebook_runs_with_only_its_imports_changed(home, tmp_path, monkeypatch):
+    """framework_version on a machine without a container engine: processes with the
+    installed torch, one warning naming both versions; run cell by cell in a real kernel."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TRAINCTL_CONTAINER_ENGINE", "none")  # as a machine without one
+    notebook = nbformat.v4.new_notebook()
+    parameters = f"SOURCE_DIR = {str(FIXTURES / 'sagemaker_nb')!r}"
+    notebook.cells = [nbformat.v4.new_code_cell(parameters)] + [
+        nbformat.v4.new_code_cell(source) for source in SAGEMAKER_NOTEBOOK
+    ]
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=200, kernel_name="python3", resources=resources).execute()
+    nbformat.write(notebook, tmp_path / "sagemaker-mnist.ipynb")  # kept, outputs included
+
+    def text(cell: int) -> str:
+        outputs = notebook.cells[cell].outputs
+        return "".join(
+            o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs
+        )
+
+    bucket_dir = home / "store" / "bucket" / "sagemaker" / "DEMO-pytorch-mnist"
+    assert f"file://{bucket_dir}" in text(3)
+    warned = text(4)
+    assert warned.count("framework_version: 2.5.1 (py_version py311)") == 1, warned
+    assert "no container engine" in warned
+    fit = text(5)
+    assert "[algo-1]" in fit and "[algo-2]" in fit and "Completed" in fit, fit
+    assert "Train Epoch: 2" in fit
+    status, artifacts = text(6).split()[:2]
+    assert status == "Completed"
+    assert artifacts.startswith(f"file://{bucket_dir}/output/") and artifacts.endswith(
+        "/output/model.tar.gz"
+    )
+    assert text(7).strip() == "['model.tar.gz']"

@@ -1,0 +1,137 @@
+"""Helpers shared by the tests (fixtures are in conftest.py, stand-ins for real parts in
+tests/rigs/): paths, reading a terminal or a log, the processes a test left, pointing boto3 at
+moto, the digits job every training test starts from, and skipping for a missing part."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainctl.provisioning.base import free_port  # noqa: F401  (shared by tests)
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EXAMPLES = REPO / "examples"
+TRAINCTL = str(Path(sys.executable).parent / "trainctl")
+TORCHRUN = {"torch_distributed": {"enabled": True}}
+# A skip for a part this machine lacks starts so; the run's last line counts them by part.
+MISSING = "missing part"
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_part(part: str, reason: str | None) -> None:
+    """Skip the test here when a real part (sshd, podman, chromium...) is missing, naming
+    it; under CI a missing part is a failure (`.ci/run` and `make test-deps` install them)."""
+    if reason is None:
+        return
+    if under_ci():
+        pytest.fail(f"{part} tests cannot run under CI: {reason}")
+    pytest.skip(f"{MISSING} {part}: {reason}")
+
+
+def wait_for_log(job, text: str, timeout: float = 60.0) -> None:
+    """Until `text` is in one of the job's node logs (failing early if the job ends)."""
+    from trainctl.state import JobState
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in job.store.list(f"jobs/{job.name}/logs"):
+            if text in job.store.get_text(info.key):
+                return
+        assert job.state not in (JobState.FAILED, JobState.COMPLETED), job.describe()
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in the logs")
+
+
+def read_terminal(master: int, proc, timeout: float = 60) -> bytes:
+    """What a pty (its `master` side) received until `proc` closed it or ended."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other side closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    return seen
+
+
+def log_lines(text: str) -> list[str]:
+    """A stored node log's lines without the time each starts with (protocol.split_stamp)."""
+    from trainctl.protocol import split_stamp
+
+    return [split_stamp(line)[1] for line in text.splitlines()]
+
+
+def tagged_processes(home: Path | None = None) -> list[int]:
+    """Processes of trainctl jobs or detached controllers of this test's TRAINCTL_HOME
+    (other trainctl users on the machine, a benchmark say, are not ours to judge)."""
+    from trainctl.procs import CONTROLLER_TAG, JOB_TAG, _environ, _is_zombie, _pids
+
+    home = home or Path(os.environ["TRAINCTL_HOME"])
+    return [
+        pid
+        for pid in _pids()
+        if (JOB_TAG in (env := _environ(pid)) or CONTROLLER_TAG in env)
+        and env.get("TRAINCTL_HOME") == str(home)
+        and not _is_zombie(pid)
+    ]
+
+
+def wait_no_leftovers(timeout: float = 20.0, home: Path | None = None) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = tagged_processes(home)
+        if not left:
+            return []
+        time.sleep(0.2)
+    return tagged_processes(home)
+
+
+RELAUNCHED_SECRET = "dashboard-must-not-show-this-s3cr3t"
+
+
+def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: str = "testing"):
+    """The environment that points boto3 (ours and the tests') at a moto server, with
+    fake credentials and nothing from the user's own AWS configuration."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def digits_estimator(hyperparameters: dict, /, **fields):
+    """examples/digits as a 2-node torchrun job, with the given fields on top (those
+    include `hyperparameters` to replace the default ones)."""
+    from trainctl import Estimator
+
+    base = {
+        "entry_point": "train.py",
+        "source_dir": str(EXAMPLES / "digits"),
+        "instance_count": 2,
+        "hyperparameters": hyperparameters,
+        "distribution": TORCHRUN,
+    }
+    return Estimator(**{**base, **fields})

@@ -1,0 +1,254 @@
+"""The package's layering, checked from its source: no import cycles, one-way layers.
+
+Data flows spec -> plan -> provision -> launch -> watch; each layer may import the layers
+below it and never one above. The graph is read with `ast`, so an import inside a function
+(the lazy imports that keep `trainctl --help` instant) counts like one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "trainctl"
+
+# Every package and top-level module of trainctl, in layers from the bottom: each may import
+# its own layer's siblings only where listed in SAME_LAYER, and any layer below. A module
+# that is in no layer fails test_every_package_has_a_layer: place it before it lands.
+LAYERS: list[tuple[str, ...]] = [
+    # shared small modules: no trainctl imports but each other's
+    (
+        "trainctl.errors",
+        "trainctl.version",
+        "trainctl.protocol",
+        "trainctl.state",
+        "trainctl.redact",
+        "trainctl.procs",
+        "trainctl.cluster",
+        "trainctl.metrics",
+        "trainctl.toolkit",
+        "trainctl.train",
+    ),
+    # the user's validated input: the job spec and the settings (config.yaml, TRAINCTL_*)
+    ("trainctl.spec",),
+    ("trainctl.store",),
+    ("trainctl.record", "trainctl.launcher", "trainctl.packaging", "trainctl.progress"),
+    # what runs on a node (imports no client package: everything above is client side)
+    ("trainctl.node",),
+    ("trainctl.transport", "trainctl.image"),
+    ("trainctl.provisioning",),
+    ("trainctl.controller",),
+    # the front doors, over the controller
+    ("trainctl.notebook", "trainctl.diagnose", "trainctl.ui"),
+    ("trainctl.estimator",),
+    ("trainctl.sagemaker",),
+    ("trainctl.cli",),
+    ("trainctl",),  # the package's __init__: the public names
+]
+# Imports within one layer that are allowed (one way).
+SAME_LAYER: dict[str, tuple[str, ...]] = {
+    "trainctl.toolkit": ("trainctl.version",),
+    "trainctl.train": ("trainctl.protocol",),
+    "trainctl.image": ("trainctl.transport",),
+    "trainctl.record": ("trainctl.metrics",),
+    "trainctl.launcher": ("trainctl.protocol",),
+    "trainctl.notebook": ("trainctl.metrics",),
+    "trainctl.diagnose": ("trainctl.train",),
+}
+# Narrower than their layer: imported by training scripts, or pure leaves.
+ONLY: dict[str, tuple[str, ...]] = {
+    "trainctl.train": ("trainctl.protocol",),
+    "trainctl.toolkit": ("trainctl.version",),
+    "trainctl.metrics": (),
+    "trainctl.spec": (
+        "trainctl.errors",
+        "trainctl.version",
+        "trainctl.protocol",
+        "trainctl.state",
+        "trainctl.redact",
+    ),
+}
+# What runs on the user's machine (or a controller host): every layer above the node's but
+# the package's own __init__.
+CLIENT = tuple(p for layer in LAYERS[LAYERS.index(("trainctl.node",)) + 1 : -1] for p in layer)
+
+
+def _layer_of(name: str) -> str | None:
+    """The layer entry a module belongs to: the longest package prefix listed."""
+    listed = [p for layer in LAYERS for p in layer]
+    return max((p for p in listed if _within(name, (p,))), key=len, default=None)
+
+
+def _allowed(entry: str) -> tuple[str, ...]:
+    if entry in ONLY:
+        return (entry, *ONLY[entry])
+    level = next(i for i, layer in enumerate(LAYERS) if entry in layer)
+    below = tuple(p for layer in LAYERS[:level] for p in layer)
+    return (entry, *below, *SAME_LAYER.get(entry, ()))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The trainctl modules `name` imports at run time (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod.
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
+        for target in targets:
+            while target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                found.add(target)
+    return found
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_package_import_cycles() -> None:
+    """Cycles between packages (spec <-> settings once) hide behind module-level acyclicity."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        entry = _layer_of(name) or name
+        graph.setdefault(entry, set()).update(
+            d for d in (_layer_of(dep) or dep for dep in deps) if d != entry
+        )
+    assert _cycles(graph) == []
+
+
+def test_every_package_has_a_layer() -> None:
+    assert [name for name in _graph() if _layer_of(name) is None] == []
+
+
+def test_layers_import_only_downwards() -> None:
+    graph = _graph()
+    wrong = []
+    for name, deps in sorted(graph.items()):
+        entry = _layer_of(name)
+        if entry is None or entry == "trainctl":
+            # the package's __init__ (the public names) may import anything
+            continue
+        allowed = _allowed(entry)
+        # `trainctl.x` matches the layer entry `trainctl.x` and its modules, never a sibling
+        wrong += [
+            f"{name} -> {d}"
+            for d in sorted(deps)
+            if not any(_within(d, (a,)) for a in allowed if a != "trainctl")
+        ]
+    assert wrong == []
+
+
+def test_node_imports_no_client_package() -> None:
+    graph = _graph()
+    wrong = [
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        if _within(name, ("trainctl.node",))
+        for dep in deps
+        if _within(dep, CLIENT)
+    ]
+    assert wrong == []
+
+
+def test_the_layer_table_refuses_an_upward_import() -> None:
+    assert not any(_within("trainctl.controller.submit", (a,)) for a in _allowed("trainctl.node"))
+    assert any(_within("trainctl.spec.settings", (a,)) for a in _allowed("trainctl.store"))
+    assert "trainctl.node" not in CLIENT and "trainctl.cli" in CLIENT
