@@ -17,6 +17,7 @@ from tests.helpers import FIXTURES, RELAUNCHED_SECRET, REPO, wait_no_leftovers
 from tests.rigs.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
 from tests.rigs.registry import (  # noqa: F401  (image registry and isolated podman storage)
     podman_storage,
+    private_registry,
     readonly_registry,
     registry,
 )
@@ -209,7 +210,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # with the marker itself (mpirun, chromium, kernel).
 PART_FIXTURES = {
     "sshd": ("sshd", "cloud"),
-    "podman": ("registry", "readonly_registry", "podman_storage", "node_image", "in_podman"),
+    "podman": (
+        "registry",
+        "private_registry",
+        "readonly_registry",
+        "podman_storage",
+        "node_image",
+        "in_podman",
+    ),
     "docker": ("dockerd",),
 }
 

@@ -4,8 +4,13 @@ moto, the digits job every training test starts from, and skipping for a missing
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
+import struct
+import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -135,3 +140,23 @@ def digits_estimator(hyperparameters: dict, /, **fields):
         "distribution": TORCHRUN,
     }
     return Estimator(**{**base, **fields})
+
+
+def on_a_terminal(
+    env: dict[str, str], *args: str, columns: int = 80, timeout: float = 60
+) -> tuple[int, str]:
+    """`trainctl ARGS` with stdout and stderr on a pty `columns` wide: (exit code, what the
+    terminal received, escape sequences included)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(
+        [TRAINCTL, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env
+    )
+    os.close(slave)
+    try:
+        seen = read_terminal(master, proc, timeout)
+        return proc.wait(timeout=10), seen.decode(errors="replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()

@@ -6,20 +6,16 @@ of a folder, and `rm`/`prune`."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
 import re
 import shutil
-import struct
 import subprocess
-import termios
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TRAINCTL, read_terminal
+from tests.helpers import TRAINCTL, on_a_terminal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,26 +46,6 @@ def run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
     return subprocess.run(
         [TRAINCTL, *args], capture_output=True, text=True, timeout=timeout, env=env
     )
-
-
-def on_a_terminal(
-    env: dict[str, str], *args: str, columns: int = 80, timeout: float = 60
-) -> tuple[int, str]:
-    """`trainctl ARGS` with stdout and stderr on a pty `columns` wide: (exit code, what the
-    terminal received, escape sequences included)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    proc = subprocess.Popen(
-        [TRAINCTL, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env
-    )
-    os.close(slave)
-    try:
-        seen = read_terminal(master, proc, timeout)
-        return proc.wait(timeout=10), seen.decode(errors="replace")
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

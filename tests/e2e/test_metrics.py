@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import TRAINCTL
+from tests.helpers import TRAINCTL, on_a_terminal
 from trainctl.metrics import MetricRecorder, mark_redone, numeric_metrics, sparkline
 
 
@@ -114,3 +114,17 @@ def test_a_job_without_metrics_says_so(home, tmp_path):
     result = _run("metrics", job.name, check=False)
     assert result.returncode == 2
     assert "has no metrics" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_metrics_follow_redraws_in_place_on_a_terminal(relaunched_digits, monkeypatch):
+    """`metrics -f` on a terminal: one view redrawn in place (rich's live display), which
+    stays when the job has ended; no screen is cleared."""
+    import os
+
+    home, job = relaunched_digits
+    env = {**os.environ, "TRAINCTL_HOME": str(home)}
+    env.pop("TRAINCTL_STORE", None)
+    code, seen = on_a_terminal(env, "metrics", job.name, "-f")
+    assert code == 0, seen
+    assert "loss" in seen and "TREND" in seen
+    assert "\x1b[2J" not in seen  # (the old redraw cleared the whole screen)

@@ -381,6 +381,32 @@ def test_build_push_remove_pull(
     assert _inspect(ref.image)["Config"]["Labels"]["trainctl.entry_point"] == "train.py"  # type: ignore[index]
 
 
+@pytest.mark.timeout(90)
+def test_a_registry_that_wants_credentials_is_asked_with_the_engines_login(
+    podman_storage: Path, private_registry: Registry, source: Path, tmp_path: Path
+) -> None:
+    """The tag check goes through the engine, with its login: an image already in a
+    private registry is neither rebuilt nor pushed again."""
+    from tests.rigs.registry import REGISTRY_PASSWORD
+
+    base = import_busybox_image(tmp_path, "localhost/trainctl-test/busybox:1")
+    engine = _podman()
+    login = engine.run(
+        "login", "--tls-verify=false", "-u", "alice", "--password-stdin", private_registry.host,
+        input=REGISTRY_PASSWORD.encode(), timeout=60,
+    )  # fmt: skip
+    assert login.returncode == 0, login.stderr
+    plan = plan_build(
+        source, "train.py", base_image=base, toolkit_dependencies=False,
+        repository=f"{private_registry.host}/team/digits",
+    )  # fmt: skip
+    ref = build_image(plan, push=True, engine=engine)
+    assert (ref.built, ref.pushed) == (True, True)
+    assert engine.run("rmi", ref.image, timeout=60).returncode == 0
+    again = build_image(plan, push=True, engine=engine)
+    assert (again.built, again.pushed, again.skipped_reason) == (False, False, "in the registry")
+
+
 # --- failures -------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ removing the directory removes every image and layer a test made.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tarfile
@@ -71,22 +72,37 @@ class Registry:
             return False
 
 
-def start_registry(root: Path, *, read_only: bool = False) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a registry storing under `root`; returns the process and its host:port."""
+def start_registry(
+    root: Path, *, read_only: bool = False, user: tuple[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a registry storing under `root`; returns the process and its host:port. With
+    `user` (name, password), it answers only requests with those credentials."""
     port = free_port("127.0.0.1")
     maintenance = "  maintenance:\n    readonly:\n      enabled: true\n" if read_only else ""
-    config = root / "config.yml"
     (root / "data").mkdir(parents=True, exist_ok=True)
+    auth = ""
+    if user is not None:
+        import bcrypt  # (paramiko's dependency) the registry's htpasswd takes bcrypt only
+
+        hashed = bcrypt.hashpw(user[1].encode(), bcrypt.gensalt(rounds=5)).decode()
+        (root / "htpasswd").write_text(f"{user[0]}:{hashed}\n")
+        auth = f"auth:\n  htpasswd:\n    realm: trainctl-test\n    path: {root / 'htpasswd'}\n"
+    config = root / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: warn\n"
         "storage:\n"
         f"  filesystem:\n    rootdirectory: {root / 'data'}\n"
         f"{maintenance}"
+        f"{auth}"
         f"http:\n  addr: 127.0.0.1:{port}\n"
     )
     log = open(root / "registry.log", "wb")  # noqa: SIM115 - closed by the child's exit
-    proc = subprocess.Popen([REGISTRY, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    # (the registry reads REGISTRY_* variables as settings: podman's REGISTRY_AUTH_FILE too)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc = subprocess.Popen(
+        [REGISTRY, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
     log.close()
     host = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -98,6 +114,10 @@ def start_registry(root: Path, *, read_only: bool = False) -> tuple[subprocess.P
         try:
             with urllib.request.urlopen(f"http://{host}/v2/", timeout=2):
                 return proc, host
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:  # up, and asking for the credentials it was given
+                return proc, host
+            time.sleep(0.05)
         except (urllib.error.URLError, OSError):
             time.sleep(0.05)
     stop_process(proc)
@@ -122,6 +142,22 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
         yield Registry(host)
     finally:
         stop_process(proc)
+
+
+@pytest.fixture
+def private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
+    """A registry that wants credentials (alice / REGISTRY_PASSWORD), and an auth file of
+    the test's own for the engine's login."""
+    require(registry_missing_reason(), "registry")
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "registry-auth.json"))
+    proc, host = start_registry(tmp_path / "registry-private", user=("alice", REGISTRY_PASSWORD))
+    try:
+        yield Registry(host)
+    finally:
+        stop_process(proc)
+
+
+REGISTRY_PASSWORD = "not-a-real-s3cret"
 
 
 @pytest.fixture

@@ -252,3 +252,26 @@ def test_the_layer_table_refuses_an_upward_import() -> None:
     assert not any(_within("trainctl.controller.submit", (a,)) for a in _allowed("trainctl.node"))
     assert any(_within("trainctl.spec.settings", (a,)) for a in _allowed("trainctl.store"))
     assert "trainctl.node" not in CLIENT and "trainctl.cli" in CLIENT
+
+
+def test_the_documented_layout_matches_the_tree() -> None:
+    """docs/architecture.md's tree names every package and top-level module, and nothing
+    that is not there."""
+    import re
+
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = text.split("```\ntrainctl/\n", 1)[1].split("```", 1)[0]
+    named: set[str] = set()
+    for line in block.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):  # an entry of trainctl/
+            entry = re.split(r"\s{2,}", line.strip())[0]  # (then its description)
+            named.update(re.findall(r"([a-z_]+)(?:/|\.py)", entry))
+        if not line.startswith(" "):
+            break  # tests/, docs/: past trainctl's entries
+    actual = {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    assert named == actual, (sorted(named - actual), sorted(actual - named))

@@ -424,3 +424,33 @@ def test_distribution_shorthand_unknown(name: str) -> None:
 )
 def test_launcher_from_distribution(src: Path, distribution: dict, launcher: str) -> None:
     assert build_spec(**_base(src), distribution=distribution).launcher == launcher
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("box", (None, "box", None)),
+        ("alice@box:2222", ("alice", "box", 2222)),
+        ("[::1]:22", (None, "::1", 22)),
+        ("bob@10.0.0.7", ("bob", "10.0.0.7", None)),
+    ],
+)
+def test_one_parser_reads_user_host_port(text: str, parts: tuple) -> None:
+    from trainctl.spec.capacity import parse_ssh_target
+
+    assert tuple(parse_ssh_target(text)) == parts
+
+
+@pytest.mark.parametrize(
+    "text", ["box:0", "box:70000", "-oProxyCommand=x", "a b", "@box", "[zz]:1"]
+)
+def test_a_bad_ssh_target_is_refused_by_every_door(text: str) -> None:
+    from trainctl.spec.capacity import check_proxy_jump, parse_ssh_target
+    from trainctl.spec.controller import check_controller
+
+    with pytest.raises(ValueError):
+        parse_ssh_target(text)
+    with pytest.raises(ValueError):
+        check_proxy_jump(f"ok@bastion,{text}")
+    with pytest.raises(ValueError):
+        check_controller(f"ssh://{text}")

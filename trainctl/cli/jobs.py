@@ -526,12 +526,11 @@ def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:
 
 
 def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    """Binary units, as `aws s3 ls --human-readable` shows them (1.5 KiB)."""
+    from rich.filesize import pick_unit_and_suffix
+
+    unit, suffix = pick_unit_and_suffix(n, ["B", "KiB", "MiB", "GiB", "TiB"], 1024)
+    return f"{n} B" if unit == 1 else f"{n / unit:.1f} {suffix}"
 
 
 @app.command("ls")

@@ -37,24 +37,36 @@ def metrics(
         raise SpecError("--output", f"unknown format {output!r}; allowed: text, json, csv")
     handle = TrainingJob.attach(job)
     printed: set[tuple[Any, ...]] = set()  # -f with json/csv: each value once, as it comes
-    while True:
-        ended = handle.state.is_terminal()
-        points = handle.metric_history(metric)
-        if not points and (ended or not follow):
-            raise SpecError(
-                "JOB",
-                f"job {job} has no metrics (give metric_definitions, or call "
-                "report_step(step, loss=...) in the script)",
-            )
-        if follow and output in ("json", "csv"):
-            _stream(points, output, printed)
-        else:
-            if follow and sys.stdout.isatty():
-                sys.stdout.write("\x1b[2J\x1b[H")  # redraw in place
-            _show(points, metric, output, plot)
-        if not follow or ended:
-            return
-        time.sleep(FOLLOW_SECONDS)
+    live = None
+    if follow and output == "text" and sys.stdout.isatty():
+        from rich.console import Console
+        from rich.live import Live
+
+        # redrawn in place on the terminal (the last view stays when the job ends)
+        live = Live(console=Console(highlight=False), auto_refresh=False)
+        live.start()
+    try:
+        while True:
+            ended = handle.state.is_terminal()
+            points = handle.metric_history(metric)
+            if not points and (ended or not follow):
+                raise SpecError(
+                    "JOB",
+                    f"job {job} has no metrics (give metric_definitions, or call "
+                    "report_step(step, loss=...) in the script)",
+                )
+            if follow and output in ("json", "csv"):
+                _stream(points, output, printed)
+            elif live is not None:
+                live.update(_view(points, metric, plot), refresh=True)
+            else:
+                _show(points, metric, output, plot)
+            if not follow or ended:
+                return
+            time.sleep(FOLLOW_SECONDS)
+    finally:
+        if live is not None:
+            live.stop()
 
 
 def _stream(points: list[dict[str, Any]], output: str, printed: set[tuple[Any, ...]]) -> None:
@@ -83,8 +95,6 @@ def _key(point: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, plot: bool) -> None:
-    from trainctl.metrics import latest, series, sparkline, terminal_chart
-
     if output == "json":
         print_json(points)
         return
@@ -93,16 +103,26 @@ def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, pl
         writer.writeheader()
         writer.writerows(points)
         return
+    from rich.console import Console
+
+    view = _view(points, names, plot)
+    Console(highlight=False, soft_wrap=plot).print(view)
+
+
+def _view(points: list[dict[str, Any]], names: list[str] | None, plot: bool) -> Any:
+    """The text view (a rich renderable): a table of each metric's latest value and trend,
+    or a chart per metric (--plot), coloured on a terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from trainctl.metrics import latest, series, sparkline, terminal_chart
+
     shown = names or sorted({p["name"] for p in points})
     if plot:
         tty = sys.stdout.isatty()
         width = min(100, shutil.get_terminal_size().columns) if tty else 80
-        for name in shown:
-            sys.stdout.write(terminal_chart(points, name, width=width, colour=tty) + "\n")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
+        charts = "\n".join(terminal_chart(points, name, width=width, colour=tty) for name in shown)
+        return Text.from_ansi(charts)
     table = Table(box=None, header_style="bold")
     for col in ("METRIC", "LATEST", "STEP", "ATTEMPT", "VALUES", "TREND"):
         table.add_column(col, no_wrap=True)
@@ -118,7 +138,7 @@ def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, pl
             str(len(curve)),
             sparkline([p["value"] for p in curve]),
         )
-    Console(highlight=False).print(table)
+    return table
 
 
 @app.command()

@@ -405,21 +405,17 @@ def build(
 def parse_host(text: str, key_file: str | None) -> dict[str, Any]:
     """`[USER@]ADDRESS[:PORT]` (IPv6 in brackets) into SshHost fields."""
     from trainctl.errors import SpecError
+    from trainctl.spec.capacity import parse_ssh_target
 
-    user, _, rest = text.rpartition("@")
-    address, port = rest, None
-    if rest.startswith("["):
-        address, _, tail = rest[1:].partition("]")
-        port = tail[1:] if tail.startswith(":") else None
-    elif rest.count(":") == 1:
-        address, port = rest.split(":")
-    if not address or (port is not None and not port.isdigit()):
-        raise SpecError("hosts", f"{text!r} is not [USER@]ADDRESS[:PORT]")
-    out: dict[str, Any] = {"address": address}
-    if user:
-        out["user"] = user
-    if port:
-        out["port"] = int(port)
+    try:
+        target = parse_ssh_target(text)
+    except ValueError as exc:
+        raise SpecError("hosts", str(exc)) from None
+    out: dict[str, Any] = {"address": target.address}
+    if target.user:
+        out["user"] = target.user
+    if target.port is not None:
+        out["port"] = target.port
     if key_file:
         out["key_file"] = str(Path(key_file).expanduser())
     return out

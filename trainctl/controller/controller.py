@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
@@ -26,6 +27,7 @@ from trainctl.controller.attempts import (
     count_steps_lost,
     settle_steps_lost,
 )
+from trainctl.controller.faults import FaultSchedule
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
@@ -89,6 +91,23 @@ class StoppedWaiting(Exception):
     """A stop request (or max_run/max_wait) came while an attempt waited for capacity."""
 
 
+@dataclass
+class WatchState:
+    """What `_watch` carries from one poll to the next: when each periodic check is next
+    due, when the first node went wrong, and the attempt's progress (for hangs)."""
+
+    progress: ProgressWatch
+    next_capacity_check: float
+    next_save: float
+    next_stop_check: float = 0.0
+    next_checks: float = 0.0
+    first_abnormal: float | None = None
+
+    def abnormal(self, now: float) -> None:
+        if self.first_abnormal is None:
+            self.first_abnormal = now
+
+
 class Controller:
     def __init__(
         self,
@@ -134,7 +153,7 @@ class Controller:
         self._guessed_resume: list[Attempt] | None = None
         self._growing: str | None = None  # an elastic job is checkpointing to grow
         # Each fault fires once, in the first attempt that trains long enough.
-        self._pending_faults = list(self.record.spec.parsed_faults)
+        self._faults = FaultSchedule(self.record.spec.parsed_faults)
         self._lease: Lease | None = None
         self._metric_patterns = [
             (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
@@ -557,17 +576,18 @@ class Controller:
             earlier.steps_lost = max(0, earlier.last_step - resumed)
 
     def _watch(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
-        """Follow one attempt until it ends, and say how it ended."""
-        next_stop_check = 0.0
-        next_capacity_check = time.monotonic() + ELASTIC_CHECK_SECONDS
+        """Follow one attempt until it ends, and say how it ended: take each line (or a
+        poll's silence), then, at most every POLL_SECONDS, look at every node and decide."""
         self._growing = None
-        next_save = time.monotonic() + RECORD_SAVE_SECONDS
-        next_checks = 0.0
-        first_abnormal: float | None = None
-        progress = ProgressWatch(
-            self.settings.startup_timeout_seconds,
-            self.settings.progress_timeout_seconds,
-            time.monotonic(),
+        now = time.monotonic()
+        watch = WatchState(
+            next_capacity_check=now + ELASTIC_CHECK_SECONDS,
+            next_save=now + RECORD_SAVE_SECONDS,
+            progress=ProgressWatch(
+                self.settings.startup_timeout_seconds,
+                self.settings.progress_timeout_seconds,
+                now,
+            ),
         )
         while True:
             if self._lease is not None and self._lease.lost.is_set():
@@ -575,104 +595,126 @@ class Controller:
             if self._hung_up:
                 self._save_progress()
                 raise HandedOff(self.name)
-            try:
-                attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                attempt, rank, line = cluster.attempt, -1, None
-            if attempt != cluster.attempt:
-                self._late_line(attempt, rank, line)
-                rank, line = -1, None
-            now = time.monotonic()
-            if rank >= 0:
-                node = nodes[rank]
-                node.last_seen = now
-                if line is None:
-                    node.exit_code = node.proc.wait()
-                    node.exited_at = now
-                    if not node.result and node.lost is None and not node.idle:
-                        node.lost = f"agent ended without a result (exit code {node.exit_code})"
-                    if (node.exit_code != 0 or node.lost) and first_abnormal is None:
-                        first_abnormal = now
-                elif (msg := parse_control(line)) is not None:
-                    self._on_control(node, msg, nodes)
-                    if msg.get("event") in ("step", "checkpoint"):
-                        progress.step(now)
-                    elif msg.get("event") in ("launched", "idle"):
-                        progress.activity(now)  # the clock runs from the user's code start
-                else:
-                    self._on_line(rank, line)
-                    progress.line(rank, line, now)
-            if line is not None and now < next_checks:
+            line, now = self._take_line(cluster, nodes, watch)
+            if line is not None and now < watch.next_checks:
                 # The checks below look at every node: with hundreds of nodes they run at
                 # most every POLL_SECONDS, not once per line (a node's end is seen at once).
                 continue
-            next_checks = now + POLL_SECONDS
+            watch.next_checks = now + POLL_SECONDS
             self._fire_due_faults(cluster, nodes, now)
-            for node in nodes.values():
-                why = node.machine_lost
-                if why and node.lost is None and (node.exit_code is None or not node.result):
-                    node.lost = why
-                    node.exited_at = node.exited_at or now
-                    first_abnormal = first_abnormal or now
-                silent = now - node.last_seen
-                if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
-                    node.lost = node.lost or f"no heartbeat for {silent:.0f} s"
-                    first_abnormal = first_abnormal or now
-            if now >= next_save:  # progress (steps, metrics) visible to `status`
-                next_save = now + RECORD_SAVE_SECONDS
+            self._mark_lost(nodes, now, watch)
+            if now >= watch.next_save:  # progress (steps, metrics) visible to `status`
+                watch.next_save = now + RECORD_SAVE_SECONDS
                 self._save_progress()
+            end = self._verdict(cluster, nodes, now, watch)
+            if end is not None:
+                return end
 
-            runners = [n for n in nodes.values() if not n.idle]
-            lost = [n for n in nodes.values() if n.lost]
-            if runners and all(n.exit_code == 0 for n in runners) and not lost:
-                if not self._notices:
-                    return AttemptEnd("completed", None, exit_code=0)
-            if self.stop_reason is None and self._signal is not None:
-                self.stop_reason = (
-                    "interrupted by the user (Ctrl-C)"
-                    if self._signal == signal.SIGINT
-                    else self.jobs.stop_requested() or "controller received SIGTERM"
-                )
-            if self.stop_reason is None and now >= next_stop_check:
-                next_stop_check = now + STOP_CHECK_SECONDS
-                self.stop_reason = self.jobs.stop_requested()
-                self.stop_reason = self.stop_reason or self._time_limit_reached()
-            if self.stop_reason is not None:
-                self._stop_nodes(nodes, self.settings.stop_grace_seconds, self.stop_reason)
-                return AttemptEnd("stopped", self.stop_reason)
-            if lost:
-                # The survivors cannot finish a step without their peer: end them, keeping
-                # what they already checkpointed (their agents flush uploads on the way out).
-                first = min(lost, key=lambda n: n.exited_at or now)
-                grace = min(self.settings.stop_grace_seconds, 5.0)
-                self._stop_nodes(nodes, grace, f"algo-{first.rank + 1} was lost")
-                return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
-            if now >= next_capacity_check:
-                next_capacity_check = now + ELASTIC_CHECK_SECONDS
-                self._grow_if_capacity(cluster, nodes, now)
-            if self._notices:
-                grace = self.settings.notice_grace_seconds + 30.0
-                first_notice = min(self._notices.values())
-                if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
-                    ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
-                    why = self._growing or f"interruption notice to {ranks}"
-                    self._stop_nodes(nodes, self.settings.stop_grace_seconds, why)
-                    return AttemptEnd("interrupted", why)
-                continue
-            if first_abnormal is not None and (
-                all(n.exit_code is not None for n in runners)
-                or now - first_abnormal > SETTLE_SECONDS
-            ):
-                return self._classify_failure(nodes)
-            started = self._training_started is not None  # staging is not the user's time
-            if first_abnormal is None and started and (hang := progress.hung(now)) is not None:
-                # The user's code is stuck (a rendezvous that never forms, a deadlock):
-                # it fails, counted against max_restarts, and everything is torn down.
-                self.jobs.event("hung", attempt=cluster.attempt, reason=hang)
-                self._info(f"attempt {cluster.attempt} hung: {hang}")
-                grace = min(self.settings.stop_grace_seconds, 5.0)
-                self._stop_nodes(nodes, grace, f"the attempt hung ({hang})")
-                return AttemptEnd("failed", hang, exit_code=1)
+    def _take_line(
+        self, cluster: ClusterInfo, nodes: dict[int, LiveNode], watch: WatchState
+    ) -> tuple[str | None, float]:
+        """One line from a node (a log line, a control message, or its end), or a poll's
+        silence; returns (the line, now)."""
+        try:
+            attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            attempt, rank, line = cluster.attempt, -1, None
+        if attempt != cluster.attempt:
+            self._late_line(attempt, rank, line)
+            rank, line = -1, None
+        now = time.monotonic()
+        if rank < 0:
+            return line, now
+        node = nodes[rank]
+        node.last_seen = now
+        if line is None:
+            node.exit_code = node.proc.wait()
+            node.exited_at = now
+            if not node.result and node.lost is None and not node.idle:
+                node.lost = f"agent ended without a result (exit code {node.exit_code})"
+            if node.exit_code != 0 or node.lost:
+                watch.abnormal(now)
+        elif (msg := parse_control(line)) is not None:
+            self._on_control(node, msg, nodes)
+            if msg.get("event") in ("step", "checkpoint"):
+                watch.progress.step(now)
+            elif msg.get("event") in ("launched", "idle"):
+                watch.progress.activity(now)  # the clock runs from the user's code start
+        else:
+            self._on_line(rank, line)
+            watch.progress.line(rank, line, now)
+        return line, now
+
+    def _mark_lost(self, nodes: dict[int, LiveNode], now: float, watch: WatchState) -> None:
+        """Nodes whose machine is gone, or that have been silent too long."""
+        for node in nodes.values():
+            why = node.machine_lost
+            if why and node.lost is None and (node.exit_code is None or not node.result):
+                node.lost = why
+                node.exited_at = node.exited_at or now
+                watch.abnormal(now)
+            silent = now - node.last_seen
+            if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
+                node.lost = node.lost or f"no heartbeat for {silent:.0f} s"
+                watch.abnormal(now)
+
+    def _verdict(
+        self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float, watch: WatchState
+    ) -> AttemptEnd | None:
+        """How the attempt ends now (None: it goes on): completed, stopped, a lost node,
+        an interruption notice, a failure, or a hang."""
+        runners = [n for n in nodes.values() if not n.idle]
+        lost = [n for n in nodes.values() if n.lost]
+        if runners and all(n.exit_code == 0 for n in runners) and not lost:
+            if not self._notices:
+                return AttemptEnd("completed", None, exit_code=0)
+        if self.stop_reason is None and self._signal is not None:
+            self.stop_reason = (
+                "interrupted by the user (Ctrl-C)"
+                if self._signal == signal.SIGINT
+                else self.jobs.stop_requested() or "controller received SIGTERM"
+            )
+        if self.stop_reason is None and now >= watch.next_stop_check:
+            watch.next_stop_check = now + STOP_CHECK_SECONDS
+            self.stop_reason = self.jobs.stop_requested()
+            self.stop_reason = self.stop_reason or self._time_limit_reached()
+        if self.stop_reason is not None:
+            self._stop_nodes(nodes, self.settings.stop_grace_seconds, self.stop_reason)
+            return AttemptEnd("stopped", self.stop_reason)
+        if lost:
+            # The survivors cannot finish a step without their peer: end them, keeping
+            # what they already checkpointed (their agents flush uploads on the way out).
+            first = min(lost, key=lambda n: n.exited_at or now)
+            grace = min(self.settings.stop_grace_seconds, 5.0)
+            self._stop_nodes(nodes, grace, f"algo-{first.rank + 1} was lost")
+            return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
+        if now >= watch.next_capacity_check:
+            watch.next_capacity_check = now + ELASTIC_CHECK_SECONDS
+            self._grow_if_capacity(cluster, nodes, now)
+        if self._notices:
+            grace = self.settings.notice_grace_seconds + 30.0
+            first_notice = min(self._notices.values())
+            if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
+                ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
+                why = self._growing or f"interruption notice to {ranks}"
+                self._stop_nodes(nodes, self.settings.stop_grace_seconds, why)
+                return AttemptEnd("interrupted", why)
+            return None
+        first_abnormal = watch.first_abnormal
+        if first_abnormal is not None and (
+            all(n.exit_code is not None for n in runners) or now - first_abnormal > SETTLE_SECONDS
+        ):
+            return self._classify_failure(nodes)
+        started = self._training_started is not None  # staging is not the user's time
+        if first_abnormal is None and started and (hang := watch.progress.hung(now)) is not None:
+            # The user's code is stuck (a rendezvous that never forms, a deadlock): it
+            # fails, counted against max_restarts, and everything is torn down.
+            self.jobs.event("hung", attempt=cluster.attempt, reason=hang)
+            self._info(f"attempt {cluster.attempt} hung: {hang}")
+            grace = min(self.settings.stop_grace_seconds, 5.0)
+            self._stop_nodes(nodes, grace, f"the attempt hung ({hang})")
+            return AttemptEnd("failed", hang, exit_code=1)
+        return None
 
     def _record_metric(
         self,
@@ -801,23 +843,14 @@ class Controller:
     def _fire_due_faults(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
     ) -> None:
-        if self._training_started is None or not self._pending_faults:
+        if self._training_started is None or not self._faults:
             return
-        elapsed = now - self._training_started
-        # One per poll, earliest first: a kill is seen (and ends the attempt) before the
-        # next fault is due, so faults at nearby times hit successive attempts in order.
-        # (a fault naming a node the attempt does not have, an elastic job's shrunk one,
-        # waits for an attempt that has it)
-        # A step fault fires once the script has reported its step, whatever the time.
         if any(n.lost for n in nodes.values()):
-            return
+            return  # the attempt is ending: the next fault waits for the next attempt
+        elapsed = now - self._training_started
         reached = self.record.attempts[-1].last_step
-        ordered = sorted(
-            self._pending_faults, key=lambda f: (f.step is not None, f.at, f.step or 0)
-        )
-        due = [f for f in ordered if all(r in nodes for r in f.ranks) and f.due(elapsed, reached)]
-        for fault in due[:1]:
-            self._pending_faults.remove(fault)
+        fault = self._faults.take_due(set(nodes), elapsed, reached)
+        if fault is not None:
             self.record.attempts[-1].faults.append(str(fault))
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
             hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)

@@ -345,7 +345,7 @@ def build_image(
         if ecr:
             ensure_ecr_repository(ecr["name"], ecr["region"])
             commands.append(ecr_login(engine, ecr["region"], tls_verify=tls_verify))
-        if registry_has(plan.repository, plan.tag, verify):
+        if registry_has(engine, plan.repository, plan.tag, verify):
             return ImageRef(
                 plan.image, plan.repository, plan.tag, False, False, "in the registry", commands
             )

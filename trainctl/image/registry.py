@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import re
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import is_loopback
@@ -82,34 +80,28 @@ def ecr_registry(reference: str) -> tuple[str, str] | None:
     return (host, found["region"]) if found else None
 
 
-def registry_has(repository: str, tag: str, verify: bool) -> bool:
-    """Whether the registry already holds repository:tag (False when it cannot tell)."""
+def registry_has(engine: Engine, repository: str, tag: str, verify: bool) -> bool:
+    """Whether the registry already holds repository:tag (False when it cannot tell: then
+    the image is built and the push says what is wrong). Asked through the engine, with the
+    credentials it holds for that registry (`docker login`, `podman login`): an anonymous
+    request would read every registry that wants credentials as missing the tag, and the
+    image would be rebuilt and pushed each time. ECR: DescribeImages."""
     ecr = ECR_RE.fullmatch(repository)
     if ecr:
         return _ecr_has_tag(ecr["name"], ecr["region"], tag)
-    host = registry_host(repository) or ""
-    name = repository[len(host) + 1 :]
-    scheme = "https" if verify else "http"
-    request = urllib.request.Request(
-        f"{scheme}://{host}/v2/{name}/manifests/{tag}",
-        method="HEAD",
-        headers={
-            "Accept": ", ".join(
-                [
-                    "application/vnd.oci.image.manifest.v1+json",
-                    "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.oci.image.index.v1+json",
-                    "application/vnd.docker.distribution.manifest.list.v2+json",
-                ]
-            )
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        # refused, 404, or a registry that wants credentials: build and let push tell
+    if engine.name == "docker":
+        insecure = [] if verify else ["--insecure"]
+        done = engine.run("manifest", "inspect", *insecure, f"{repository}:{tag}", timeout=60)
+        return done.returncode == 0
+    # podman (4.x) has no remote `manifest inspect` with --tls-verify; its tag list does.
+    done = engine.run(
+        "search", "--list-tags", "--limit", "100000", *tls_args(engine, verify), repository,
+        timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
         return False
+    rows = done.stdout.decode(errors="replace").splitlines()[1:]  # NAME TAG, a row per tag
+    return any(row.split()[-1:] == [tag] for row in rows)
 
 
 def _ecr_client(region: str) -> Any:

@@ -26,7 +26,7 @@ and providers all import it.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -72,9 +72,27 @@ class SshHost(_Strict):
         return v
 
 
-PROXY_JUMP_HOP_RE = re.compile(
-    r"^(?:[A-Za-z0-9_.-]{1,64}@)?(?:[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:]+\])(?::[0-9]{1,5})?$"
+# OpenSSH's `[user@]host[:port]` (an IPv6 address in brackets): --hosts, each ProxyJump
+# hop and an ssh:// controller are read by this one parser.
+SSH_TARGET_RE = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})@)?"
+    r"(?P<host>[A-Za-z0-9_.][A-Za-z0-9_.-]{0,252}|\[[0-9A-Fa-f:]+\])(?::(?P<port>[0-9]{1,5}))?$"
 )
+
+
+class SshTarget(NamedTuple):
+    user: str | None
+    address: str  # without IPv6 brackets
+    port: int | None  # None: not given (22, or the host's own setting)
+
+
+def parse_ssh_target(text: str) -> SshTarget:
+    """`[user@]host[:port]` into its parts; ValueError naming what is allowed."""
+    match = SSH_TARGET_RE.fullmatch(text.strip())
+    port = int(match["port"]) if match and match["port"] else None
+    if match is None or (port is not None and not 1 <= port <= 65535):
+        raise ValueError(f"{text.strip()!r} is not [user@]host[:port] (a port is 1-65535)")
+    return SshTarget(match["user"], match["host"].strip("[]"), port)
 
 
 def check_proxy_jump(v: str | None) -> str | None:
@@ -82,11 +100,13 @@ def check_proxy_jump(v: str | None) -> str | None:
     if v is None or v.strip().lower() == "none":
         return v
     for hop in v.split(","):
-        if not PROXY_JUMP_HOP_RE.fullmatch(hop.strip()) or hop.strip().startswith("-"):
+        try:
+            parse_ssh_target(hop)
+        except ValueError:
             raise ValueError(
                 f"{hop.strip()!r} is not a jump host; use [user@]host[:port], several "
                 "joined by commas"
-            )
+            ) from None
     return v
 
 

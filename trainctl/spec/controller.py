@@ -19,12 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainctl.errors import SpecError
-from trainctl.spec.capacity import POOL_NAME_RE, SshHost
+from trainctl.spec.capacity import POOL_NAME_RE, SshHost, parse_ssh_target
 
-SSH_URL_RE = re.compile(
-    r"^ssh://(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})@)?"
-    r"(?P<host>[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:]+\])(?::(?P<port>[0-9]{1,5}))?/?$"
-)
 ALLOWED = "'local', 'ec2', 'ssh://[user@]host[:port]' or the name of an ssh pool"
 
 
@@ -57,8 +53,15 @@ class ControllerTarget:
 
 def check_controller(value: str) -> str:
     """The syntax check (the JobSpec field validator): no settings are read here."""
-    if value in ("local", "ec2") or SSH_URL_RE.fullmatch(value) or POOL_NAME_RE.fullmatch(value):
+    if value in ("local", "ec2") or POOL_NAME_RE.fullmatch(value):
         return value
+    if value.startswith("ssh://"):
+        try:
+            parse_ssh_target(value.removeprefix("ssh://").rstrip("/"))
+        except ValueError:
+            pass
+        else:
+            return value
     raise ValueError(f"{value!r} is not a controller: use {ALLOWED}")
 
 
@@ -81,16 +84,15 @@ def controller_target(
                 f"{store_uri}: set TRAINCTL_STORE to an s3:// URI",
             )
         return ControllerTarget("ec2", label="ec2", region=region, store_uri=store_uri or "")
-    match = SSH_URL_RE.fullmatch(value)
-    if match:
-        host = match["host"].strip("[]")
-        port = int(match["port"] or 22)
-        if not 1 <= port <= 65535:
-            raise SpecError("controller", f"{value!r}: port {port} is not 1-65535")
+    if value.startswith("ssh://"):
+        try:
+            target = parse_ssh_target(value.removeprefix("ssh://").rstrip("/"))
+        except ValueError as exc:
+            raise SpecError("controller", f"{value!r}: {exc}") from None
         ssh_host = SshHost(
-            address=host,
-            port=port,
-            user=match["user"],
+            address=target.address,
+            port=target.port or 22,
+            user=target.user,
             python=settings.controller_python or "python3",
         )
         return ControllerTarget("ssh", ssh_host, value)

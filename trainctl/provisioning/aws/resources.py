@@ -167,6 +167,10 @@ def terminate_instances(ec2: Any, ids: list[str]) -> None:
 
 
 def wait_terminated(ec2: Any, ids: list[str], timing: Timing, timeout: float) -> None:
+    """Until every instance is terminated (or gone). Not botocore's `instance_terminated`
+    waiter: it fails at once on an instance still `pending` (one whose launch raced the
+    teardown) and on InvalidInstanceID.NotFound (an instance already gone), both of which
+    are "keep waiting" or "done" for a teardown that must not stop half way."""
     if not ids:
         return
 

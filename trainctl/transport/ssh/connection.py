@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainctl.spec.capacity import parse_ssh_target
 from trainctl.transport.ssh.errors import (
     RemoteCommandError,
     SshAuthError,
@@ -318,38 +319,49 @@ class SshConnector:
         `retry_auth` (a booting cloud instance installs its key after sshd starts).
         """
         import paramiko
+        from tenacity import (
+            Retrying,
+            retry_if_exception,
+            stop_before_delay,
+            wait_exponential,
+        )
 
         _quiet_paramiko()
         key_file = self.key_file()
         deadline = time.monotonic() + timeout
-        delay = 0.2
-        attempts = 0
-        while True:
-            attempts += 1
+
+        def once() -> SshConnection:
             try:
                 return self._connect_once(key_file, deadline)
-            except (SshHostKeyError, SshAuthError) as exc:
-                if not (retry_auth and isinstance(exc, SshAuthError)):
-                    raise
-                last: BaseException = exc
             except paramiko.AuthenticationException as exc:
-                message = self._auth_message(exc)
-                if not retry_auth:
-                    raise SshAuthError(message) from None
-                last = SshAuthError(message)
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                last = exc
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                waited = f" (tried {attempts} times in {timeout:g} s)" if timeout > 0 else ""
-                if isinstance(last, SshAuthError):
-                    raise SshAuthError(f"{last}{waited}") from None
-                via = f" through {self.proxy_jump}" if self.proxy_jump else ""
-                raise SshUnreachable(
-                    f"{self.label}: cannot connect{via}: {describe(last)}{waited}"
-                ) from None
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 2.0)
+                raise SshAuthError(self._auth_message(exc)) from None
+
+        def worth_retrying(exc: BaseException) -> bool:
+            if isinstance(exc, SshAuthError):
+                return retry_auth
+            if isinstance(exc, SshHostKeyError):
+                return False
+            return isinstance(exc, (OSError, EOFError, paramiko.SSHException))
+
+        retrying = Retrying(
+            stop=stop_before_delay(timeout),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception(worth_retrying),
+            reraise=True,
+        )
+        try:
+            return retrying(once)
+        except SshHostKeyError:
+            raise
+        except (SshAuthError, OSError, EOFError, paramiko.SSHException) as last:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            waited = f" (tried {attempts} times in {timeout:g} s)" if timeout > 0 else ""
+            if isinstance(last, SshAuthError):
+                raise SshAuthError(f"{last}{waited}" if retry_auth else str(last)) from None
+            via = f" through {self.proxy_jump}" if self.proxy_jump else ""
+            raise SshUnreachable(
+                f"{self.label}: cannot connect{via}: {describe(last)}{waited}"
+            ) from None
 
     def _auth_message(self, exc: BaseException) -> str:
         import paramiko
@@ -408,12 +420,15 @@ class SshConnector:
         previous: Any = False
         self._hop_names = {}
         for hop in proxy_jump.split(","):
-            user, _, rest = hop.strip().rpartition("@")
-            address, _, port = rest.partition(":")
-            if address.startswith("["):  # [ipv6]:port
-                address, _, port = rest[1:].partition("]:")
+            hop_target = parse_ssh_target(hop)  # (validated with the spec: check_proxy_jump)
             previous = self._connection(
-                address, int(port or 22), user or None, key_file, wait, previous, pinned=None
+                hop_target.address,
+                hop_target.port or 22,
+                hop_target.user,
+                key_file,
+                wait,
+                previous,
+                pinned=None,
             )
             self._hop_names[previous.host] = known_hosts_name(previous.host, previous.port)
         return previous

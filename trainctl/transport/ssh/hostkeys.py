@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import hashlib
 import logging
 import os
 import threading
@@ -35,22 +34,27 @@ _known_hosts_lock = threading.Lock()
 
 
 def read_known_keys(path: Path, name: str) -> dict[str, str]:
-    """{key type: base64} pinned for `name` in `path` (plain entries written by trainctl)."""
-    keys: dict[str, str] = {}
+    """{key type: base64} pinned for `name` in `path`, read by paramiko's HostKeys (plain
+    and hashed entries, comma-separated names; lines it cannot read are skipped)."""
+    import paramiko
+
     try:
-        text = path.read_text()
+        found = paramiko.HostKeys(str(path)).lookup(name)
     except FileNotFoundError:
-        return keys
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and not line.startswith("#") and name in fields[0].split(","):
-            keys.setdefault(fields[1], fields[2])
-    return keys
+        return {}
+    return {key_type: key.get_base64() for key_type, key in (found or {}).items()}
 
 
 def fingerprint(key_type: str, key_b64: str) -> str:
-    digest = hashlib.sha256(base64.b64decode(key_b64)).digest()
-    return f"{key_type} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+    """OpenSSH's form of a key's fingerprint ('ssh-ed25519 SHA256:...'), as paramiko
+    computes it."""
+    import paramiko
+
+    try:
+        key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
+    except (paramiko.SSHException, ValueError):  # a type paramiko cannot load
+        return f"{key_type} (a key paramiko cannot read)"
+    return f"{key_type} {key.fingerprint}"
 
 
 class PinOnFirstUse:

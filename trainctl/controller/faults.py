@@ -1,0 +1,29 @@
+"""Which injected fault (`faults`) fires when: the schedule, apart from what firing does
+(the controller kills the node or serves the notice)."""
+
+from __future__ import annotations
+
+from trainctl.spec.parts import Fault
+
+
+class FaultSchedule:
+    """The job's faults not fired yet. One fires per poll: a kill is seen (and ends the
+    attempt) before the next fault is due, so faults at nearby times hit successive
+    attempts in order. Time faults come first, earliest first; a step fault fires once the
+    script has reported its step, whatever the time. A fault naming a node the attempt
+    does not have (an elastic job's shrunk one) waits for an attempt that has it."""
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self.pending = sorted(faults, key=lambda f: (f.step is not None, f.at, f.step or 0))
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def take_due(self, ranks: set[int], elapsed: float, step: int | None) -> Fault | None:
+        """The next fault due `elapsed` seconds into the attempt's training with the
+        script at `step`, on an attempt with these node `ranks` (taken off the schedule)."""
+        for fault in self.pending:
+            if set(fault.ranks) <= ranks and fault.due(elapsed, step):
+                self.pending.remove(fault)
+                return fault
+        return None
