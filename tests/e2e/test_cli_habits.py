@@ -33,7 +33,6 @@ print("saved")
 """
 TICKING = """import json, os, time
 rank = json.loads(os.environ["SM_HOSTS"]).index(os.environ["SM_CURRENT_HOST"])
-time.sleep(0.15 * rank)  # the nodes' lines alternate in time: 0, 1, 0, 1...
 for i in range(3):
     print(f"tick {i} node {rank}", flush=True)
     time.sleep(0.3)
@@ -302,7 +301,20 @@ def test_logs_filters_times_and_merge(made, tmp_path):
     assert run(env, "logs", "ticker", "--tail", "2").stdout.splitlines() == whole[-2:]
     assert run(env, "logs", "ticker", "--attempt", "2").stdout == ""
 
-    merged = _ticks(run(env, "logs", "ticker", "--merge").stdout)
+    # --merge interleaves the nodes by each line's time: stamps set here (node 0's ticks at
+    # :00, :02, :04, node 1's at :01, :03, :05), not left to when each node got a CPU
+    merging = _copy_home(root, tmp_path / "merge")
+    logs = Path(merging["TRAINCTL_HOME"]) / "store/jobs/ticker/logs/attempt-1"
+    for node in (0, 1):
+        path = logs / f"node-{node}.log"
+        stamped = []
+        for line in path.read_text().splitlines():
+            if " tick " in line:
+                tick = int(line.split()[2])
+                line = f"2026-01-01T00:00:0{2 * tick + node}.000Z" + line[24:]
+            stamped.append(line)
+        path.write_text("\n".join(stamped) + "\n")
+    merged = _ticks(run(merging, "logs", "ticker", "--merge").stdout)
     order = [(int(line.split()[2]), int(line.split()[4])) for line in merged]
     assert order == [(i, n) for i in range(3) for n in (0, 1)], merged
     timed = run(env, "logs", "ticker", "--timestamps", "--merge").stdout.splitlines()

@@ -3,6 +3,7 @@ goodput choice, AdaScale's gain, and a resume that continues where the checkpoin
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -54,6 +55,14 @@ def _regression(seed: int = 0, n: int = 20000, d: int = 32):
     return X, Y, model
 
 
+@pytest.fixture
+def steady_clock(monkeypatch):
+    """Each read of the step timer 1 ms after the last: a step's compute then costs the same
+    whatever else the machine runs (the batch sizes chosen follow from the gradients)."""
+    ticks = itertools.count()
+    monkeypatch.setattr("trainctl.train.adaptive._clock", lambda: next(ticks) / 1000)
+
+
 def _train(adaptive: AdaptiveBatch, model, X, Y, steps: int) -> list[float]:
     phis = []
     while adaptive.steps < steps:
@@ -73,7 +82,7 @@ def _train(adaptive: AdaptiveBatch, model, X, Y, steps: int) -> list[float]:
 
 
 @pytest.mark.timeout(60)
-def test_batch_grows_as_the_noise_scale_does():
+def test_batch_grows_as_the_noise_scale_does(steady_clock):
     X, Y, model = _regression()
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     adaptive = AdaptiveBatch(
@@ -127,7 +136,7 @@ def test_best_batch_size_follows_the_noise_scale():
 
 
 @pytest.mark.timeout(30)
-def test_state_continues_after_load(tmp_path):
+def test_state_continues_after_load(tmp_path, steady_clock):
     X, Y, model = _regression(n=4000)
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     kwargs = dict(

@@ -67,6 +67,11 @@ from trainctl.train.elastic import GlobalBatchSampler, MicroBatch, Step
 
 __all__ = ["AdaptiveBatch", "NoiseScale", "ThroughputModel", "efficiency", "gain"]
 
+# The step timer; a test swaps in a steady clock, so that what it checks does not depend
+# on how loaded the machine is.
+_clock = time.perf_counter
+
+
 HYSTERESIS = 1.05  # a new batch size must promise this much more goodput
 MAX_FACTOR = 2.0  # and is at most this far from the current one
 
@@ -297,7 +302,7 @@ class AdaptiveBatch:
             yield step
 
     def _begin(self, step: Step) -> None:
-        self._step, self._started, self._compute = step, time.perf_counter(), 0.0
+        self._step, self._started, self._compute = step, _clock(), 0.0
         self._micro_sqr = []
         if self._hooked is not None:
             for values in self._hooked.values():
@@ -316,11 +321,11 @@ class AdaptiveBatch:
             if self._hooked is not None and not micro.last
             else contextlib.nullcontext()
         )
-        started = time.perf_counter()
+        started = _clock()
         with sync:
             yield
         self._synchronize()
-        self._compute += time.perf_counter() - started
+        self._compute += _clock() - started
         if before is not None:
             sqr = 0.0
             for p, old in zip(self._params, before, strict=True):
@@ -351,7 +356,7 @@ class AdaptiveBatch:
             # waiting for the all-reduce at the end of the backward pass: per step
             waited = max(self._hooked["finished"]) - max(self._hooked["started"])
             compute -= min(max(waited, 0.0), compute)
-        rest = time.perf_counter() - self._started - compute + self._last_update_seconds
+        rest = _clock() - self._started - compute + self._last_update_seconds
         small_sqr, compute, rest = self._agree([small_sqr, compute, rest])
         if small_batch:
             self.noise.update(small_sqr, small_batch, big_sqr, batch)
@@ -360,7 +365,7 @@ class AdaptiveBatch:
             self.world, len(micro_sizes), sum(micro_sizes) / len(micro_sizes), compute, rest
         )
 
-        updating = time.perf_counter()
+        updating = _clock()
         r = gain(batch, self.base_batch_size, self.noise.value)
         saved = [group["lr"] for group in self.optimizer.param_groups]
         if self.scale_lr:
@@ -378,7 +383,7 @@ class AdaptiveBatch:
         self._step = None
         if self.steps % self.adapt_every == 0:
             self._adapt()
-        self._last_update_seconds = time.perf_counter() - updating
+        self._last_update_seconds = _clock() - updating
 
     def _norms(self, step: Step) -> tuple[float, float, float]:
         """(mean |G_small|^2, small batch, |G_big|^2) of this step; small batch 0: none."""
@@ -525,7 +530,7 @@ def _measuring_allreduce(state, bucket):  # type: ignore[no-untyped-def]
     import torch.distributed as dist
 
     buffer = bucket.buffer()
-    state["started"].append(time.perf_counter())
+    state["started"].append(_clock())
     state["local"].append(torch.dot(buffer, buffer))
     world = dist.get_world_size()
     future = dist.all_reduce(buffer.div_(world), async_op=True).get_future()
@@ -533,7 +538,7 @@ def _measuring_allreduce(state, bucket):  # type: ignore[no-untyped-def]
     def reduced(fut: Any) -> Any:
         out = fut.value()[0]
         state["global"].append(torch.dot(out, out))
-        state["finished"].append(time.perf_counter())
+        state["finished"].append(_clock())
         return out
 
     return future.then(reduced)
