@@ -93,8 +93,6 @@ def log(msg, rank=0, only_rank0=True):
 
 def load_data(seed):
     """Return (X_train, X_test, y_train, y_test) as numpy arrays, features scaled to [0, 1]."""
-    from sklearn.model_selection import train_test_split
-
     X = y = None
     channel = os.environ.get("SM_CHANNEL_TRAIN")
     if channel:
@@ -104,15 +102,42 @@ def load_data(seed):
                 X, y = data["X"], data["y"]
     source = "SM_CHANNEL_TRAIN/digits.npz"
     if X is None:
-        from sklearn.datasets import load_digits
-
-        X, y = load_digits(return_X_y=True)
+        X, y = load_digits()
         source = "sklearn.datasets.load_digits"
 
     X = np.asarray(X, dtype=np.float32) / 16.0
     y = np.asarray(y, dtype=np.int64)
-    X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=0.2, random_state=seed, stratify=y)
+    X_tr, X_te, y_tr, y_te = stratified_split(X, y, test_size=0.2, seed=seed)
     return X_tr, X_te, y_tr, y_te, source
+
+
+def load_digits():
+    """scikit-learn's digits (1,797 8x8 images), read from the data file it ships: the same
+    arrays as sklearn.datasets.load_digits, without importing scikit-learn, whose import
+    costs every worker process about a second of CPU at each start."""
+    import importlib.util
+
+    found = importlib.util.find_spec("sklearn")  # (finds the package; imports nothing)
+    if found is None or found.origin is None:
+        raise SystemExit("the digits data comes with scikit-learn: pip install scikit-learn")
+    path = os.path.join(os.path.dirname(found.origin), "datasets", "data", "digits.csv.gz")
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(np.int64)
+
+
+def stratified_split(X, y, *, test_size, seed):
+    """A seeded split keeping each class's share in both parts (as train_test_split's
+    stratify does)."""
+    rng = np.random.default_rng(seed)
+    test = []
+    for label in np.unique(y):
+        members = rng.permutation(np.flatnonzero(y == label))
+        test.extend(members[: int(round(len(members) * test_size))])
+    is_test = np.zeros(len(y), dtype=bool)
+    is_test[test] = True
+    train_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
+    train_idx, test_idx = rng.permutation(train_idx), rng.permutation(test_idx)
+    return X[train_idx], X[test_idx], y[train_idx], y[test_idx]
 
 
 # --------------------------------------------------------------------------- model
