@@ -132,7 +132,7 @@ def stratified_split(X, y, *, test_size, seed):
     test = []
     for label in np.unique(y):
         members = rng.permutation(np.flatnonzero(y == label))
-        test.extend(members[: int(round(len(members) * test_size))])
+        test.extend(members[: round(len(members) * test_size)])
     is_test = np.zeros(len(y), dtype=bool)
     is_test[test] = True
     train_idx, test_idx = np.flatnonzero(~is_test), np.flatnonzero(is_test)
