@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VENV)/bin/trainctl submit train.py --source-dir examples/digits \
 		--instance-count 2 --distribution torch_distributed \
-		-p epochs=8 -p lr=0.1 -p seed=0
+		-p epochs=12 -p lr=0.1 -p seed=0
 	@echo "See it again: $(VENV)/bin/trainctl jobs (then status, logs, artifacts JOB)"
 
 test: venv

@@ -47,7 +47,7 @@ def test_digits_two_nodes_trains_to_accuracy(home, capsys):
         source_dir=str(EXAMPLES / "digits"),
         instance_type="local",
         instance_count=2,
-        hyperparameters={"epochs": 8, "lr": 0.1, "seed": 0},
+        hyperparameters={"epochs": 12, "lr": 0.1, "seed": 0},
         distribution=TORCHRUN,
         environment={"MY_FLAG": "1"},
     )
