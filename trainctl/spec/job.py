@@ -283,11 +283,12 @@ class JobSpec(StrictModel):
     faults: Annotated[
         list[str],
         Door(
-            "A fault to inject: kill:NODE@SECONDS, notice:NODE@SECONDS or "
-            "nocapacity:NODE@SECONDS[+SECONDS]; repeatable.",
+            "A fault to inject: kill:NODE@WHEN, notice:NODE@WHEN or "
+            "nocapacity:NODE@WHEN[+SECONDS], WHEN seconds into the attempt's training or "
+            "stepN (once the script reports step N); repeatable.",
             cli="repeated",
             old_flags=("--inject-fault",),
-            metavar="KIND:NODE@SECONDS",
+            metavar="KIND:NODE@WHEN",
         ),
     ] = Field(default_factory=list)
     # Capacity (EC2 and SSH providers; see trainctl.spec.capacity). A pool fills those unset.
