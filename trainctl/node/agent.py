@@ -68,6 +68,15 @@ def become_subreaper() -> bool:
         return False
 
 
+def controller_silence(lease: dict[str, Any] | None, now: float) -> float:
+    """Seconds since the job's controller last showed itself in its lease. A released lease
+    counts from its release: a controller that hands the job on (a closed terminal's, to a
+    detached one) lets go a moment before the next one takes it, and the nodes must still
+    be there then. No lease at all: gone since ever."""
+    last = (lease.get("renewed_at") or lease.get("released_at")) if lease else None
+    return now - float(last or 0.0)
+
+
 class Agent:
     def __init__(self, store_uri: str, job: str, attempt: int, rank: int) -> None:
         from trainctl.cluster import ClusterInfo
@@ -280,8 +289,7 @@ class Agent:
                 lease = self.jobs.read_lease()
             except Exception:
                 continue  # store trouble is not evidence of a dead controller
-            renewed = float(lease.get("renewed_at", 0)) if lease else 0.0
-            if time.time() - renewed > timeout:  # a missing lease: the controller let go
+            if controller_silence(lease, time.time()) > timeout:
                 self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
                 self.orphaned = True
                 os.kill(os.getpid(), signal.SIGTERM)
