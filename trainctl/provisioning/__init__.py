@@ -12,7 +12,6 @@ Nothing in trainctl is edited for it:
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,12 +30,28 @@ class ProviderPlugin:
     instance_types: tuple[InstanceType, ...] = field(default=())
 
 
-# The built-in providers: "module:attribute" of their factory, and what they need installed.
-BUILT_IN: dict[str, tuple[str, str | None]] = {
-    "local": ("trainctl.provisioning.local:LocalProvider", None),
-    "ssh": ("trainctl.provisioning.ssh:SshProvider", None),
-    "aws": ("trainctl.provisioning.aws:AwsProvider", "boto3"),
-}
+def _local(region: str | None) -> Provider:
+    from trainctl.provisioning.local import LocalProvider
+
+    return LocalProvider()
+
+
+def _ssh(region: str | None) -> Provider:
+    from trainctl.provisioning.ssh import SshProvider
+
+    return SshProvider()
+
+
+def _aws(region: str | None) -> Provider:
+    from trainctl.provisioning.aws import AwsProvider
+
+    return AwsProvider(region=region)
+
+
+# The built-in providers (factories that import them only when asked), and the module each
+# needs installed (looked up without importing it).
+BUILT_IN: dict[str, Callable[[str | None], Provider]] = {"local": _local, "ssh": _ssh, "aws": _aws}
+NEEDS = {"aws": "boto3"}
 _plugins: dict[str, ProviderPlugin] = {}
 
 
@@ -70,16 +85,14 @@ def get_provider(instance_type: str, region: str | None = None) -> Provider:
     """
     kind = CATALOG[instance_type].provider
     if kind in BUILT_IN:
-        target, needs = BUILT_IN[kind]
-        if needs is not None and importlib.util.find_spec(needs) is None:  # found, not imported
+        needs = NEEDS.get(kind)
+        if needs is not None and importlib.util.find_spec(needs) is None:
             raise SpecError(
                 "instance_type",
                 f"{instance_type!r} runs on the {kind} provider, which needs {needs}: "
                 f"pip install 'trainctl[{kind}]'",
             )
-        module, _, attribute = target.partition(":")
-        factory = getattr(importlib.import_module(module), attribute)
-        return factory(region=region) if kind == "aws" else factory()
+        return BUILT_IN[kind](region)
     if kind not in _plugins:
         _load_plugins()
     if kind in _plugins:
