@@ -12,7 +12,7 @@ auth, agent start), as over a network.
 
 Per N (16, 64, 256 by default), three jobs:
 1. a clean run: bootstrap fan-out (controller time from capacity ready - provision()
-   returned - to every node started - the last start_agent() returned - and to every node
+   returned - to every node started - the last agent start returned - and to every node
    launched), log fan-in (lines sent vs lines stored and shown, order per node), the
    controller's CPU (its threads only, from /proc) and memory (RSS growth of this process
    over the run, sim nodes included: an upper bound) per node, and store requests per node
@@ -263,41 +263,47 @@ class Harness:
 
 def sim_provider(harness: Harness) -> Any:
     from trainctl.cluster import ClusterInfo, NodeInfo, host_name
-    from trainctl.provisioning.base import Provider
+    from trainctl.provisioning.base import NodeRunner, Provider
+
+    class SimRunner(NodeRunner):
+        """A stand-in node, after the SSH round trips a real start costs."""
+
+        python = "python3"
+
+        def __init__(self, cluster: ClusterInfo, rank: int) -> None:
+            self.cluster, self.rank = cluster, rank
+
+        def start(self, argv: list[str], env: dict[str, str]) -> Any:
+            time.sleep(harness.rtt * STARTUP_ROUND_TRIPS)
+            node = SimNode(harness, self.cluster.job, self.cluster.attempt, self.rank)
+            harness.nodes[(self.cluster.attempt, self.rank)] = node
+            harness.started_at = time.monotonic()
+            return node
 
     class SimProvider(Provider):
         name = "sim"
 
-        def dry_run(self, spec: Any, job: str, attempt: int) -> list[dict[str, Any]]:
+        def dry_run(self, request: Any, job: str, attempt: int) -> list[dict[str, Any]]:
             return []
 
-        def provision(self, spec: Any, job: str, attempt: int) -> ClusterInfo:
+        def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
             nodes = [
                 NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=str(harness.root))
-                for r in range(spec.instance_count)
+                for r in range(request.instance_count)
             ]
             harness.provisioned_at = time.monotonic()
             return ClusterInfo(
                 job=job,
                 attempt=attempt,
                 provider="sim",
-                instance_type=spec.instance_type,
+                instance_type=request.instance_type,
                 nodes=nodes,
                 master_port=29500,
                 processes_per_host=1,
             )
 
-        def start_agent(
-            self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
-        ) -> Any:
-            time.sleep(harness.rtt * STARTUP_ROUND_TRIPS)
-            node = SimNode(harness, cluster.job, cluster.attempt, rank)
-            harness.nodes[(cluster.attempt, rank)] = node
-            harness.started_at = time.monotonic()
-            return node
-
-        def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-            return "python3"
+        def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
+            return SimRunner(cluster, rank)
 
         def terminate(self, job: str, *, grace: float) -> None:
             for node in list(harness.nodes.values()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tarfile
@@ -478,8 +479,8 @@ def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     from trainctl.spec.build import build_spec
 
     class BrokenNodes(LocalProvider):
-        def agent_python(self, cluster, rank):
-            return "/bin/false"
+        def node_runner(self, cluster, rank):
+            return dataclasses.replace(super().node_runner(cluster, rank), python="/bin/false")
 
     store = default_store()
     record = create_job(build_spec(entry_point=str(source("probe") / "probe.py")), store)

@@ -27,6 +27,7 @@ from trainctl.provisioning.remote import SshProvisionError
 from trainctl.provisioning.ssh import SshProvider, SshTeardownError
 from trainctl.spec.build import build_spec
 from trainctl.spec.capacity import SshHost
+from trainctl.spec.request import CapacityRequest
 
 pytestmark = pytest.mark.e2e
 
@@ -143,7 +144,7 @@ def test_provision_is_all_or_nothing_and_names_the_host(sshd, home, source, monk
     )
     provider = SshProvider()
     with pytest.raises(SshProvisionError) as raised:
-        provider.provision(spec, "job-half", 1)
+        provider.provision(CapacityRequest.of(spec), "job-half", 1)
     assert str(raised.value).startswith(
         f"cannot provision 1 ssh host(s): hosts[1]: root@127.0.0.9:{port}: cannot connect"
     )
@@ -170,9 +171,11 @@ def test_terminate_from_a_fresh_process_finds_the_hosts_in_its_record(sshd, home
         hosts=hosts_of(first, second),
     )
     provider = SshProvider()
-    cluster = provider.provision(spec, "orphaned-job", 1)
+    cluster = provider.provision(CapacityRequest.of(spec), "orphaned-job", 1)
     procs = [
-        provider.start_agent(cluster, r, [sys.executable, "-c", "import time; time.sleep(60)"], {})
+        provider.node_runner(cluster, r).start(
+            [sys.executable, "-c", "import time; time.sleep(60)"], {}
+        )
         for r in (0, 1)
     ]
     assert len(job_processes("orphaned-job")) >= 4  # a waiter and a sleeper per node
@@ -206,7 +209,7 @@ def test_dry_run_lists_the_requests_without_connecting(tmp_path, home, source):
             {"address": "10.0.0.7"},  # beyond instance_count: not used
         ],
     )
-    requests = SshProvider().dry_run(spec, "job-1", 1)
+    requests = SshProvider().dry_run(CapacityRequest.of(spec), "job-1", 1)
     assert requests == [
         {
             "service": "ssh",
@@ -260,7 +263,7 @@ def test_dry_run_lists_the_requests_without_connecting(tmp_path, home, source):
         },
     ]
     assert "SECRETKEYMATERIAL" not in json.dumps(requests)
-    cluster = SshProvider().planned_cluster(spec, "job-1", 1)
+    cluster = SshProvider().planned_cluster(CapacityRequest.of(spec), "job-1", 1)
     assert [n.address for n in cluster.nodes] == ["10.0.0.5", "10.0.0.6"]
     assert cluster.processes_per_host == 4  # the fewest GPUs of the hosts used
     assert cluster.network_env == {}  # not loopback: no interface pinning
@@ -276,6 +279,6 @@ def test_loopback_master_pins_the_loopback_interface(home, source):
         instance_count=1,
         hosts=[SshHost(address="127.0.0.2").model_dump()],
     )
-    cluster = SshProvider().planned_cluster(spec, "job-1", 1)
+    cluster = SshProvider().planned_cluster(CapacityRequest.of(spec), "job-1", 1)
     assert cluster.network_env["GLOO_SOCKET_IFNAME"] == "lo"
     assert cluster.processes_per_host == 1

@@ -31,6 +31,7 @@ from trainctl.provisioning.aws.clients import AwsError
 from trainctl.provisioning.aws.keys import ensure_key
 from trainctl.spec.build import build_spec
 from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 
 
 def _require(module: str) -> Any:
@@ -358,8 +359,8 @@ def test_provision_p4d_pair_sends_exactly_the_dry_run_and_tags_everything(aws: A
     subnet = aws.default_subnets()[0]
     spec = aws.spec(instance_type="p4d.24xlarge", instance_count=2, subnets=[subnet["SubnetId"]])
     provider = aws.provider()
-    planned = provider.dry_run(spec, "pair", 1)
-    cluster = provider.provision(spec, "pair", 1)
+    planned = provider.dry_run(CapacityRequest.of(spec), "pair", 1)
+    cluster = provider.provision(CapacityRequest.of(spec), "pair", 1)
 
     ec2 = aws.client("ec2")
     instances = sorted(job_instances(ec2, "pair"), key=lambda i: i["AmiLaunchIndex"])
@@ -434,7 +435,7 @@ def test_provision_p4d_pair_sends_exactly_the_dry_run_and_tags_everything(aws: A
 def test_spot_single_node_market_usage_and_spot_reclaim(aws: Aws) -> None:
     spec = aws.spec(use_spot_instances=True)
     provider = aws.provider()
-    cluster = provider.provision(spec, "solo", 1)
+    cluster = provider.provision(CapacityRequest.of(spec), "solo", 1)
     ec2 = aws.client("ec2")
     (instance,) = job_instances(ec2, "solo")
     assert instance["InstanceLifecycle"] == "spot"
@@ -469,7 +470,7 @@ def test_spot_single_node_market_usage_and_spot_reclaim(aws: Aws) -> None:
 def test_lost_nodes_kill_node_and_a_fresh_process(aws: Aws) -> None:
     spec = aws.spec(instance_count=3)
     provider = aws.provider()
-    cluster = provider.provision(spec, "trio", 1)
+    cluster = provider.provision(CapacityRequest.of(spec), "trio", 1)
     provider.kill_node(cluster, 1)
     lost = provider.lost_nodes(cluster)
     assert list(lost) == [1]
@@ -487,9 +488,11 @@ def test_lost_nodes_kill_node_and_a_fresh_process(aws: Aws) -> None:
 @pytest.mark.timeout(60)
 def test_provision_again_reuses_what_exists(aws: Aws) -> None:
     spec = aws.spec(instance_count=2)
-    first = aws.provider().provision(spec, "again", 1)
+    first = aws.provider().provision(CapacityRequest.of(spec), "again", 1)
     before = job_resources(aws, "again")
-    second = aws.provider().provision(spec, "again", 1)  # e.g. a controller that restarted
+    second = aws.provider().provision(
+        CapacityRequest.of(spec), "again", 1
+    )  # e.g. a controller that restarted
     assert second == first
     assert job_resources(aws, "again") == before
     assert aws.recorder.ops().count("RunInstances") == 1
@@ -501,12 +504,16 @@ def test_provision_again_reuses_what_exists(aws: Aws) -> None:
 @pytest.mark.timeout(60)
 def test_terminate_removes_every_resource_of_the_job_and_only_those(aws: Aws) -> None:
     provider = aws.provider()
-    provider.provision(aws.spec(instance_count=2), "gone", 1)
-    provider.provision(aws.spec(), "other", 1)
+    provider.provision(CapacityRequest.of(aws.spec(instance_count=2)), "gone", 1)
+    provider.provision(CapacityRequest.of(aws.spec()), "other", 1)
     assert all(job_resources(aws, "gone").values())
     # attempt 2 (after a relaunch) also goes
     provider.provision(
-        aws.spec(instance_count=2, subnets=[aws.default_subnets()[1]["SubnetId"]]), "gone", 2
+        CapacityRequest.of(
+            aws.spec(instance_count=2, subnets=[aws.default_subnets()[1]["SubnetId"]])
+        ),
+        "gone",
+        2,
     )
     provider.terminate("gone", grace=0)
     assert job_resources(aws, "gone") == {
@@ -530,7 +537,7 @@ def test_terminate_removes_every_resource_of_the_job_and_only_those(aws: Aws) ->
 @pytest.mark.timeout(60)
 def test_terminate_retries_the_security_group_until_its_instances_are_gone(aws: Aws) -> None:
     provider = aws.provider()
-    provider.provision(aws.spec(), "busy", 1)
+    provider.provision(CapacityRequest.of(aws.spec()), "busy", 1)
     refusals = []
 
     def in_use(params: dict[str, Any], **_: Any) -> None:
@@ -556,8 +563,10 @@ def test_without_cluster_placement_groups_none_is_asked_for(aws: Aws, monkeypatc
     aws.placement_api = False  # any placement-group call now fails in moto
     provider = aws.provider()
     spec = aws.spec(instance_count=2)
-    assert "CreatePlacementGroup" not in [r["operation"] for r in provider.dry_run(spec, "flat", 1)]
-    provider.provision(spec, "flat", 1)
+    assert "CreatePlacementGroup" not in [
+        r["operation"] for r in provider.dry_run(CapacityRequest.of(spec), "flat", 1)
+    ]
+    provider.provision(CapacityRequest.of(spec), "flat", 1)
     assert "Placement" not in aws.recorder.of("RunInstances")[0].params
     assert provider.find_leftovers(REGION, lambda job: False) != []
     provider.terminate("flat", grace=0)
@@ -584,7 +593,7 @@ def test_capacity_falls_back_over_subnets_then_types_then_on_demand(aws: Aws) ->
             aws.capacity.failing[("spot", t, s)] = "InsufficientInstanceCapacity"
     aws.capacity.failing[("spot", "g5.24xlarge", s2)] = "SpotMaxPriceTooLow"
     aws.capacity.failing[("on-demand", "g5.12xlarge", s1)] = "InsufficientInstanceCapacity"
-    cluster = aws.provider().provision(spec, "fall", 1)
+    cluster = aws.provider().provision(CapacityRequest.of(spec), "fall", 1)
     assert aws.capacity.launches == [
         ("spot", "g5.12xlarge", s1),
         ("spot", "g5.12xlarge", s2),
@@ -604,7 +613,9 @@ def test_capacity_falls_back_over_subnets_then_types_then_on_demand(aws: Aws) ->
 def test_capacity_retries_in_rounds_with_backoff(aws: Aws) -> None:
     s1, s2 = (s["SubnetId"] for s in aws.default_subnets()[:2])
     aws.capacity.fail_first = 3  # round 1 (two subnets) and the first of round 2
-    aws.provider().provision(aws.spec(subnets=[s1, s2], max_wait=3600), "rounds", 1)
+    aws.provider().provision(
+        CapacityRequest.of(aws.spec(subnets=[s1, s2], max_wait=3600)), "rounds", 1
+    )
     assert aws.capacity.launches == [("on-demand", "g5.xlarge", s) for s in (s1, s2, s1, s2)]
     assert aws.clock.sleeps[0] == 10.0  # the backoff after round 1
     assert len(set(aws.capacity.tokens)) == 4  # a later round is a new request, not a replay
@@ -621,7 +632,7 @@ def test_capacity_gives_up_at_max_wait_saying_what_was_tried(aws: Aws) -> None:
     )
     aws.capacity.fail_all = "InsufficientInstanceCapacity"
     with pytest.raises(CapacityError) as info:
-        aws.provider().provision(spec, "starved", 1)
+        aws.provider().provision(CapacityRequest.of(spec), "starved", 1)
     # rounds at t=0, 10, 30, 70; the next backoff (40 s) would pass max_wait (100 s)
     assert aws.clock.sleeps == [10.0, 20.0, 40.0]
     assert len(aws.capacity.launches) == 4 * 4
@@ -638,7 +649,7 @@ def test_capacity_gives_up_at_max_wait_saying_what_was_tried(aws: Aws) -> None:
 def test_a_launch_error_that_is_not_about_capacity_stops_at_once(aws: Aws) -> None:
     aws.capacity.fail_all = "InvalidParameterCombination"
     with pytest.raises(Exception) as info:
-        aws.provider().provision(aws.spec(), "bad", 1)
+        aws.provider().provision(CapacityRequest.of(aws.spec()), "bad", 1)
     assert "InvalidParameterCombination" in str(info.value)
     assert len(aws.capacity.launches) == 1 and aws.clock.sleeps == []
 
@@ -655,7 +666,9 @@ def test_nodes_that_die_while_booting_count_as_no_capacity_there(aws: Aws) -> No
 
     aws.hooks.append(("after-call.ec2.RunInstances", reclaim_first_launch))
     cluster = aws.provider().provision(
-        aws.spec(instance_count=2, use_spot_instances=True, subnets=[s1, s2]), "flaky", 1
+        CapacityRequest.of(aws.spec(instance_count=2, use_spot_instances=True, subnets=[s1, s2])),
+        "flaky",
+        1,
     )
     assert aws.capacity.launches == [("spot", "g5.xlarge", s1), ("spot", "g5.xlarge", s2)]
     running = job_instances(aws.client("ec2"), "flaky")
@@ -675,7 +688,7 @@ def test_nodes_that_never_run_are_ended_at_the_boot_timeout(aws: Aws) -> None:
 
     aws.hooks.append(("after-call.ec2.DescribeInstances", stuck_pending))
     with pytest.raises(AwsError) as info:
-        aws.provider().provision(aws.spec(instance_count=2), "stuck", 1)
+        aws.provider().provision(CapacityRequest.of(aws.spec(instance_count=2)), "stuck", 1)
     assert "timed out after 60 s waiting for the nodes to run" in str(info.value)
     assert 55 <= aws.clock.now <= 61  # polled on the fake clock, every poll_seconds
     assert job_instances(aws.client("ec2"), "stuck") == []  # all or nothing
@@ -684,10 +697,10 @@ def test_nodes_that_never_run_are_ended_at_the_boot_timeout(aws: Aws) -> None:
 @pytest.mark.timeout(60)
 def test_provision_again_after_losing_a_node_relaunches_all_with_a_new_token(aws: Aws) -> None:
     spec = aws.spec(instance_count=2)
-    first = aws.provider().provision(spec, "partial", 1)
+    first = aws.provider().provision(CapacityRequest.of(spec), "partial", 1)
     lost = job_instances(aws.client("ec2"), "partial")[0]["InstanceId"]
     aws.client("ec2").terminate_instances(InstanceIds=[lost])
-    second = aws.provider().provision(spec, "partial", 1)
+    second = aws.provider().provision(CapacityRequest.of(spec), "partial", 1)
     assert [n.address for n in second.nodes] != [n.address for n in first.nodes]
     running = job_instances(aws.client("ec2"), "partial")
     assert len(running) == 2 and lost not in {i["InstanceId"] for i in running}
@@ -699,7 +712,7 @@ def test_provision_again_after_losing_a_node_relaunches_all_with_a_new_token(aws
 
 def preflight_error(aws: Aws, spec: JobSpec) -> SpecError:
     with pytest.raises(SpecError) as info:
-        aws.provider().preflight(spec)
+        aws.provider().preflight(CapacityRequest.of(spec))
     error = info.value
     assert "\n" not in str(error)
     assert aws.recorder.mutating() == [], "preflight only reads"
@@ -709,7 +722,7 @@ def preflight_error(aws: Aws, spec: JobSpec) -> SpecError:
 @pytest.mark.timeout(60)
 def test_preflight_passes_a_good_spec_with_reads_only(aws: Aws) -> None:
     spec = aws.spec(instance_type="p4d.24xlarge", fallback_instance_types=["g5.48xlarge"])
-    aws.provider().preflight(spec)
+    aws.provider().preflight(CapacityRequest.of(spec))
     assert aws.recorder.mutating() == []
     assert {"GetCallerIdentity", "GetInstanceProfile", "DescribeImages"} <= {
         c.operation for c in aws.recorder.calls
@@ -740,7 +753,9 @@ def test_preflight_instance_profile_missing_or_unknown(aws: Aws) -> None:
     arn = "arn:aws:iam::123456789012:instance-profile/nope"
     assert preflight_error(aws, aws.spec(instance_profile=arn)).field == "instance_profile"
     aws.provider().preflight(
-        aws.spec(instance_profile=f"arn:aws:iam::123456789012:instance-profile/{PROFILE}")
+        CapacityRequest.of(
+            aws.spec(instance_profile=f"arn:aws:iam::123456789012:instance-profile/{PROFILE}")
+        )
     )
 
 
@@ -764,7 +779,9 @@ def test_preflight_image_not_found(aws: Aws) -> None:
     error = preflight_error(aws, aws.spec(image_id="resolve:ssm:/trainctl-test/no-such-ami"))
     assert error.field == "image_id" and "/trainctl-test/no-such-ami" in str(error)
     aws.client("ssm").put_parameter(Name="/trainctl-test/ami", Value=IMAGE, Type="String")
-    aws.provider().preflight(aws.spec(image_id="resolve:ssm:/trainctl-test/ami"))
+    aws.provider().preflight(
+        CapacityRequest.of(aws.spec(image_id="resolve:ssm:/trainctl-test/ami"))
+    )
 
 
 @pytest.mark.timeout(60)
@@ -822,8 +839,8 @@ def test_preflight_failure_creates_nothing(aws: Aws) -> None:
 @pytest.mark.timeout(60)
 def test_find_and_delete_leftovers_of_jobs_that_are_over(aws: Aws) -> None:
     provider = aws.provider()
-    provider.provision(aws.spec(instance_count=2), "done-job", 1)
-    provider.provision(aws.spec(), "live-job", 1)
+    provider.provision(CapacityRequest.of(aws.spec(instance_count=2)), "done-job", 1)
+    provider.provision(CapacityRequest.of(aws.spec()), "live-job", 1)
     asked: list[str] = []
 
     def is_live(job: str) -> bool:
@@ -847,33 +864,39 @@ def test_find_and_delete_leftovers_of_jobs_that_are_over(aws: Aws) -> None:
 @pytest.mark.timeout(60)
 def test_hourly_cost(aws: Aws) -> None:
     provider = aws.provider()
-    on_demand = provider.hourly_cost(aws.spec(instance_type="p4d.24xlarge", instance_count=2))
+    on_demand = provider.hourly_cost(
+        CapacityRequest.of(aws.spec(instance_type="p4d.24xlarge", instance_count=2))
+    )
     assert on_demand == pytest.approx(2 * 32.7726)
-    assert provider.hourly_cost(aws.spec(region="eu-west-1")) is None
-    spot = provider.hourly_cost(aws.spec(use_spot_instances=True, instance_count=4))
+    assert provider.hourly_cost(CapacityRequest.of(aws.spec(region="eu-west-1"))) is None
+    spot = provider.hourly_cost(
+        CapacityRequest.of(aws.spec(use_spot_instances=True, instance_count=4))
+    )
     assert spot == pytest.approx(4 * 0.00001)
     subnets = [s["SubnetId"] for s in aws.default_subnets()[:2]]
-    spot = provider.hourly_cost(aws.spec(use_spot_instances=True, subnets=subnets))
+    spot = provider.hourly_cost(
+        CapacityRequest.of(aws.spec(use_spot_instances=True, subnets=subnets))
+    )
     assert spot == pytest.approx(0.00001)
 
 
 @pytest.mark.timeout(60)
 def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
     provider = aws.provider()
-    cluster = provider.provision(aws.spec(instance_count=2), "ssh", 1)
+    cluster = provider.provision(CapacityRequest.of(aws.spec(instance_count=2)), "ssh", 1)
     instances = sorted(job_instances(aws.client("ec2"), "ssh"), key=lambda i: i["AmiLaunchIndex"])
     target = provider.ssh_target(cluster, 1)
     assert target.address == instances[1]["PublicIpAddress"] and target.port == 22
     assert target.user == "ubuntu" and target.python == "/opt/pytorch/bin/python"
     assert target.key_file == str(aws.src.parent / "home" / "ssh" / "id_ed25519")
     assert target.gpus == 1
-    assert provider.agent_python(cluster, 0) == "/opt/pytorch/bin/python"
+    assert provider.node_runner(cluster, 0).python == "/opt/pytorch/bin/python"
 
     monkeypatch.setenv("TRAINCTL_SSH_ADDRESS_OVERRIDE", '["127.0.0.2:2201", "127.0.0.3:2202"]')
     target = provider.ssh_target(cluster, 1)
     assert (target.address, target.port) == ("127.0.0.3", 2202)
     assert target.gpus == 0  # a stand-in host has no GPU of its own
-    again = aws.provider().provision(aws.spec(instance_count=2), "ssh", 1)
+    again = aws.provider().provision(CapacityRequest.of(aws.spec(instance_count=2)), "ssh", 1)
     assert [n.address for n in again.nodes] == ["127.0.0.2", "127.0.0.3"]
     assert again.network_env["GLOO_SOCKET_IFNAME"] == "lo"
     # the stand-ins share this machine: each node gets its own layout root, not /opt/ml
@@ -884,23 +907,14 @@ def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
     assert all(Path(n.root).is_dir() for n in again.nodes)
     assert {n.root for n in cluster.nodes} == {"/"}  # real instances (no override)
 
-    started: list[tuple[Any, ...]] = []
-
-    def start_agent_on(host: Any, cluster: Any, rank: int, argv: list[str], env: dict, **kw):
-        started.append((host, rank, argv, env, kw))
-        return "process"
-
-    import trainctl.provisioning.remote as ssh_module
-
-    monkeypatch.setattr(ssh_module, "start_agent_on", start_agent_on)
-    assert provider.start_agent(again, 0, ["python", "-m", "agent"], {"X": "1"}) == "process"
-    ((host, rank, argv, env, options),) = started
-    assert argv == ["python", "-m", "agent"]
-    assert (host.address, host.port, rank) == ("127.0.0.2", 2201, 0)
+    runner = provider.node_runner(again, 0)
+    host = runner.target() if callable(runner.target) else runner.target
+    assert (host.address, host.port, runner.rank) == ("127.0.0.2", 2201, 0)
     # Never halt a stand-in host (it is the machine the tests run on).
-    assert env == {"TRAINCTL_IMDS": "1", "X": "1"}
-    assert options["wait_for_marker"] is False  # stand-in hosts run no user data
-    assert options["known_hosts"] == provider.known_hosts("ssh")
+    assert runner.agent_env == {"TRAINCTL_IMDS": "1"}
+    assert runner.wait_for_marker is False  # stand-in hosts run no user data
+    assert runner.retry_auth is True  # a new instance may not have its key in place yet
+    assert runner.known_hosts == provider.known_hosts("ssh")
     provider.terminate("ssh", grace=0)
     assert not nodes.exists(), "terminate removes the stand-in node roots"
 

@@ -20,6 +20,7 @@ from trainctl.provisioning.aws.pricing import on_demand_price
 from trainctl.provisioning.aws.provider import parse_override
 from trainctl.spec.build import build_spec
 from trainctl.spec.catalog import CATALOG
+from trainctl.spec.request import CapacityRequest
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ACCESS_KEY = "AKIAIOSFODNN7EXAMPLE"
@@ -69,7 +70,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def plan(src: Path, job: str = "demo", **fields: Any) -> list[dict[str, Any]]:
     spec = build_spec(entry_point="train.py", source_dir=str(src), **fields)
-    requests = get_provider(spec.instance_type).dry_run(spec, job, 1)
+    requests = get_provider(spec.instance_type).dry_run(CapacityRequest.of(spec), job, 1)
     text = json.dumps(requests)  # JSON as the CLI prints it; no secret in it
     assert SECRET not in text and ACCESS_KEY not in text and "SESSIONTOKEN" not in text
     return requests
@@ -252,12 +253,14 @@ def test_on_demand_p4d_x2_has_four_efa_interfaces_and_a_placement_group(env: Pat
         "demo", 1, rq.LaunchChoice(rq.ON_DEMAND, "p4d.24xlarge", SUBNET_A), 1
     )
     cluster = get_provider("p4d.24xlarge").planned_cluster(
-        build_spec(
-            entry_point="train.py",
-            source_dir=str(env),
-            instance_type="p4d.24xlarge",
-            instance_count=2,
-            instance_profile="trainctl-node",
+        CapacityRequest.of(
+            build_spec(
+                entry_point="train.py",
+                source_dir=str(env),
+                instance_type="p4d.24xlarge",
+                instance_count=2,
+                instance_profile="trainctl-node",
+            )
         ),
         "demo",
         1,
@@ -365,7 +368,8 @@ def test_launch_choices_order_and_markets(env: Path) -> None:
             **fields,
         )
         return [
-            (c.market, c.instance_type, c.subnet) for c in rq.launch_choices(spec, ["s1", "s2"])
+            (c.market, c.instance_type, c.subnet)
+            for c in rq.launch_choices(CapacityRequest.of(spec), ["s1", "s2"])
         ]
 
     assert choices() == [("on-demand", "g5.xlarge", "s1"), ("on-demand", "g5.xlarge", "s2")]

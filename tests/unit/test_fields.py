@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
 import typer
 
+from tests.helpers import FIXTURES
 from trainctl.cli.app import app
 from trainctl.estimator import Estimator
 from trainctl.sagemaker._compat import PASSED, SAGEMAKER_ARGUMENTS, SIGNATURE
@@ -137,3 +139,66 @@ def _submitted(monkeypatch, argv: list[str]):
     monkeypatch.setattr(build, "build_spec", capture)
     result = CliRunner().invoke(app, ["submit", *argv])
     return result, seen.get("spec")
+
+
+def _base_type(annotation: Any) -> Any:
+    """A field's type without its Annotated metadata (the door, constraints)."""
+    import typing
+
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def test_a_capacity_request_is_a_view_of_job_fields() -> None:
+    """A provider's request declares no field of its own: each is a JobSpec field of the
+    same name and type, the provider blocks' too (a property where JobSpec computes it)."""
+    import typing
+
+    from trainctl.spec.job import JobSpec
+    from trainctl.spec.request import BLOCKS, CapacityRequest
+
+    hints = typing.get_type_hints(JobSpec, include_extras=False)
+    views = [CapacityRequest, *BLOCKS.values()]
+    for view in views:
+        own = typing.get_type_hints(view)
+        for name in view.model_fields:
+            if name in BLOCKS:
+                continue
+            assert name in JobSpec.model_fields, f"{view.__name__}.{name} is no job field"
+            assert _base_type(own[name]) == _base_type(hints[name]), (
+                f"{view.__name__}.{name}: {own[name]} vs {hints[name]}"
+            )
+
+
+def test_a_capacity_request_carries_the_spec_and_resizes_without_touching_it() -> None:
+    from trainctl.spec.build import build_spec
+    from trainctl.spec.request import CapacityRequest
+
+    spec = build_spec(
+        entry_point="probe.py",
+        source_dir=str(FIXTURES / "probe"),
+        instance_type="p3.2xlarge",
+        fallback_instance_types=["g5.xlarge"],
+        instance_count=4,
+        min_instance_count=2,
+        use_spot_instances=True,
+        subnets=["subnet-0123456789abcdef0"],
+        volume_size=50,
+        instance_profile="trainer",
+        output_path="s3://bucket/out",
+    )
+    request = CapacityRequest.of(spec)
+    assert request.instance_types == ["p3.2xlarge", "g5.xlarge"]
+    assert (request.instance_count, request.use_spot_instances) == (4, True)
+    assert request.aws.subnets == ["subnet-0123456789abcdef0"]
+    assert request.aws.root_volume_gb == 50 == spec.root_volume_gb
+    assert request.aws.instance_profile == "trainer"
+    assert request.output_path == "s3://bucket/out"
+    smaller = request.with_count(2).with_max_wait(0.4)
+    assert (smaller.instance_count, smaller.max_wait) == (2, 1)
+    assert request.instance_count == spec.instance_count == 4  # the job keeps its full size
+    # nothing of the job's script, hyperparameters or secrets reaches a provider
+    dumped = request.model_dump()
+    for private in ("entry_point", "hyperparameters", "environment", "secret_env"):
+        assert private not in dumped

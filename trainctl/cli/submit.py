@@ -429,9 +429,11 @@ def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) 
     result: dict[str, Any] = plan_job(spec, store) if dry_run else {}
     if estimate:
         from trainctl.provisioning.base import Billing
+        from trainctl.spec.request import CapacityRequest
 
         provider = get_provider(spec.instance_type, spec.region)
-        hourly = provider.hourly_cost(spec) if isinstance(provider, Billing) else None
+        request = CapacityRequest.of(spec)
+        hourly = provider.hourly_cost(request) if isinstance(provider, Billing) else None
         result["estimate"] = {
             "instance_type": spec.instance_type,
             "instance_count": spec.instance_count,

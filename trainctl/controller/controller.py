@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import signal
 import sys
 import threading
@@ -23,24 +22,23 @@ from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import (
     AttemptEnd,
     LiveNode,
-    count_step,
     count_steps_lost,
     settle_steps_lost,
 )
+from trainctl.controller.capacity import CapacitySizer, StoppedWaiting
 from trainctl.controller.faults import FaultSchedule
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
-from trainctl.errors import NotFoundError, UnrunnableJobError
-from trainctl.metrics import MetricRecorder, numeric_metrics
+from trainctl.controller.takeover import adopt_attempt, went_with_the_controller
+from trainctl.controller.telemetry import Telemetry
+from trainctl.errors import UnrunnableJobError
 from trainctl.protocol import EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import (
     Billing,
-    CapacityProbe,
     FaultInjection,
-    NoCapacityError,
     Provider,
     WarmPools,
     WarmStart,
@@ -85,10 +83,6 @@ class LeaseLost(Exception):
 class HandedOff(Exception):
     """The terminal this controller printed to closed (SIGHUP): a detached controller runs
     the job from here on, adopting its nodes; this one lets go of it."""
-
-
-class StoppedWaiting(Exception):
-    """A stop request (or max_run/max_wait) came while an attempt waited for capacity."""
 
 
 @dataclass
@@ -145,7 +139,6 @@ class Controller:
         self._startup: dict[str, float] | None = None
         self._attempt_started = 0.0
         self._job_started = time.monotonic()
-        self._saved_progress: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
         # Earlier attempts whose loss was counted from a resume guessed (rank 0 stepped
@@ -155,10 +148,15 @@ class Controller:
         # Each fault fires once, in the first attempt that trains long enough.
         self._faults = FaultSchedule(self.record.spec.parsed_faults)
         self._lease: Lease | None = None
-        self._metric_patterns = [
-            (m.Name, re.compile(m.Regex)) for m in self.record.spec.metric_definitions
-        ]
-        self._metric_recorder = MetricRecorder()  # values not yet in the store
+        self.telemetry = Telemetry(self.jobs, self.record, self._info)
+        self.capacity = CapacitySizer(
+            self.provider,
+            self.jobs,
+            self.record,
+            self.settings,
+            should_stop=lambda: self.jobs.stop_requested() or self._time_limit_reached(),
+            info=self._info,
+        )
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -317,7 +315,7 @@ class Controller:
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
         self._attempt_started = time.monotonic()
-        cluster, resized = self._provision(attempt)
+        cluster, resized = self.capacity.provision(attempt)
         self._startup = {"capacity": time.monotonic() - self._attempt_started}
         self.store.put_text(self.jobs.keys.cluster(attempt), cluster.model_dump_json(indent=2))
         self.record.attempts.append(
@@ -339,73 +337,6 @@ class Controller:
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
         return self._watch(cluster, nodes)
-
-    def _provision(self, attempt: int) -> tuple[ClusterInfo, str | None]:
-        """The attempt's nodes, and how its size changed (None: it did not). An elastic job
-        (min_instance_count) asks for its full size for elastic_wait_seconds, then for
-        fewer, down to its minimum; at the minimum it waits as any job does."""
-        spec = self.record.spec
-        if not spec.elastic:
-            return self._until_capacity(
-                lambda: self.provider.provision(spec, self.name, attempt)
-            ), None
-        full = spec.instance_count
-        before = len(self.record.attempts[-1].nodes) if self.record.attempts else full
-        wait = self.settings.elastic_wait_seconds
-        deadline = time.monotonic() + wait
-        last: Exception | None = None
-        while True:  # the full size, for as long as elastic_wait_seconds allows
-            try:
-                cluster = self._provision_size(full, deadline - time.monotonic(), attempt)
-                return cluster, self._resized(full, before, "capacity is back")
-            except NoCapacityError as exc:
-                last = exc
-            if time.monotonic() >= deadline or self.jobs.stop_requested():
-                break
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-        why = f"no capacity for {full} node(s) within {wait:.0f} s ({last})"
-        for size in range(full - 1, spec.min_nodes - 1, -1):
-            try:
-                cluster = self._provision_size(size, 1.0, attempt)
-            except NoCapacityError as exc:
-                last = exc
-                continue
-            return cluster, self._resized(size, before, why)
-        # At its minimum an elastic job waits for capacity as any job does.
-        cluster = self._until_capacity(lambda: self._provision_size(spec.min_nodes, wait, attempt))
-        return cluster, self._resized(spec.min_nodes, before, why)
-
-    def _until_capacity(self, provision: Callable[[], ClusterInfo]) -> ClusterInfo:
-        """provision() again while there is no capacity (a provider that waits itself, as
-        EC2's capacity rounds, returns or raises after its own wait), until a stop request,
-        max_wait or max_run ends the job."""
-        waiting = False
-        while True:
-            try:
-                return provision()
-            except NoCapacityError as exc:
-                if reason := self.jobs.stop_requested() or self._time_limit_reached():
-                    raise StoppedWaiting(f"{reason} (while waiting for capacity: {exc})") from None
-                if not waiting:
-                    waiting = True
-                    self.jobs.event("waiting_for_capacity", why=str(exc))
-                    self._info(f"waiting for capacity: {exc}")
-                time.sleep(2.0)
-
-    def _provision_size(self, nodes: int, wait: float, attempt: int) -> ClusterInfo:
-        """`nodes` of the job's spec, the provider's capacity retries bounded by `wait`."""
-        spec = self.record.spec.model_copy(
-            update={"instance_count": nodes, "max_wait": max(1, int(wait))}
-        )
-        return self.provider.provision(spec, self.name, attempt)
-
-    def _resized(self, nodes: int, before: int, why: str) -> str | None:
-        full = self.record.spec.instance_count
-        if nodes < before:
-            return f"shrunk to {nodes} of {full} node(s): {why}"
-        if nodes > before:
-            return f"grown to {nodes} of {full} node(s): {why}"
-        return None
 
     def _warm_started(self, attempt: int, warm: WarmStart) -> None:
         from trainctl.controller.usage import record_idle
@@ -446,9 +377,9 @@ class Controller:
         env = agent_env(self.settings)
 
         def start(rank: int) -> RunningProcess:
-            python = self.provider.agent_python(cluster, rank)
-            argv = agent_argv(python, self.store.uri, self.name, cluster.attempt, rank)
-            return self.provider.start_agent(cluster, rank, argv, env)
+            runner = self.provider.node_runner(cluster, rank)
+            argv = agent_argv(runner.python, self.store.uri, self.name, cluster.attempt, rank)
+            return runner.start(argv, env)
 
         ranks = [node.rank for node in cluster.nodes]
         workers = max(1, min(START_CONCURRENCY, len(ranks)))
@@ -464,44 +395,17 @@ class Controller:
         that finished are recorded from their results, nodes still alive are adopted (their
         logs, progress and results followed through the store: no step lost, no relaunch),
         and when every node is gone the attempt ends with cause "controller lost"."""
-        from trainctl.transport.store import StoreFollower
-
         current = self.record.attempts[-1]
         self.jobs.event("takeover", attempt=current.number, **self._lease_holder())
         self._info(f"job {self.name}: taking over attempt {current.number} from a lost controller")
-        try:
-            cluster = ClusterInfo.model_validate_json(
-                self.store.get_text(self.jobs.keys.cluster(current.number))
-            )
-        except NotFoundError:  # it died before its nodes were started
+        adopted = adopt_attempt(
+            self.store, self.jobs, current, self.provider, self.settings, self.log_offsets
+        )
+        if adopted is None:
             return AttemptEnd("interrupted", "controller lost")
-        provider = self.provider
-        killer = provider if isinstance(provider, FaultInjection) else None
-        procs: dict[int, StoreFollower] = {
-            node.rank: StoreFollower(
-                self.store,
-                self.name,
-                cluster.attempt,
-                node.rank,
-                lost_after=self.settings.heartbeat_timeout_seconds,
-                kill=(lambda rank=node.rank: killer.kill_node(cluster, rank)) if killer else None,
-                log_offset=self.log_offsets.get((cluster.attempt, node.rank), 0),
-            )
-            for node in cluster.nodes
-        }
-        states = {rank: proc.state() for rank, proc in procs.items()}
-        for proc in procs.values():  # the progress the dead controller had not saved
-            status = proc.status() or {}
-            if isinstance(status.get("step"), int):
-                count_step(current, "step", status["step"])
-            if isinstance(status.get("checkpoint"), int):
-                count_step(current, "checkpoint", status["checkpoint"])
-        if all(state == "gone" for state in states.values()):
-            return AttemptEnd("interrupted", "controller lost")
-        end = self._watch(cluster, self._follow(cluster, dict(procs)))
-        if end.outcome == "interrupted" and not any(
-            proc.beats_after_adoption or proc.result() for proc in procs.values()
-        ):  # their last heartbeats were still fresh, but they had gone with the controller
+        cluster, followers = adopted
+        end = self._watch(cluster, self._follow(cluster, dict(followers)))
+        if end.outcome == "interrupted" and went_with_the_controller(followers):
             return AttemptEnd("interrupted", "controller lost")
         return end
 
@@ -569,7 +473,7 @@ class Controller:
             self._on_line(rank, line)
             return
         earlier = self.record.attempts[attempt - 1]
-        if not self._progress_message(earlier, rank, msg):
+        if not self.telemetry.progress_message(earlier, rank, msg):
             return
         resumed = self.record.attempts[-1].resumed_from_step
         if earlier.steps_lost is not None and resumed is not None:
@@ -593,7 +497,7 @@ class Controller:
             if self._lease is not None and self._lease.lost.is_set():
                 raise LeaseLost(self.name)
             if self._hung_up:
-                self._save_progress()
+                self.telemetry.save_progress()
                 raise HandedOff(self.name)
             line, now = self._take_line(cluster, nodes, watch)
             if line is not None and now < watch.next_checks:
@@ -605,7 +509,7 @@ class Controller:
             self._mark_lost(nodes, now, watch)
             if now >= watch.next_save:  # progress (steps, metrics) visible to `status`
                 watch.next_save = now + RECORD_SAVE_SECONDS
-                self._save_progress()
+                self.telemetry.save_progress()
             end = self._verdict(cluster, nodes, now, watch)
             if end is not None:
                 return end
@@ -716,93 +620,27 @@ class Controller:
             return AttemptEnd("failed", hang, exit_code=1)
         return None
 
-    def _record_metric(
-        self,
-        name: str,
-        value: float,
-        rank: int,
-        step: int | None = None,
-        attempt: Attempt | None = None,
-    ) -> None:
-        """A metric value of `attempt` (default: the current one): every value (thinned past
-        a cap) in the history, and the latest in the record unless it is an earlier
-        attempt's line still draining."""
-        current = self.record.attempts[-1] if self.record.attempts else None
-        attempt = attempt or current
-        if step is None and attempt is not None:
-            step = attempt.last_step
-        if attempt is current:
-            self.record.metrics[name] = value
-        self._metric_recorder.add(
-            name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
-        )
-
-    def _progress_message(self, attempt: Attempt, rank: int, msg: dict[str, Any]) -> bool:
-        """A step/checkpoint/preempted message: its step counted and its metric values
-        recorded for `attempt`. False if the message is not one."""
-        step = msg.get("step")
-        if msg.get("event") not in ("step", "checkpoint", "preempted") or not isinstance(step, int):
-            return False
-        count_step(attempt, msg["event"], step)
-        for name, value in numeric_metrics(msg.get("metrics")).items():
-            self._record_metric(name, value, rank, step=step, attempt=attempt)
-        return True
-
     def _grow_if_capacity(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
     ) -> None:
         """An elastic job below its full size, once the provider has room for more: every
         node gets an interruption notice, checkpoints and exits, and the next attempt is
         provisioned at the larger size (growing happens at a checkpoint boundary)."""
-        spec = self.record.spec
-        size = len(cluster.nodes)
-        if not spec.elastic or size >= spec.instance_count or self._growing or self._notices:
+        if self._growing or self._notices or self._training_started is None:
             return
-        if self._training_started is None or any(n.lost for n in nodes.values()):
+        if any(n.lost for n in nodes.values()):
             return
-        try:
-            available = (
-                self.provider.available_nodes(spec, self.name)
-                if isinstance(self.provider, CapacityProbe)
-                else None
-            )
-        except Exception:  # asking is best effort: the next check asks again
+        why = self.capacity.growth(len(cluster.nodes), now - self._training_started)
+        if why is None:
             return
-        if available is None:
-            # A provider that cannot tell without launching (EC2): every
-            # elastic_probe_seconds of training, try the full size again (a checkpoint and
-            # a relaunch; without the capacity the next attempt shrinks back).
-            if now - self._training_started < self.settings.elastic_probe_seconds:
-                return
-            self._growing = f"growing: trying for {spec.instance_count} node(s) again"
-        elif available <= size:
-            return
-        else:
-            grow_to = min(available, spec.instance_count)
-            self._growing = f"growing: capacity for {grow_to} node(s) is back"
-        self.jobs.event("growing", attempt=cluster.attempt, why=self._growing)
-        self._info(f"attempt {cluster.attempt}: {self._growing}; checkpointing to relaunch")
+        self._growing = why
+        self.jobs.event("growing", attempt=cluster.attempt, why=why)
+        self._info(f"attempt {cluster.attempt}: {why}; checkpointing to relaunch")
         for rank in nodes:
             self.store.put_text(
-                self.jobs.keys.notice(cluster.attempt, rank),
-                json.dumps({"source": self._growing}),
+                self.jobs.keys.notice(cluster.attempt, rank), json.dumps({"source": why})
             )
             self._notices.setdefault(rank, now)
-
-    def _save_metric_points(self) -> None:
-        try:
-            self.jobs.save_metric_points(self._metric_recorder.take())
-        except Exception as exc:  # a metric flush must not end the job
-            self._info(f"could not save metrics: {exc}")
-
-    def _save_progress(self) -> None:
-        """Save the record if steps or metrics moved since the last save (a store PUT each),
-        and the metric points seen since."""
-        self._save_metric_points()
-        progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
-        if progress != self._saved_progress:
-            self._saved_progress = progress
-            self.jobs.save(self.record)
 
     def _time_limit_reached(self) -> str | None:
         """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
@@ -891,7 +729,7 @@ class Controller:
         elif event == "restored":
             attempt.restored = attempt.restored or Restored()
             attempt.restored.add(msg)
-        elif self._progress_message(attempt, node.rank, msg):
+        elif self.telemetry.progress_message(attempt, node.rank, msg):
             if attempt.resumed_from_step is None and node.rank == 0:
                 # Stepping without a resume: from scratch. Only rank 0's stream tells: its
                 # `resumed` comes before its steps, but another node's `checkpoint` travels
@@ -981,13 +819,7 @@ class Controller:
 
     def _on_line(self, rank: int, line: str) -> None:
         self._print(lambda printer: printer.node_line(rank, line))
-        for metric, pattern in self._metric_patterns:
-            if (m := pattern.search(line)) is not None:
-                try:
-                    value = float(m.group(1))
-                except (TypeError, ValueError, IndexError):
-                    continue
-                self._record_metric(metric, value, rank)
+        self.telemetry.log_line(rank, line)
 
     def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float, why: str) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure. The
@@ -1026,7 +858,7 @@ class Controller:
                 elif msg.get("event") == "diagnosis":
                     self._diagnosis(self.record.attempts[-1], msg)
                 else:  # the last steps and their metric values before the nodes stopped
-                    self._progress_message(self.record.attempts[-1], rank, msg)
+                    self.telemetry.progress_message(self.record.attempts[-1], rank, msg)
 
     def _complete(self) -> None:
         out = output_store(self.record)
@@ -1065,7 +897,7 @@ class Controller:
                 output_store(rec).put_text("failure", text)
             except Exception:
                 pass
-        self._save_metric_points()
+        self.telemetry.save_metric_points()
         detail_fields = {
             k: v for k, v in {"reason": reason, "stop_reason": stop_reason}.items() if v
         }

@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.redact import Redactor, redact_env
 from trainctl.spec.job import JobSpec
 from trainctl.store import Store
+
+if TYPE_CHECKING:
+    from trainctl.provisioning.base import NodeRunner
 
 
 def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, Any]:
@@ -62,19 +65,14 @@ def _node_env(spec: JobSpec, cluster: ClusterInfo, rank: int, extra: dict[str, s
 
 
 def _agent_command(
-    provider: Any, cluster: ClusterInfo, rank: int, store_uri: str, python: str
+    runner: NodeRunner, cluster: ClusterInfo, rank: int, store_uri: str
 ) -> list[str]:
     """What starts the node's agent: the agent itself, or the engine command that runs it in
     the job's image."""
-    from trainctl.provisioning.base import ContainerNodes
+    from trainctl.spec.settings import get_settings
 
-    argv = agent_argv(python, store_uri, cluster.job, cluster.attempt, rank)
-    if isinstance(provider, ContainerNodes) and provider.runs_in_container(cluster.job):
-        from trainctl.spec.settings import get_settings
-
-        names = set(agent_env(get_settings()))
-        return provider.container_argv(cluster, rank, argv, names)
-    return argv
+    argv = agent_argv(runner.python, store_uri, cluster.job, cluster.attempt, rank)
+    return runner.command(argv, set(agent_env(get_settings())))
 
 
 def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
@@ -82,6 +80,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     from trainctl.controller.submit import default_store, generate_job_name, validate_offline
     from trainctl.launcher import build_node_command
     from trainctl.provisioning import get_provider
+    from trainctl.spec.request import CapacityRequest
     from trainctl.spec.settings import get_settings
 
     store = store or default_store()
@@ -105,25 +104,26 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
             }
         )
         spec = spec.model_copy(update={"image_uri": build.image})
-    requests += provider.dry_run(spec, name, 1)
-    cluster = provider.planned_cluster(spec, name, 1)
+    capacity_request = CapacityRequest.of(spec)
+    requests += provider.dry_run(capacity_request, name, 1)
+    cluster = provider.planned_cluster(capacity_request, name, 1)
     nodes = []
     for node in cluster.nodes:
-        python = provider.agent_python(cluster, node.rank)
-        command = build_node_command(spec, cluster, node.rank, python=python)
+        runner = provider.node_runner(cluster, node.rank)
+        command = build_node_command(spec, cluster, node.rank, python=runner.python)
         nodes.append(
             {
                 "rank": node.rank,
                 "host": node.host,
                 "address": node.address,
-                "agent": _agent_command(provider, cluster, node.rank, store.uri, python),
+                "agent": _agent_command(runner, cluster, node.rank, store.uri),
                 "command": command.argv,
                 "env": _node_env(spec, cluster, node.rank, command.env),
             }
         )
     from trainctl.provisioning.base import WarmPools
 
-    capacity = provider.capacity_plan(spec) if isinstance(provider, WarmPools) else None
+    capacity = provider.capacity_plan(capacity_request) if isinstance(provider, WarmPools) else None
     # (a secret hyperparameter is in each node's command line and SM_HPS too)
     return Redactor.for_spec(spec).tree(
         {

@@ -151,11 +151,12 @@ def _tree_size(path: Path) -> int:
 def preflight(spec: JobSpec, store_uri: str) -> None:
     """Checks that need the outside world, done before anything is uploaded or started."""
     from trainctl.provisioning import get_provider
+    from trainctl.spec.request import CapacityRequest
 
     validate_offline(spec, store_uri)
     check_reachable(store_uri, "TRAINCTL_STORE")
     check_controller_reachable(target_of(spec, store_uri))
-    get_provider(spec.instance_type, spec.region).preflight(spec)
+    get_provider(spec.instance_type, spec.region).preflight(CapacityRequest.of(spec))
     for name, uri in sorted(spec.inputs.items()):
         if uri.startswith("s3://"):
             check_readable(uri, f"inputs.{name}")

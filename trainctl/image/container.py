@@ -33,7 +33,7 @@ from trainctl.errors import SpecError, one_line
 from trainctl.image.engine import Engine
 
 if TYPE_CHECKING:
-    from trainctl.spec.job import JobSpec
+    from trainctl.spec.request import CapacityRequest
 
 JOB_LABEL = "trainctl.job"
 ATTEMPT_LABEL = "trainctl.attempt"
@@ -236,7 +236,7 @@ def _last_line(output: bytes) -> str:
     return one_line(lines[-1]) if lines else "no error output"
 
 
-def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
+def container_mounts(request: CapacityRequest, agent_argv: list[str]) -> list[Mount]:
     """The host directories a containerised agent reaches at their own paths: a file://
     store (from the agent's --store), checkpoint and output locations, and input channels."""
     from trainctl.spec.uris import parse_uri
@@ -244,7 +244,7 @@ def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
     writable: list[str] = []
     if "--store" in agent_argv:
         writable.append(agent_argv[agent_argv.index("--store") + 1])
-    writable += [uri for uri in (spec.checkpoint_s3_uri, spec.output_path) if uri]
+    writable += [uri for uri in (request.checkpoint_s3_uri, request.output_path) if uri]
     mounts: list[Mount] = []
     for uri in writable:
         scheme, rest = parse_uri(uri)
@@ -252,7 +252,7 @@ def container_mounts(spec: JobSpec, agent_argv: list[str]) -> list[Mount]:
             path = Path(rest).expanduser()
             path.mkdir(parents=True, exist_ok=True)  # a bind mount needs its source
             mounts.append(Mount(str(path)))
-    for name, uri in sorted(spec.inputs.items()):
+    for name, uri in sorted(request.inputs.items()):
         scheme, rest = parse_uri(uri, field=f"inputs.{name}")
         if scheme == "file":
             mounts.append(Mount(str(Path(rest).expanduser()), read_only=True))

@@ -13,6 +13,7 @@ from typing import Any
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.errors import TrainctlError
 from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 from trainctl.transport import RunningProcess
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -65,7 +66,7 @@ class Provider(ABC):
     """The core every provider has: check a spec, plan (the dry run's requests), provision
     an attempt's nodes, describe them (which are lost), terminate the job's resources; and
     start the node agent on a node it provisioned. What only some providers can do is a
-    capability below (Billing, WarmPools, CapacityProbe, FaultInjection, ContainerNodes),
+    capability below (Billing, WarmPools, CapacityProbe, FaultInjection),
     which callers check with isinstance, never by a provider's class."""
 
     name: str
@@ -75,15 +76,15 @@ class Provider(ABC):
         dry run makes these checks and no others); SpecError if it cannot run here."""
         return None
 
-    def preflight(self, spec: JobSpec) -> None:
-        """Check that `spec` can be provisioned, with read-only calls; SpecError if not.
+    def preflight(self, request: CapacityRequest) -> None:
+        """Check that `request` can be provisioned, with read-only calls; SpecError if not.
 
         Runs before anything is uploaded or created (credentials, region offers the type,
         instance profile, subnets, image...). Nothing to check by default.
         """
         return None
 
-    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+    def planned_cluster(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         """The cluster `provision` would return, for a dry run: what is known before launch.
 
         Addresses that exist only after launch are placeholders ("<algo-1 address>"); the
@@ -91,17 +92,18 @@ class Provider(ABC):
         """
         nodes = [
             NodeInfo(rank=r, host=host_name(r), address=f"<{host_name(r)} address>", root="/")
-            for r in range(spec.instance_count)
+            for r in range(request.instance_count)
         ]
-        return make_cluster(spec, job, attempt, self.name, spec.instance_type, nodes)
+        return make_cluster(request, job, attempt, self.name, request.instance_type, nodes)
 
     @abstractmethod
-    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+    def dry_run(self, request: CapacityRequest, job: str, attempt: int) -> list[dict[str, Any]]:
         """The requests `provision` would make ({"service", "operation", "params"}), unsent."""
 
     @abstractmethod
-    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
-        """Hosts for one attempt, all or nothing."""
+    def provision(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
+        """`request.instance_count` hosts for one attempt, all or nothing; NoCapacityError
+        when there are none to be had (nothing launched)."""
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
@@ -113,18 +115,31 @@ class Provider(ABC):
 
     # -- running the agent on a node ------------------------------------------------------
     @abstractmethod
-    def start_agent(
-        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
-    ) -> RunningProcess:
-        """Start the node agent on the node of `rank`; its output comes back as lines."""
+    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
+        """How the agent of `rank` runs on its node: a process here, over SSH, in a
+        container; which the provider knows from how it provisioned the node."""
+
+
+class NodeRunner(ABC):
+    """Runs the node agent on one node (SkyPilot's command runner, for the agent only):
+    the interpreter there, and a start whose output comes back as lines. Capacity is the
+    provider's; how a command reaches the node is the runner's."""
+
+    # The interpreter that runs the agent on the node (the image's, when in a container).
+    python: str
 
     @abstractmethod
-    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        """The interpreter that runs the agent on that node."""
+    def start(self, argv: list[str], env: dict[str, str]) -> RunningProcess:
+        """Start the agent `argv` with `env` (the job's tags are the runner's to add)."""
+
+    def command(self, argv: list[str], env_names: set[str]) -> list[str]:
+        """What `start` runs on the node for `argv` (a dry run shows it): the agent itself
+        unless the runner wraps it (an engine command that runs it in the job's image)."""
+        return argv
 
 
 def make_cluster(
-    spec: JobSpec,
+    request: CapacityRequest,
     job: str,
     attempt: int,
     provider: str,
@@ -135,7 +150,7 @@ def make_cluster(
     gpus: int | None = None,
     network_env: dict[str, str] | None = None,
 ) -> ClusterInfo:
-    """The one place a ClusterInfo is made. Workers per node: the spec's, else one per GPU
+    """The one place a ClusterInfo is made. Workers per node: the request's, else one per GPU
     (`gpus`: what every node has, default the instance type's), else one."""
     from trainctl.spec.catalog import CATALOG
 
@@ -149,7 +164,7 @@ def make_cluster(
         instance_type=instance_type,
         nodes=nodes,
         master_port=master_port,
-        processes_per_host=spec.processes_per_host or gpus or 1,
+        processes_per_host=request.processes_per_host or gpus or 1,
         network_env=network_env or {},
     )
 
@@ -165,8 +180,8 @@ class Billing(ABC):
         """Billable instance time of every attempt of `job` so far."""
 
     @abstractmethod
-    def hourly_cost(self, spec: JobSpec) -> float | None:
-        """Expected USD per hour for `spec`'s capacity; None when there is no price."""
+    def hourly_cost(self, request: CapacityRequest) -> float | None:
+        """Expected USD per hour for `request`; None when there is no price."""
 
 
 class WarmPools(ABC):
@@ -182,7 +197,7 @@ class WarmPools(ABC):
         """The warm pool the attempt's `provision` claimed, if it claimed one."""
 
     @abstractmethod
-    def capacity_plan(self, spec: JobSpec) -> str | None:
+    def capacity_plan(self, request: CapacityRequest) -> str | None:
         """For a dry run: where the capacity would come from (e.g. a warm pool), found with
         read-only calls; None when there is nothing to say."""
 
@@ -191,8 +206,9 @@ class CapacityProbe(ABC):
     """Knows, without launching, how many nodes it could provision now."""
 
     @abstractmethod
-    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
-        """How many nodes of `spec`'s type `provision` could have now (None: cannot tell)."""
+    def available_nodes(self, request: CapacityRequest, job: str) -> int | None:
+        """How many nodes of `request`'s type `provision` could have now (None: cannot
+        tell)."""
 
 
 class FaultInjection(ABC):
@@ -207,18 +223,3 @@ class FaultInjection(ABC):
         raise NotImplementedError(
             f"the {getattr(self, 'name', '?')} provider cannot withhold capacity"
         )
-
-
-class ContainerNodes(ABC):
-    """Runs a job's agents in its image on this machine's engine: the dry run shows the
-    engine command that starts each agent."""
-
-    @abstractmethod
-    def runs_in_container(self, job: str) -> bool:
-        """Whether `job`'s agents run in its image (known once planned or provisioned)."""
-
-    @abstractmethod
-    def container_argv(
-        self, cluster: ClusterInfo, rank: int, argv: list[str], env_names: set[str]
-    ) -> list[str]:
-        """The engine command that runs the agent `argv` of `rank` in the job's image."""

@@ -15,6 +15,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +34,14 @@ from trainctl.provisioning.base import (
     DEFAULT_MASTER_PORT,
     LOOPBACK,
     CapacityProbe,
-    ContainerNodes,
     FaultInjection,
     NoCapacityError,
+    NodeRunner,
     Provider,
     free_port,
     make_cluster,
 )
-from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 from trainctl.transport.local import LocalProcess
@@ -60,13 +63,37 @@ FORWARDED_TO_CONTAINERS = (
 ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
 
 
-class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
+@dataclass
+class LocalRunner(NodeRunner):
+    """The agent as a process of this machine, tagged with the job, in the node's root;
+    `wrap` turns its command into the engine command that runs it in the job's image."""
+
+    cluster: ClusterInfo
+    rank: int
+    root: Path
+    python: str
+    wrap: Callable[[list[str], set[str]], list[str]] | None = None
+
+    def command(self, argv: list[str], env_names: set[str]) -> list[str]:
+        return argv if self.wrap is None else self.wrap(argv, env_names)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> RunningProcess:
+        cluster = self.cluster
+        tags = {JOB_TAG: cluster.job, NODE_TAG: str(self.rank), ATTEMPT_TAG: str(cluster.attempt)}
+        full_env = {**os.environ, **env, **tags}
+        full_env.pop("TRAINCTL_CONTROLLER", None)
+        if self.wrap is not None:
+            (self.root / "opt" / "ml").mkdir(parents=True, exist_ok=True)  # its /opt/ml
+        return LocalProcess(self.command(argv, set(env)), full_env, cwd=self.root)
+
+
+class LocalProvider(Provider, CapacityProbe, FaultInjection):
     name = "local"
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or get_settings().home
-        # Jobs of this controller that run in an image: job -> spec (mounts, image).
-        self._container_specs: dict[str, JobSpec] = {}
+        # Jobs of this controller that run in an image: job -> its request (mounts, image).
+        self._container_requests: dict[str, CapacityRequest] = {}
         # Capacity withheld by injected faults (nocapacity): job -> [(nodes, until)], until
         # in time.monotonic() (None: for good). This machine otherwise has room for any job.
         self._holds: dict[str, list[tuple[int, float | None]]] = {}
@@ -78,25 +105,25 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
     def node_root(self, job: str, attempt: int, rank: int) -> Path:
         return self.nodes_dir(job) / f"attempt-{attempt}" / f"node-{rank}"
 
-    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+    def dry_run(self, request: CapacityRequest, job: str, attempt: int) -> list[dict[str, Any]]:
         return [
             {
                 "service": "local",
                 "operation": "CreateNode",
                 "params": {"root": str(self.node_root(job, attempt, r)), "address": LOOPBACK},
             }
-            for r in range(spec.instance_count)
+            for r in range(request.instance_count)
         ]
 
-    def preflight(self, spec: JobSpec) -> None:
+    def preflight(self, request: CapacityRequest) -> None:
         """With an image: an engine on this machine, and the image on it (pulled once),
         able to run the agent."""
-        if spec.image_uri:
+        if request.image_uri:
             from trainctl.image.container import check_toolkit, ensure_image, local_runner
 
             engine = self._engine()
-            ensure_image(engine, spec.image_uri)
-            check_toolkit(local_runner(), engine.path, spec.image_uri)
+            ensure_image(engine, request.image_uri)
+            check_toolkit(local_runner(), engine.path, request.image_uri)
 
     def _engine(self) -> Engine:
         from trainctl.errors import SpecError
@@ -112,52 +139,54 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
             )
         return engine
 
-    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
-        if spec.image_uri:
-            self._container_specs[job] = spec
-        return self._cluster(spec, job, attempt, port=DEFAULT_MASTER_PORT)
+    def planned_cluster(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
+        if request.image_uri:
+            self._container_requests[job] = request
+        return self._cluster(request, job, attempt, port=DEFAULT_MASTER_PORT)
 
-    def available_nodes(self, spec: JobSpec, job: str) -> int | None:
+    def available_nodes(self, request: CapacityRequest, job: str) -> int | None:
         """The job's full size (its first provision's) less what faults withhold now."""
         now = time.monotonic()
         held = sum(n for n, until in self._holds.get(job, []) if until is None or until > now)
-        return max(0, self._full.get(job, spec.instance_count) - held)
+        return max(0, self._full.get(job, request.instance_count) - held)
 
     def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
         until = None if seconds is None else time.monotonic() + seconds
         self._holds.setdefault(job, []).append((nodes, until))
 
-    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
-        self._full.setdefault(job, spec.instance_count)
-        available = self.available_nodes(spec, job)
-        if available is not None and spec.instance_count > available:
+    def provision(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
+        self._full.setdefault(job, request.instance_count)
+        available = self.available_nodes(request, job)
+        if available is not None and request.instance_count > available:
             raise NoCapacityError(
-                f"no capacity for {spec.instance_count} local node(s): {available} available "
+                f"no capacity for {request.instance_count} local node(s): {available} available "
                 "(capacity withheld by an injected nocapacity fault)"
             )
-        for rank in range(spec.instance_count):
+        for rank in range(request.instance_count):
             self.node_root(job, attempt, rank).mkdir(parents=True, exist_ok=True)
-        if spec.image_uri:
-            self._container_specs[job] = spec
+        if request.image_uri:
+            self._container_requests[job] = request
             (self.nodes_dir(job) / ENGINE_MARKER).write_text(self._engine().path)
-        return self._cluster(spec, job, attempt, port=free_port())
+        return self._cluster(request, job, attempt, port=free_port())
 
-    def _cluster(self, spec: JobSpec, job: str, attempt: int, *, port: int) -> ClusterInfo:
+    def _cluster(
+        self, request: CapacityRequest, job: str, attempt: int, *, port: int
+    ) -> ClusterInfo:
         nodes = []
-        for rank in range(spec.instance_count):
+        for rank in range(request.instance_count):
             # In a container the node's opt/ml is /opt/ml: the layout root is "/" there.
-            root = "/" if spec.image_uri else str(self.node_root(job, attempt, rank))
+            root = "/" if request.image_uri else str(self.node_root(job, attempt, rank))
             # In a container algo-N is mapped to the loopback address (--add-host); as plain
             # processes each node's name is a loopback address of its own.
-            name = host_name(rank) if spec.image_uri else loopback_name(rank)
+            name = host_name(rank) if request.image_uri else loopback_name(rank)
             nodes.append(NodeInfo(rank=rank, host=name, address=LOOPBACK, root=root))
         network_env = loopback_network_env()
         return make_cluster(
-            spec,
+            request,
             job,
             attempt,
             self.name,
-            spec.instance_type,
+            request.instance_type,
             nodes,
             master_port=port,
             network_env=network_env,
@@ -165,10 +194,7 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
 
     def runs_in_container(self, job: str) -> bool:
         """Whether `job`'s agents run in its image (known once planned or provisioned)."""
-        return job in self._container_specs
-
-    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        return IMAGE_PYTHON if self.runs_in_container(cluster.job) else sys.executable
+        return job in self._container_requests
 
     def container_argv(
         self, cluster: ClusterInfo, rank: int, argv: list[str], env_names: set[str]
@@ -176,12 +202,12 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
         """The engine command that runs the agent `argv` of `rank` in the job's image."""
         from trainctl.image.container import container_command, container_labels, container_name
 
-        spec = self._container_specs[cluster.job]
-        assert spec.image_uri is not None
+        request = self._container_requests[cluster.job]
+        assert request.image_uri is not None
         names = env_names | {name for name in FORWARDED_TO_CONTAINERS if name in os.environ}
         return container_command(
             self._engine(),
-            spec.image_uri,
+            request.image_uri,
             name=container_name(cluster.job, cluster.attempt, rank),
             labels=container_labels(cluster.job, cluster.attempt, rank),
             env=names,
@@ -190,20 +216,15 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection, ContainerNodes):
             gpus=0,  # the local instance type has no GPUs of its own
             efa_devices=0,
             hosts=cluster.host_entries,
-            mounts=container_mounts(spec, argv),
+            mounts=container_mounts(request, argv),
         )
 
-    def start_agent(
-        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
-    ) -> RunningProcess:
-        tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-        full_env = {**os.environ, **env, **tags}
-        full_env.pop("TRAINCTL_CONTROLLER", None)
+    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
         root = self.node_root(cluster.job, cluster.attempt, rank)
-        if self.runs_in_container(cluster.job):
-            (root / "opt" / "ml").mkdir(parents=True, exist_ok=True)
-            argv = self.container_argv(cluster, rank, argv, set(env))
-        return LocalProcess(argv, full_env, cwd=root)
+        if not self.runs_in_container(cluster.job):
+            return LocalRunner(cluster, rank, root, python=sys.executable)
+        wrap = partial(self.container_argv, cluster, rank)
+        return LocalRunner(cluster, rank, root, python=IMAGE_PYTHON, wrap=wrap)
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node at once, as losing the machine would."""

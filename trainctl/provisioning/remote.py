@@ -5,14 +5,17 @@ node's own credentials). Shared by the static SSH provider and the EC2 provider.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainctl.cluster import ClusterInfo, is_loopback
 from trainctl.errors import SpecError, TrainctlError, UnrunnableJobError
 from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
+from trainctl.provisioning.base import NodeRunner
 from trainctl.spec.capacity import SshHost
-from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
 
@@ -31,104 +34,129 @@ class ImageCannotRunAgentError(SshProvisionError, UnrunnableJobError):
 NODE_PREPARED_MARKER = "/opt/trainctl/node-prepared"
 
 
-def start_agent_on(
-    host: SshHost,
-    cluster: ClusterInfo,
-    rank: int,
-    argv: list[str],
-    env: dict[str, str],
-    *,
-    known_hosts: Path,
-    connect_timeout: float,
-    wait_for_marker: bool,
-    spec: JobSpec | None = None,
-    host_root: str | None = None,
-    efa_devices: int = 0,
-) -> RunningProcess:
-    """Start the node agent of `rank` on a machine trainctl launched (EC2): connect as soon
-    as the instance accepts its key, wait for its user data to finish (`wait_for_marker`),
-    make the node's root, make sure the agent of this trainctl version is there, and start
-    it detached (an SshProcess), as the static SSH provider does for its hosts."""
-    import time
+@dataclass
+class SshRunner(NodeRunner):
+    """The node agent of `rank` as a detached process on a host reached over SSH (an
+    SshProcess), plainly or in the job's image through the host's engine.
 
-    from trainctl.transport.bootstrap import ensure_agent
-    from trainctl.transport.ssh import SshConnector, SshProcess
+    What the host was prepared with at provision (the static SSH provider: the agent's
+    `runtime_env`, or the image's `engine_path`) is used as is; what was not (an EC2
+    instance, which comes up on its own) is done here: wait for its user data to finish
+    (`wait_for_marker`), make the node's directories, make sure of the agent of this
+    trainctl version or of the image (ECR logged into with the node's own credentials)."""
 
-    connector = SshConnector(host, known_hosts=known_hosts)
-    started = time.monotonic()
-    deadline = started + connect_timeout
-    timings: dict[str, float] = {}
-    conn = connector.connect(timeout=connect_timeout, retry_auth=True)
-    root = cluster.node(rank).root
-    try:
-        handed_on = False
-        while wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code != 0:
-            if time.monotonic() > deadline:
-                raise SshProvisionError(
-                    f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did not "
-                    f"finish within {connect_timeout:.0f} s"
+    # The host, or how to find it when the agent starts (an EC2 instance's address is
+    # described then, not when a dry run asks for the runner).
+    target: SshHost | Callable[[], SshHost]
+    cluster: ClusterInfo
+    rank: int
+    python: str
+    known_hosts: Path
+    connect_timeout: float
+    image_uri: str | None = None
+    request: CapacityRequest | None = None  # the file:// data a loopback container mounts
+    host_root: str | None = None  # the node's dir on the host when the agent is in an image
+    efa_devices: int = 0
+    wait_for_marker: bool = False
+    # A new instance may accept connections before its key is installed: retry auth then.
+    retry_auth: bool = False
+    runtime_env: dict[str, str] | None = None
+    engine_path: str | None = None
+    # What the provider's nodes always get (EC2's: watch IMDS, halt when orphaned).
+    agent_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> RunningProcess:
+        import time
+
+        from trainctl.transport.bootstrap import ensure_agent
+        from trainctl.transport.ssh import SshConnector, SshProcess
+
+        cluster, rank = self.cluster, self.rank
+        host = self.target if isinstance(self.target, SshHost) else self.target()
+        env = {**self.agent_env, **env}
+        connector = SshConnector(host, known_hosts=self.known_hosts)
+        started = time.monotonic()
+        deadline = started + self.connect_timeout
+        timings: dict[str, float] = {}
+        conn = connector.connect(timeout=self.connect_timeout, retry_auth=self.retry_auth)
+        root = cluster.node(rank).root
+        try:
+            handed_on = False
+            while self.wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code:
+                if time.monotonic() > deadline:
+                    raise SshProvisionError(
+                        f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did "
+                        f"not finish within {self.connect_timeout:.0f} s"
+                    )
+                time.sleep(2.0)
+            timings["ssh"] = time.monotonic() - started
+            host_root = self.host_root or root  # differs from root when in an image
+            run_dir = (
+                f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
+                if host_root == "/"
+                else f"{host_root}/{AGENT_RUN_DIR}"
+            )
+            mark = time.monotonic()
+            engine_path = self.engine_path
+            runtime_env = self.runtime_env
+            if self.image_uri and engine_path is None:
+                # The agent runs in the job's image: the host needs its engine and the image.
+                engine_path = remote_engine(conn)
+                ecr_login_on_host(conn, engine_path, self.image_uri)
+                ensure_remote_image(conn, engine_path, self.image_uri)
+                conn.makedirs(f"{host_root.rstrip('/')}/opt/ml")
+                timings["image"] = time.monotonic() - mark
+            elif not self.image_uri and runtime_env is None:
+                conn.makedirs(root)
+                runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
+                timings["agent"] = time.monotonic() - mark
+            conn.makedirs(run_dir)
+            handed_on = True  # the process starts on this very connection and keeps it
+            proc: RunningProcess
+            if self.image_uri:
+                assert engine_path is not None
+                proc = start_in_container(
+                    connector,
+                    self.image_uri,
+                    self.request,
+                    cluster,
+                    rank,
+                    argv,
+                    env,
+                    engine_path=engine_path,
+                    host_root=host_root,
+                    run_dir=run_dir,
+                    gpus=host.gpus,
+                    efa_devices=self.efa_devices,
+                    connect_timeout=self.connect_timeout,
+                    conn=conn,
                 )
-            time.sleep(2.0)
-        timings["ssh"] = time.monotonic() - started
-        host_root = host_root or root  # differs from root when the agent runs in an image
-        run_dir = (
-            f"/opt/trainctl/run/{cluster.job}/attempt-{cluster.attempt}/node-{rank}"
-            if host_root == "/"
-            else f"{host_root}/{AGENT_RUN_DIR}"
-        )
-        mark = time.monotonic()
-        if spec is not None and spec.image_uri:
-            # The agent runs in the job's image: the host needs its engine and the image.
-            engine_path = remote_engine(conn)
-            ecr_login_on_host(conn, engine_path, spec.image_uri)
-            ensure_remote_image(conn, engine_path, spec.image_uri)
-            conn.makedirs(f"{host_root.rstrip('/')}/opt/ml")
-            conn.makedirs(run_dir)
-            timings["image"] = time.monotonic() - mark
-        else:
-            conn.makedirs(root)
-            conn.makedirs(run_dir)
-            runtime_env = ensure_agent(conn, s3=any(a.startswith("s3://") for a in argv)).env
-            timings["agent"] = time.monotonic() - mark
-        handed_on = True  # the process starts on this very connection and keeps it
-        proc: RunningProcess
-        if spec is not None and spec.image_uri:
-            proc = start_in_container(
-                connector,
-                spec,
-                cluster,
-                rank,
-                argv,
-                env,
-                engine_path=engine_path,
-                host_root=host_root,
-                run_dir=run_dir,
-                gpus=host.gpus,
-                efa_devices=efa_devices,
-                connect_timeout=connect_timeout,
-                conn=conn,
-            )
-        else:
-            tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-            proc = SshProcess(
-                connector,
-                argv,
-                {**runtime_env, **env, **tags},
-                cwd=root,
-                run_dir=run_dir,
-                connect_timeout=connect_timeout,
-                conn=conn,
-            )
-    finally:
-        if not handed_on:
-            conn.close()
-    proc.startup = {k: round(v, 3) for k, v in timings.items()}
-    return proc
+            else:
+                tags = {
+                    JOB_TAG: cluster.job,
+                    NODE_TAG: str(rank),
+                    ATTEMPT_TAG: str(cluster.attempt),
+                }
+                proc = SshProcess(
+                    connector,
+                    argv,
+                    {**(runtime_env or {}), **env, **tags},
+                    cwd=root,
+                    run_dir=run_dir,
+                    connect_timeout=self.connect_timeout,
+                    conn=conn,
+                )
+        finally:
+            if not handed_on:
+                conn.close()
+        proc.startup = {k: round(v, 3) for k, v in timings.items()}
+        return proc
 
 
 def start_in_container(
     connector: Any,
-    spec: JobSpec,
+    image_uri: str,
+    request: CapacityRequest | None,
     cluster: ClusterInfo,
     rank: int,
     argv: list[str],
@@ -154,12 +182,11 @@ def start_in_container(
     from trainctl.image.engine import Engine
     from trainctl.transport.ssh import SshProcess
 
-    assert spec.image_uri is not None
     tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
     full_env = {**env, **tags}
     command = container_command(
         Engine(Path(engine_path).name, engine_path),
-        spec.image_uri,
+        image_uri,
         name=container_name(cluster.job, cluster.attempt, rank),
         labels=container_labels(cluster.job, cluster.attempt, rank),
         env=set(full_env),
@@ -169,7 +196,11 @@ def start_in_container(
         efa_devices=efa_devices,
         hosts=cluster.host_entries,
         # file:// locations exist only where the controller is: on a loopback host
-        mounts=container_mounts(spec, argv) if is_loopback(cluster.master.address) else [],
+        mounts=(
+            container_mounts(request, argv)
+            if request is not None and is_loopback(cluster.master.address)
+            else []
+        ),
     )
     return SshProcess(
         connector,

@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,19 +31,23 @@ from trainctl.cluster import (
 )
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.image.container import IMAGE_PYTHON
-from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG
-from trainctl.provisioning.base import DEFAULT_MASTER_PORT, FaultInjection, Provider, make_cluster
+from trainctl.provisioning.base import (
+    DEFAULT_MASTER_PORT,
+    FaultInjection,
+    NodeRunner,
+    Provider,
+    make_cluster,
+)
 from trainctl.provisioning.remote import (
-    AGENT_RUN_DIR,
     SshProvisionError,
+    SshRunner,
     ensure_remote_image,
     remote_engine,
-    start_in_container,
 )
 from trainctl.spec.capacity import SshHost
-from trainctl.spec.job import JOB_NAME_RE, JobSpec, uses_s3
+from trainctl.spec.job import JOB_NAME_RE, uses_s3
+from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
-from trainctl.transport import RunningProcess
 
 T = TypeVar("T")
 
@@ -170,9 +175,9 @@ class SshProvider(Provider, FaultInjection):
         self._hosts: dict[str, list[SshHost]] = {}  # by job: provisioned or planned
         # (job, rank) -> (the agent's PYTHONPATH env, whether boto3 was made sure of)
         self._runtimes: dict[tuple[str, int], tuple[dict[str, str], bool]] = {}
-        # (job, rank) -> (spec, the host's engine path, the node dir on the host) for jobs
+        # (job, rank) -> (request, the host's engine path, the node dir on the host) for jobs
         # whose agents run in the job's image
-        self._containers: dict[tuple[str, int], tuple[JobSpec, str, str]] = {}
+        self._containers: dict[tuple[str, int], tuple[CapacityRequest, str, str]] = {}
 
     # -- the job's record ------------------------------------------------------------------
     def job_file(self, job: str) -> Path:
@@ -207,11 +212,11 @@ class SshProvider(Provider, FaultInjection):
         return SshConnector(host, known_hosts=self.home / "known_hosts")
 
     # -- Provider ------------------------------------------------------------------------
-    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+    def dry_run(self, request: CapacityRequest, job: str, attempt: int) -> list[dict[str, Any]]:
         from trainctl.transport.ssh import default_user
 
         requests: list[dict[str, Any]] = []
-        for rank, host in enumerate(spec.hosts[: spec.instance_count]):
+        for rank, host in enumerate(request.ssh.hosts[: request.instance_count]):
             target = {"host": host.address, "port": host.port, "user": host.user or default_user()}
             connect = {**target, "rank": rank, "python": host.python}
             if host.key_file:
@@ -228,18 +233,18 @@ class SshProvider(Provider, FaultInjection):
                 )
         return requests
 
-    def preflight(self, spec: JobSpec) -> None:
+    def preflight(self, request: CapacityRequest) -> None:
         """Every host accepts an SSH connection with its key and pinned host key; with an
         image, every host has an engine, and the image (pulled now), able to run the agent."""
         from trainctl.transport.ssh import SshError
 
-        hosts = list(enumerate(spec.hosts[: spec.instance_count]))
+        hosts = list(enumerate(request.ssh.hosts[: request.instance_count]))
 
         def reach(item: tuple[int, SshHost]) -> None:
             conn = self._connector(item[1]).connect(timeout=self.connect_timeout)
             try:
-                if spec.image_uri:
-                    ensure_remote_image(conn, remote_engine(conn), spec.image_uri)
+                if request.image_uri:
+                    ensure_remote_image(conn, remote_engine(conn), request.image_uri)
             finally:
                 conn.close()
 
@@ -249,20 +254,20 @@ class SshProvider(Provider, FaultInjection):
             if error is not None:
                 raise error
 
-    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+    def provision(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         from trainctl.transport.bootstrap import ensure_agent
 
         _check_job_name(job)
-        hosts = list(spec.hosts[: spec.instance_count])
-        if len(hosts) < spec.instance_count:
+        hosts = list(request.ssh.hosts[: request.instance_count])
+        if len(hosts) < request.instance_count:
             raise SpecError(
-                "hosts", f"{spec.instance_count} nodes but only {len(spec.hosts)} host(s)"
+                "hosts", f"{request.instance_count} nodes but only {len(request.ssh.hosts)} host(s)"
             )
         # Recorded before any host is touched: a half-made attempt is cleaned up too.
         self._save_hosts(job, hosts)
         with self._lock:
             self._hosts[job] = hosts
-        s3 = uses_s3(spec)
+        s3 = uses_s3(request)
 
         def prepare(rank: int) -> dict[str, Any]:
             conn = self._connector(hosts[rank]).connect(timeout=self.connect_timeout)
@@ -278,11 +283,11 @@ class SshProvider(Provider, FaultInjection):
                     timeout=60,
                 )
                 node = json.loads(text)
-                if spec.image_uri:
+                if request.image_uri:
                     # The agent runs in the image: the host needs an engine and the image,
                     # not trainctl.
                     node["engine"] = remote_engine(conn)
-                    ensure_remote_image(conn, node["engine"], spec.image_uri)
+                    ensure_remote_image(conn, node["engine"], request.image_uri)
                     conn.makedirs(f"{node['root']}/opt/ml")
                     node["env"] = {}
                 else:
@@ -300,34 +305,34 @@ class SshProvider(Provider, FaultInjection):
         with self._lock:
             for rank, node in enumerate(nodes_info):
                 self._runtimes[(job, rank)] = (node["env"], s3)
-                if spec.image_uri:
-                    self._containers[(job, rank)] = (spec, node["engine"], str(node["root"]))
+                if request.image_uri:
+                    self._containers[(job, rank)] = (request, node["engine"], str(node["root"]))
         roots = [str(node["root"]) for node in nodes_info]
-        if spec.image_uri:  # inside the container the node's opt/ml is /opt/ml
+        if request.image_uri:  # inside the container the node's opt/ml is /opt/ml
             roots = ["/"] * len(roots)
-        return self._cluster(spec, job, attempt, roots, int(nodes_info[0]["port"]))
+        return self._cluster(request, job, attempt, roots, int(nodes_info[0]["port"]))
 
-    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+    def planned_cluster(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         """Addresses are the hosts'; node dirs under the remote home, shown as `~`."""
         with self._lock:
-            self._hosts[job] = list(spec.hosts[: spec.instance_count])
+            self._hosts[job] = list(request.ssh.hosts[: request.instance_count])
         roots = [
             f"~/{NODES_DIR}/{job}/attempt-{attempt}/node-{rank}"
-            for rank in range(spec.instance_count)
+            for rank in range(request.instance_count)
         ]
-        return self._cluster(spec, job, attempt, roots, DEFAULT_MASTER_PORT)
+        return self._cluster(request, job, attempt, roots, DEFAULT_MASTER_PORT)
 
     def _cluster(
-        self, spec: JobSpec, job: str, attempt: int, roots: list[str], port: int
+        self, request: CapacityRequest, job: str, attempt: int, roots: list[str], port: int
     ) -> ClusterInfo:
-        hosts = spec.hosts[: spec.instance_count]
+        hosts = request.ssh.hosts[: request.instance_count]
         network_env: dict[str, str] = {}
         if is_loopback(hosts[0].address):
             network_env = loopback_network_env()
         nodes = [
             NodeInfo(
                 rank=rank,
-                host=node_name(rank, host.address, in_container=bool(spec.image_uri)),
+                host=node_name(rank, host.address, in_container=bool(request.image_uri)),
                 address=host.address,
                 root=root,
             )
@@ -335,78 +340,46 @@ class SshProvider(Provider, FaultInjection):
         ]
         # one worker per GPU; the fewest any host has, as every node runs the same count
         return make_cluster(
-            spec,
+            request,
             job,
             attempt,
             self.name,
-            spec.instance_type,
+            request.instance_type,
             nodes,
             master_port=port,
             gpus=min(h.gpus for h in hosts),
             network_env=network_env,
         )
 
-    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        if (cluster.job, rank) in self._containers:
-            return IMAGE_PYTHON
-        return self._host(cluster.job, rank).python
-
-    def start_agent(
-        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
-    ) -> RunningProcess:
-        from trainctl.transport.ssh import SshProcess
-
+    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
+        """The agent over SSH on the host of `rank`, with what provision prepared there."""
         host = self._host(cluster.job, rank)
-        connector = self._connector(host)
-        if (cluster.job, rank) in self._containers:
-            return self._start_in_container(cluster, rank, argv, env, connector)
-        s3 = any(a.startswith("s3://") for a in argv)  # the agent's --store
+        runner = SshRunner(
+            target=host,
+            cluster=cluster,
+            rank=rank,
+            python=host.python,
+            known_hosts=self.home / "known_hosts",
+            connect_timeout=self.connect_timeout,
+        )
         with self._lock:
+            container = self._containers.get((cluster.job, rank))
             runtime_env, has_s3 = self._runtimes.get((cluster.job, rank), (None, False))
-        if runtime_env is None or (s3 and not has_s3):
-            # a provider that did not provision this attempt, or a store it did not expect
-            from trainctl.transport.bootstrap import ensure_agent
-
-            conn = connector.connect(timeout=self.connect_timeout)
-            try:
-                runtime_env = ensure_agent(conn, s3=s3 or has_s3).env
-            finally:
-                conn.close()
-        tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: str(cluster.attempt)}
-        root = cluster.node(rank).root
-        return SshProcess(
-            connector,
-            argv,
-            {**runtime_env, **env, **tags},
-            cwd=root,
-            run_dir=f"{root}/{AGENT_RUN_DIR}",
-            connect_timeout=self.connect_timeout,
-        )
-
-    def _start_in_container(
-        self,
-        cluster: ClusterInfo,
-        rank: int,
-        argv: list[str],
-        env: dict[str, str],
-        connector: Any,
-    ) -> RunningProcess:
-        spec, engine_path, host_root = self._containers[(cluster.job, rank)]
-        assert spec.image_uri is not None
-        return start_in_container(
-            connector,
-            spec,
-            cluster,
-            rank,
-            argv,
-            env,
-            engine_path=engine_path,
-            host_root=host_root,
-            run_dir=f"{host_root}/{AGENT_RUN_DIR}",
-            gpus=self._host(cluster.job, rank).gpus,
-            efa_devices=0,
-            connect_timeout=self.connect_timeout,
-        )
+        if container is not None:
+            request, engine_path, host_root = container
+            return replace(
+                runner,
+                python=IMAGE_PYTHON,
+                image_uri=request.image_uri,
+                request=request,
+                engine_path=engine_path,
+                host_root=host_root,
+            )
+        # A store on S3 that provision did not expect gets boto3 at start (runtime_env None).
+        s3_store = get_settings().store_uri.startswith("s3://")
+        if runtime_env is not None and (has_s3 or not s3_store):
+            runner = replace(runner, runtime_env=runtime_env)
+        return runner
 
     def _end_on_host(
         self, host: SshHost, job: str, node: str, grace: float, remove: bool, attempt: str = ""

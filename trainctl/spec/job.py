@@ -10,7 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -31,6 +31,7 @@ from trainctl.spec.capacity import (
 )
 from trainctl.spec.door import Door
 from trainctl.spec.limits import (
+    DEFAULT_VOLUME_GB,
     MAX_ARGUMENTS_BYTES,
     check_environment,
     check_hyperparameters_size,
@@ -45,10 +46,12 @@ from trainctl.spec.parts import (
     StrictModel,
 )
 
-# SageMaker's job-name rule, so names carry over both ways.
+if TYPE_CHECKING:
+    from trainctl.spec.request import CapacityRequest
+
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
 MAX_KEEP_ALIVE_SECONDS = 3600
-DEFAULT_VOLUME_GB = 200
+# SageMaker's job-name rule, so names carry over both ways.
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -747,7 +750,7 @@ class JobSpec(StrictModel):
         return self.distribution.launcher if self.distribution else "python"
 
 
-def uses_s3(spec: JobSpec) -> bool:
+def uses_s3(spec: JobSpec | CapacityRequest) -> bool:
     """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
     from trainctl.spec.settings import get_settings
 

@@ -21,7 +21,7 @@ from trainctl.provisioning.aws.resources import (
     terminate_instances,
 )
 from trainctl.provisioning.base import NoCapacityError
-from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 
 # Errors that say "not here, not now": the next subnet, type or market may have capacity.
 CAPACITY_ERRORS = frozenset(
@@ -65,7 +65,7 @@ class BootFailed(TrainctlError):
 def launch(
     ec2: Any,
     ctx: rq.LaunchContext,
-    spec: JobSpec,
+    request: CapacityRequest,
     choices: list[rq.LaunchChoice],
     *,
     timing: Timing,
@@ -77,15 +77,15 @@ def launch(
     On a terminal, a spinner says which round it is and what the last one was told."""
     from trainctl.progress import status
 
-    what = f"EC2 capacity for {spec.instance_count} x {'/'.join(spec.instance_types)}"
+    what = f"EC2 capacity for {request.instance_count} x {'/'.join(request.instance_types)}"
     with status(what) as update:
-        return _launch(ec2, ctx, spec, choices, timing, max_wait, boot_timeout, backoff, update)
+        return _launch(ec2, ctx, request, choices, timing, max_wait, boot_timeout, backoff, update)
 
 
 def _launch(
     ec2: Any,
     ctx: rq.LaunchContext,
-    spec: JobSpec,
+    request: CapacityRequest,
     choices: list[rq.LaunchChoice],
     timing: Timing,
     max_wait: float,
@@ -99,7 +99,7 @@ def _launch(
     round_ = 1
     while True:
         for choice in choices:
-            params = rq.run_instances(ctx, spec, choice, round_)
+            params = rq.run_instances(ctx, request, choice, round_)
             try:
                 response = ec2.run_instances(**params)
             except Exception as exc:
@@ -126,7 +126,8 @@ def _launch(
             summary = ", ".join(f"{c.describe()} ({why})" for c, why in tried.items())
             waited = timing.clock() - start
             raise CapacityError(
-                f"no EC2 capacity for {spec.instance_count} x {'/'.join(spec.instance_types)} "
+                f"no EC2 capacity for {request.instance_count} x "
+                f"{'/'.join(request.instance_types)} "
                 f"in {ctx.region} after {round_} round(s) over {waited:.0f} s (max_wait "
                 f"{max_wait:.0f} s); tried: {summary}"
             )

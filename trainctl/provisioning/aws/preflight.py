@@ -13,7 +13,7 @@ from trainctl.errors import SpecError
 from trainctl.provisioning.aws import requests as rq
 from trainctl.provisioning.aws.clients import Clients, error_code, error_message
 from trainctl.provisioning.aws.lookups import resolve_image, resolve_network, scrub
-from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 
 CREDENTIAL_ERRORS = frozenset(
     {
@@ -72,34 +72,34 @@ def check_credentials(sts: Any, region: str) -> None:
         raise
 
 
-def check_instance_types(ec2: Any, spec: JobSpec, region: str) -> None:
+def check_instance_types(ec2: Any, request: CapacityRequest, region: str) -> None:
     offered: set[str] = set()
     paginator = ec2.get_paginator("describe_instance_type_offerings")
     for page in paginator.paginate(
         LocationType="region",
-        Filters=[{"Name": "instance-type", "Values": spec.instance_types}],
+        Filters=[{"Name": "instance-type", "Values": request.instance_types}],
     ):
         offered.update(o["InstanceType"] for o in page.get("InstanceTypeOfferings", []))
-    for index, name in enumerate(spec.instance_types):
+    for index, name in enumerate(request.instance_types):
         if name not in offered:
             field = "instance_type" if index == 0 else "fallback_instance_types"
-            others = [t for t in spec.instance_types if t in offered]
+            others = [t for t in request.instance_types if t in offered]
             hint = f"; offered of those asked: {', '.join(others)}" if others else ""
             raise SpecError(field, f"{name} is not offered in {region}{hint}")
 
 
-def require_instance_profile(spec: JobSpec) -> str:
-    if not spec.instance_profile:
+def require_instance_profile(instance_profile: str | None) -> str:
+    if not instance_profile:
         raise SpecError(
             "instance_profile",
             "required for EC2: nodes reach the store with the instance profile's role (your "
             "credentials never go to a node); give the name or ARN of an instance profile",
         )
-    return spec.instance_profile
+    return instance_profile
 
 
-def check_instance_profile(iam: Any, spec: JobSpec) -> None:
-    name = rq.instance_profile_name(require_instance_profile(spec))
+def check_instance_profile(iam: Any, request: CapacityRequest) -> None:
+    name = rq.instance_profile_name(require_instance_profile(request.aws.instance_profile))
     try:
         profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
     except Exception as exc:
@@ -118,11 +118,13 @@ def check_instance_profile(iam: Any, spec: JobSpec) -> None:
         )
 
 
-def check_security_groups(ec2: Any, spec: JobSpec, vpc_id: str, region: str) -> None:
-    if not spec.security_group_ids:
+def check_security_groups(ec2: Any, request: CapacityRequest, vpc_id: str, region: str) -> None:
+    if not request.aws.security_group_ids:
         return
     try:
-        groups = ec2.describe_security_groups(GroupIds=spec.security_group_ids)["SecurityGroups"]
+        groups = ec2.describe_security_groups(GroupIds=request.aws.security_group_ids)[
+            "SecurityGroups"
+        ]
     except Exception as exc:
         if error_code(exc) in ("InvalidGroup.NotFound", "InvalidGroupId.Malformed"):
             raise SpecError("security_group_ids", f"{error_message(exc)} in {region}") from None
@@ -147,21 +149,27 @@ def check_ssh_cidr(cidr: str | None) -> None:
 
 
 def preflight(
-    clients: Clients, spec: JobSpec, region: str, default_image: str, ssh_cidr: str | None
+    clients: Clients,
+    request: CapacityRequest,
+    region: str,
+    default_image: str,
+    ssh_cidr: str | None,
 ) -> None:
     # What needs no call first: a missing field is named before any network round trip.
     check_region(region)
-    require_instance_profile(spec)
+    require_instance_profile(request.aws.instance_profile)
     check_ssh_cidr(ssh_cidr)
     check_credentials(clients("sts", region), region)
     ec2 = clients("ec2", region)
-    check_instance_types(ec2, spec, region)
-    check_instance_profile(clients("iam", region), spec)
-    network = resolve_network(ec2, spec.subnets, region)
-    check_security_groups(ec2, spec, network.vpc_id, region)
-    image = resolve_image(ec2, clients("ssm", region), spec.image_id or default_image, region)
+    check_instance_types(ec2, request, region)
+    check_instance_profile(clients("iam", region), request)
+    network = resolve_network(ec2, request.aws.subnets, region)
+    check_security_groups(ec2, request, network.vpc_id, region)
+    image = resolve_image(
+        ec2, clients("ssm", region), request.aws.image_id or default_image, region
+    )
     if image.architecture != "x86_64":
         raise SpecError(
             "image_id",
-            f"image {image.image_id} is {image.architecture}; {spec.instance_type} needs x86_64",
+            f"image {image.image_id} is {image.architecture}; {request.instance_type} needs x86_64",
         )

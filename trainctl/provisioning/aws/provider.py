@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from trainctl.provisioning.base import (
     Billing,
     FaultInjection,
     InstanceUsage,
+    NodeRunner,
     Provider,
     WarmPools,
     WarmStart,
@@ -65,12 +67,11 @@ from trainctl.provisioning.base import (
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
 from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
-from trainctl.transport import RunningProcess
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
 SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
-# Environment of the node agent on EC2: poll IMDSv2 for spot interruption notices.
 # EC2 nodes watch IMDSv2 for spot notices, and halt (so terminate) when orphaned.
 AGENT_ENV = {"TRAINCTL_IMDS": "1", "TRAINCTL_POWEROFF_WHEN_ORPHANED": "1"}
 
@@ -127,14 +128,14 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         self._job_regions: dict[str, str] = {}
         # (job, attempt) -> instances by rank, as last described; saves a call per SSH target
         self._nodes: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        # (job, attempt) -> each node's directory on its host; job -> its spec (the image)
+        # (job, attempt) -> each node's directory on its host; job -> its request (the image)
         self._host_roots: dict[tuple[str, int], list[str]] = {}
-        self._specs: dict[str, JobSpec] = {}
+        self._requests: dict[str, CapacityRequest] = {}
         self._warm_starts: dict[tuple[str, int], WarmStart] = {}
 
     # -- where ----------------------------------------------------------------------------
-    def spec_region(self, spec: JobSpec) -> str:
-        return resolve_region(spec.region, self.region)
+    def request_region(self, request: CapacityRequest) -> str:
+        return resolve_region(request.region, self.region)
 
     def job_region(self, job: str) -> str:
         """The region of a job's resources: where this process provisioned it, else the
@@ -163,30 +164,35 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
                     f"{uri} is not reachable from EC2 nodes; use an s3:// URI"
                     + (" (TRAINCTL_STORE=s3://bucket/prefix)" if field == "TRAINCTL_STORE" else ""),
                 )
-        require_instance_profile(spec)  # before any call: no cloud is needed to tell
+        # before any call: no cloud is needed to tell
+        require_instance_profile(spec.instance_profile)
 
-    def preflight(self, spec: JobSpec) -> None:
+    def preflight(self, request: CapacityRequest) -> None:
         from trainctl.provisioning.aws.preflight import preflight
 
         settings = get_settings()
-        region = self.spec_region(spec)
-        preflight(self.clients, spec, region, settings.aws_default_image, settings.aws_ssh_cidr)
+        region = self.request_region(request)
+        preflight(self.clients, request, region, settings.aws_default_image, settings.aws_ssh_cidr)
 
-    def dry_run(self, spec: JobSpec, job: str, attempt: int) -> list[dict[str, Any]]:
+    def dry_run(self, request: CapacityRequest, job: str, attempt: int) -> list[dict[str, Any]]:
         """Every mutating request provision makes, in order, with placeholders for what only
         exists by then (ids, the resolved image, the caller's name). No call is made."""
         settings = get_settings()
-        region = self.spec_region(spec)
-        require_instance_profile(spec)
+        region = self.request_region(request)
+        require_instance_profile(request.aws.instance_profile)
         check_ssh_cidr(settings.aws_ssh_cidr)
-        image = spec.image_id or settings.aws_default_image
+        image = request.aws.image_id or settings.aws_default_image
         image_id = (
             f"<AMI id in SSM parameter {image[len(SSM_PARAMETER_PREFIX) :]}>"
             if image.startswith(SSM_PARAMETER_PREFIX)
             else image
         )
-        subnets = list(spec.subnets) or [rq.DEFAULT_SUBNET_PLACEHOLDER]
-        vpc = f"<VpcId of {spec.subnets[0]}>" if spec.subnets else "<VpcId of the default VPC>"
+        subnets = list(request.aws.subnets) or [rq.DEFAULT_SUBNET_PLACEHOLDER]
+        vpc = (
+            f"<VpcId of {request.aws.subnets[0]}>"
+            if request.aws.subnets
+            else "<VpcId of the default VPC>"
+        )
         ctx = rq.LaunchContext(
             job=job,
             attempt=attempt,
@@ -200,8 +206,8 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             ssh_user=settings.ssh_user,
         )
         out: list[dict[str, Any]] = []
-        if spec.security_group_ids:
-            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
+        if request.aws.security_group_ids:
+            ctx = dataclasses.replace(ctx, security_group_ids=tuple(request.aws.security_group_ids))
         else:
             group = rq.SECURITY_GROUP_PLACEHOLDER
             out.append(rq.request("CreateSecurityGroup", rq.create_security_group(ctx), region))
@@ -211,58 +217,60 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
                 )
             )
             ctx = dataclasses.replace(ctx, security_group_ids=(group,))
-        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
+        if rq.uses_placement_group(request, settings.aws_cluster_placement_group):
             out.append(rq.request("CreatePlacementGroup", rq.create_placement_group(ctx), region))
             ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(job))
         out.append(rq.request("ImportKeyPair", rq.import_key_pair(ctx), region))
-        for index, choice in enumerate(rq.launch_choices(spec, subnets)):
+        for index, choice in enumerate(rq.launch_choices(request, subnets)):
             when = "first" if index == 0 else "after a capacity error of the request before"
             out.append(
-                rq.request("RunInstances", rq.run_instances(ctx, spec, choice), region, when=when)
+                rq.request(
+                    "RunInstances", rq.run_instances(ctx, request, choice), region, when=when
+                )
             )
-        for rank in range(spec.instance_count):
+        for rank in range(request.instance_count):
             params = rq.rank_tags(ctx, rq.instance_id_placeholder(rank), rank)
             out.append(rq.request("CreateTags", params, region))
         return out
 
-    def planned_cluster(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
-        cluster = super().planned_cluster(spec, job, attempt)
-        return cluster.model_copy(update={"network_env": rq.network_env(spec.instance_type)})
+    def planned_cluster(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
+        cluster = super().planned_cluster(request, job, attempt)
+        return cluster.model_copy(update={"network_env": rq.network_env(request.instance_type)})
 
     # -- provisioning ---------------------------------------------------------------------
-    def provision(self, spec: JobSpec, job: str, attempt: int) -> ClusterInfo:
+    def provision(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         settings = get_settings()
-        region = self.spec_region(spec)
-        require_instance_profile(spec)
+        region = self.request_region(request)
+        require_instance_profile(request.aws.instance_profile)
         self._remember(job, region)
         ec2 = self.client("ec2", region)
-        ctx = self._identity_context(spec, region, job, attempt)
-        instances = self._reuse(ec2, spec, job, attempt, settings.aws_boot_timeout_seconds)
+        ctx = self._identity_context(request, region, job, attempt)
+        instances = self._reuse(ec2, request, job, attempt, settings.aws_boot_timeout_seconds)
         if instances is None:
-            instances = self._claim_warm(ec2, spec, job, attempt, ctx)
+            instances = self._claim_warm(ec2, request, job, attempt, ctx)
         if instances is None:
-            network = resolve_network(ec2, list(spec.subnets), region)
+            network = resolve_network(ec2, list(request.aws.subnets), region)
             ctx = dataclasses.replace(ctx, vpc_id=network.vpc_id)
-            ctx = self._ensure_job_resources(ec2, spec, ctx)
+            ctx = self._ensure_job_resources(ec2, request, ctx)
             earlier = len(job_instances(ec2, job, attempt))
             ctx = dataclasses.replace(ctx, launched_before=earlier)
             launched = launch(
                 ec2,
                 ctx,
-                spec,
-                rq.launch_choices(spec, network.subnets),
+                request,
+                rq.launch_choices(request, network.subnets),
                 timing=self.timing,
-                max_wait=float(spec.max_wait or settings.aws_capacity_wait_seconds),
+                max_wait=float(request.max_wait or settings.aws_capacity_wait_seconds),
                 boot_timeout=settings.aws_boot_timeout_seconds,
                 backoff=self.backoff,
             )
             instances = launched.instances
         with self._lock:
             self._nodes[(job, attempt)] = instances
-        return self._cluster(spec, job, attempt, instances)
+        return self._cluster(request, job, attempt, instances)
 
     def _identity_context(
-        self, spec: JobSpec, region: str, job: str, attempt: int
+        self, request: CapacityRequest, region: str, job: str, attempt: int
     ) -> rq.LaunchContext:
         """The launch context of what a warm pool is matched on and a launch needs first:
         the resolved image, the caller's name and trainctl's public key (the network,
@@ -271,7 +279,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         image = resolve_image(
             self.client("ec2", region),
             self.client("ssm", region),
-            spec.image_id or settings.aws_default_image,
+            request.aws.image_id or settings.aws_default_image,
             region,
         )
         return rq.LaunchContext(
@@ -288,20 +296,20 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         )
 
     def _ensure_job_resources(
-        self, ec2: Any, spec: JobSpec, ctx: rq.LaunchContext
+        self, ec2: Any, request: CapacityRequest, ctx: rq.LaunchContext
     ) -> rq.LaunchContext:
-        """The job's security group (unless the spec names its own), placement group and
+        """The job's security group (unless the request names its own), placement group and
         key pair, made if missing; the launch context that uses them."""
         settings = get_settings()
-        if spec.security_group_ids:
-            ctx = dataclasses.replace(ctx, security_group_ids=tuple(spec.security_group_ids))
+        if request.aws.security_group_ids:
+            ctx = dataclasses.replace(ctx, security_group_ids=tuple(request.aws.security_group_ids))
         else:
             check_ssh_cidr(settings.aws_ssh_cidr)
             cidr = settings.aws_ssh_cidr or self._public_address()
             ctx = dataclasses.replace(ctx, ssh_cidr=cidr)
             group_id = resources.ensure_security_group(ec2, ctx)
             ctx = dataclasses.replace(ctx, security_group_ids=(group_id,))
-        if rq.uses_placement_group(spec, settings.aws_cluster_placement_group):
+        if rq.uses_placement_group(request, settings.aws_cluster_placement_group):
             resources.ensure_placement_group(ec2, ctx)
             ctx = dataclasses.replace(ctx, placement_group=rq.resource_name(ctx.job))
         resources.ensure_key_pair(ec2, ctx)
@@ -309,24 +317,26 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
 
     # -- warm capacity --------------------------------------------------------------------
     def _warm_keys(
-        self, spec: JobSpec, region: str, owner: str, image_id: str, public_key: str
+        self, request: CapacityRequest, region: str, owner: str, image_id: str, public_key: str
     ) -> list[str]:
-        """The capacity keys `spec` matches, in the order its launch choices try them."""
+        """The capacity keys `request` matches, in the order its launch choices try them."""
         pairs: list[tuple[str, str]] = []
-        for choice in rq.launch_choices(spec, ["-"]):
+        for choice in rq.launch_choices(request, ["-"]):
             if (choice.instance_type, choice.market) not in pairs:
                 pairs.append((choice.instance_type, choice.market))
         return [
-            _capacity_key(spec, owner, public_key, region, t, spec.instance_count, image_id, m)
+            _capacity_key(
+                request, owner, public_key, region, t, request.instance_count, image_id, m
+            )
             for t, m in pairs
         ]
 
     def _matching_pools(
-        self, ec2: Any, spec: JobSpec, ctx: rq.LaunchContext
+        self, ec2: Any, request: CapacityRequest, ctx: rq.LaunchContext
     ) -> tuple[list[warm.WarmPool], list[warm.WarmPool]]:
-        """(claimable, broken) warm pools for `spec`, best first; broken ones have expired or
+        """(claimable, broken) warm pools for `request`, best first; broken ones have expired or
         lost a member (a spot reclaim) and are to be released."""
-        keys = self._warm_keys(spec, ctx.region, ctx.owner, ctx.image_id, ctx.public_key)
+        keys = self._warm_keys(request, ctx.region, ctx.owner, ctx.image_id, ctx.public_key)
         pools = warm.find_pools(ec2, ctx.region, keys)
         pools = [p for p in pools if p.owner == ctx.owner]  # the key covers it; belt and braces
         now = time.time() + warm.CLAIM_MARGIN_SECONDS
@@ -335,11 +345,11 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         return good, [p for p in pools if p.problem(now) is not None]
 
     def _claim_warm(
-        self, ec2: Any, spec: JobSpec, job: str, attempt: int, ctx: rq.LaunchContext
+        self, ec2: Any, request: CapacityRequest, job: str, attempt: int, ctx: rq.LaunchContext
     ) -> list[dict[str, Any]] | None:
         """A warm pool's instances for this attempt (rank order), or None if none matches."""
         settings = get_settings()
-        good, broken = self._matching_pools(ec2, spec, ctx)
+        good, broken = self._matching_pools(ec2, request, ctx)
         for pool in broken:
             self._release_pool(ec2, pool)
         for pool in good:
@@ -381,19 +391,19 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             return instances
         return None
 
-    def capacity_plan(self, spec: JobSpec) -> str | None:
+    def capacity_plan(self, request: CapacityRequest) -> str | None:
         """Whether a submit now would start on a warm pool, by read-only calls (the pool
         could still be taken by another job first: then new instances are launched)."""
         if not default_key_path().exists():
             return "new instances (no warm pool can match: this machine has no trainctl key yet)"
         try:
-            region = self.spec_region(spec)
-            ctx = self._identity_context(spec, region, "-", 1)
-            good, _ = self._matching_pools(self.client("ec2", region), spec, ctx)
+            region = self.request_region(request)
+            ctx = self._identity_context(request, region, "-", 1)
+            good, _ = self._matching_pools(self.client("ec2", region), request, ctx)
         except Exception as exc:
             return f"new instances unless a warm pool matches (could not look: {scrub(str(exc))})"
         if not good:
-            return "new instances (no warm pool matches this capacity spec)"
+            return "new instances (no warm pool matches this capacity request)"
         pool = good[0]
         left = pool.until - time.time()
         return (
@@ -409,8 +419,8 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
     def keep_warm(self, job: str, seconds: float) -> list[str]:
         """Park the job's running instances (one whole attempt, every rank running) as a
         warm pool for `seconds`; their ids ([] when there is nothing healthy to keep)."""
-        spec = self._specs.get(job)
-        if spec is None or seconds <= 0:
+        request = self._requests.get(job)
+        if request is None or seconds <= 0:
             return []
         settings = get_settings()
         region = self.job_region(job)
@@ -422,7 +432,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             return []
         first = ranked[0]
         key = _capacity_key(
-            spec,
+            request,
             caller_name(self.client("sts", region)),
             ensure_key(default_key_path()),
             region,
@@ -538,7 +548,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         return out
 
     def _reuse(
-        self, ec2: Any, spec: JobSpec, job: str, attempt: int, boot_timeout: float
+        self, ec2: Any, request: CapacityRequest, job: str, attempt: int, boot_timeout: float
     ) -> list[dict[str, Any]] | None:
         """The attempt's instances if an earlier provision call launched them all (by rank);
         None when there are none. A partial set (a node lost meanwhile, or a crash between
@@ -547,10 +557,10 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         if not found:
             return None
         ranked = {tags_of(i).get(rq.TAG_RANK): i for i in found}
-        if len(found) == spec.instance_count and set(ranked) == {
-            str(r) for r in range(spec.instance_count)
+        if len(found) == request.instance_count and set(ranked) == {
+            str(r) for r in range(request.instance_count)
         }:
-            ids = [str(ranked[str(r)]["InstanceId"]) for r in range(spec.instance_count)]
+            ids = [str(ranked[str(r)]["InstanceId"]) for r in range(request.instance_count)]
             try:
                 return wait_running(ec2, ids, self.timing, boot_timeout)
             except BootFailed:  # one died meanwhile; wait_running ended the others
@@ -562,7 +572,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
         return None
 
     def _cluster(
-        self, spec: JobSpec, job: str, attempt: int, instances: list[dict[str, Any]]
+        self, request: CapacityRequest, job: str, attempt: int, instances: list[dict[str, Any]]
     ) -> ClusterInfo:
         instance_type = str(instances[0]["InstanceType"])
         overrides = get_settings().ssh_address_override
@@ -583,20 +593,20 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
                 Path(root).mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._host_roots[(job, attempt)] = list(roots)
-            self._specs[job] = spec
-        if spec.image_uri:
+            self._requests[job] = request
+        if request.image_uri:
             roots = ["/"] * len(addresses)  # the agent sees the host's node dir at /opt/ml
         nodes = [
             NodeInfo(
                 rank=rank,
-                host=node_name(rank, address, in_container=bool(spec.image_uri)),
+                host=node_name(rank, address, in_container=bool(request.image_uri)),
                 address=address,
                 root=root,
             )
             for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
         ]
         return make_cluster(
-            spec,
+            request,
             job,
             attempt,
             self.name,
@@ -654,45 +664,43 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             python=settings.aws_node_python,
         )
 
-    def start_agent(
-        self, cluster: ClusterInfo, rank: int, argv: list[str], env: dict[str, str]
-    ) -> RunningProcess:
-        from trainctl.provisioning.remote import start_agent_on
+    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
+        """The agent over SSH on the instance of `rank`, once its user data has finished
+        (the agent or the image made sure of then)."""
+        from trainctl.provisioning.remote import SshRunner
 
         settings = get_settings()
-        host = self.ssh_target(cluster, rank)
         itype = CATALOG.get(cluster.instance_type)
-        efa_interfaces = itype.efa_interfaces if itype else 0
-        agent_env = dict(AGENT_ENV)
-        if settings.ssh_address_override:
-            # Stand-in hosts are not instances of their own: halting one would halt the
-            # machine the tests run on.
-            agent_env.pop("TRAINCTL_POWEROFF_WHEN_ORPHANED")
-        return start_agent_on(
-            host,
-            cluster,
-            rank,
-            argv,
-            {**agent_env, **env},
+        with self._lock:
+            request = self._requests.get(cluster.job)
+            roots = self._host_roots.get((cluster.job, cluster.attempt))
+        image_uri = request.image_uri if request is not None else None
+        return SshRunner(
+            target=partial(self.ssh_target, cluster, rank),
+            cluster=cluster,
+            rank=rank,
+            # the image's interpreter in a container, else the DLAMI's
+            python=IMAGE_PYTHON if image_uri else settings.aws_node_python,
             known_hosts=self.known_hosts(cluster.job),
             connect_timeout=settings.aws_boot_timeout_seconds,
-            spec=self._specs.get(cluster.job),
-            host_root=self._host_root(cluster, rank),
-            efa_devices=0 if settings.ssh_address_override else efa_interfaces,
+            image_uri=image_uri,
+            request=request,
+            host_root=roots[rank] if roots and rank < len(roots) else cluster.node(rank).root,
+            efa_devices=0 if settings.ssh_address_override or not itype else itype.efa_interfaces,
             # Stand-in hosts (the test seam) run no user data.
             wait_for_marker=not settings.ssh_address_override,
+            retry_auth=True,
+            agent_env=self._agent_env(),
         )
 
-    def _host_root(self, cluster: ClusterInfo, rank: int) -> str:
-        with self._lock:
-            roots = self._host_roots.get((cluster.job, cluster.attempt))
-        return roots[rank] if roots and rank < len(roots) else cluster.node(rank).root
-
-    def agent_python(self, cluster: ClusterInfo, rank: int) -> str:
-        spec = self._specs.get(cluster.job)
-        if spec is not None and spec.image_uri:
-            return IMAGE_PYTHON  # the image's, not the DLAMI's
-        return get_settings().aws_node_python
+    @staticmethod
+    def _agent_env() -> dict[str, str]:
+        env = dict(AGENT_ENV)
+        if get_settings().ssh_address_override:
+            # Stand-in hosts are not instances of their own: halting one would halt the
+            # machine the tests run on.
+            env.pop("TRAINCTL_POWEROFF_WHEN_ORPHANED")
+        return env
 
     def known_hosts(self, job: str) -> Path:
         """Host keys pinned per job: EC2 reuses addresses, so a new instance at an old
@@ -822,26 +830,26 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             usd_per_hour=price,
         )
 
-    def hourly_cost(self, spec: JobSpec) -> float | None:
+    def hourly_cost(self, request: CapacityRequest) -> float | None:
         """USD/hour of the first launch choice: the spot price (lowest latest price of the
         subnets' AZs, or of the region) or the us-east-1 list price; None when unknown."""
-        region = self.spec_region(spec)
-        if not spec.use_spot_instances:
-            price = on_demand_price(spec.instance_type, region)
-            return None if price is None else price * spec.instance_count
+        region = self.request_region(request)
+        if not request.use_spot_instances:
+            price = on_demand_price(request.instance_type, region)
+            return None if price is None else price * request.instance_count
         ec2 = self.client("ec2", region)
-        if spec.subnets:
-            zones = resolve_network(ec2, list(spec.subnets), region).zones
-            prices = [spot_price(ec2, spec.instance_type, zones[s]) for s in spec.subnets]
+        if request.aws.subnets:
+            zones = resolve_network(ec2, list(request.aws.subnets), region).zones
+            prices = [spot_price(ec2, request.instance_type, zones[s]) for s in request.aws.subnets]
             known = [p for p in prices if p is not None]
             price = min(known) if known else None
         else:
-            price = spot_price(ec2, spec.instance_type)
-        return None if price is None else price * spec.instance_count
+            price = spot_price(ec2, request.instance_type)
+        return None if price is None else price * request.instance_count
 
 
 def _capacity_key(
-    spec: JobSpec,
+    request: CapacityRequest,
     owner: str,
     public_key: str,
     region: str,
@@ -850,7 +858,7 @@ def _capacity_key(
     image_id: str,
     market: str,
 ) -> str:
-    """The warm-pool key of `spec`'s capacity as it was (or would be) launched."""
+    """The warm-pool key of `request`'s capacity as it was (or would be) launched."""
     return warm.capacity_key(
         owner=owner,
         ssh_key=public_key,
@@ -858,12 +866,12 @@ def _capacity_key(
         instance_type=instance_type,
         count=count,
         image_id=image_id,
-        image_uri=spec.image_uri,
+        image_uri=request.image_uri,
         market=market,
-        instance_profile=spec.instance_profile,
-        subnets=list(spec.subnets),
-        security_group_ids=list(spec.security_group_ids),
-        volume_size=spec.root_volume_gb,
+        instance_profile=request.aws.instance_profile,
+        subnets=list(request.aws.subnets),
+        security_group_ids=list(request.aws.security_group_ids),
+        volume_size=request.aws.root_volume_gb,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.spec.catalog import CATALOG
-from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
 
 TAG_JOB = "trainctl:job"
 TAG_ATTEMPT = "trainctl:attempt"
@@ -45,7 +45,7 @@ def instance_id_placeholder(rank: int) -> str:
 
 @dataclass(frozen=True)
 class LaunchContext:
-    """Everything the requests of one attempt depend on beyond the spec."""
+    """Everything the requests of one attempt depend on beyond the request."""
 
     job: str
     attempt: int
@@ -86,22 +86,22 @@ def instance_name(job: str, attempt: int, rank: int | None = None) -> str:
     return base if rank is None else f"{base}-algo-{rank + 1}"
 
 
-def launch_choices(spec: JobSpec, subnets: list[str]) -> list[LaunchChoice]:
+def launch_choices(request: CapacityRequest, subnets: list[str]) -> list[LaunchChoice]:
     """The order capacity is tried in: each subnet, then each type, then (optionally) on-demand."""
-    markets = [SPOT, ON_DEMAND] if spec.on_demand_fallback else [SPOT]
-    if not spec.use_spot_instances:
+    markets = [SPOT, ON_DEMAND] if request.on_demand_fallback else [SPOT]
+    if not request.use_spot_instances:
         markets = [ON_DEMAND]
     return [
         LaunchChoice(market, instance_type, subnet)
         for market in markets
-        for instance_type in spec.instance_types
+        for instance_type in request.instance_types
         for subnet in subnets
     ]
 
 
-def uses_placement_group(spec: JobSpec, enabled: bool = True) -> bool:
+def uses_placement_group(request: CapacityRequest, enabled: bool = True) -> bool:
     """A cluster placement group for a multi-node job, unless the setting turns it off."""
-    return enabled and spec.instance_count > 1
+    return enabled and request.instance_count > 1
 
 
 def efa_interfaces(instance_type: str) -> int:
@@ -238,7 +238,7 @@ def client_token(
 
 
 def run_instances(
-    ctx: LaunchContext, spec: JobSpec, choice: LaunchChoice, round_: int = 1
+    ctx: LaunchContext, request: CapacityRequest, choice: LaunchChoice, round_: int = 1
 ) -> dict[str, Any]:
     """The RunInstances request of one launch choice: all nodes or none (MinCount=MaxCount)."""
     name = instance_name(ctx.job, ctx.attempt)
@@ -249,17 +249,17 @@ def run_instances(
     params: dict[str, Any] = {
         "ImageId": ctx.image_id,
         "InstanceType": choice.instance_type,
-        "MinCount": spec.instance_count,
-        "MaxCount": spec.instance_count,
+        "MinCount": request.instance_count,
+        "MaxCount": request.instance_count,
         "ClientToken": client_token(ctx.job, ctx.attempt, choice, round_, ctx.launched_before),
         "KeyName": resource_name(ctx.job),
-        "IamInstanceProfile": instance_profile(spec.instance_profile or ""),
+        "IamInstanceProfile": instance_profile(request.aws.instance_profile or ""),
         "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [
             {
                 "DeviceName": ctx.root_device_name,
                 "Ebs": {
-                    "VolumeSize": spec.root_volume_gb,
+                    "VolumeSize": request.aws.root_volume_gb,
                     "VolumeType": "gp3",
                     "Encrypted": True,
                     "DeleteOnTermination": True,

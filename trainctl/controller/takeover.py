@@ -1,0 +1,63 @@
+"""Taking over the unfinished attempt of a controller that died.
+
+What the store says is reconciled before anything is watched: the attempt's cluster (none:
+the controller died before it started nodes), each node followed through the store rather
+than a process of this one (its logs from where this process had printed them, its
+heartbeats, its result), and the progress the dead controller had counted but not saved.
+"""
+
+from __future__ import annotations
+
+from trainctl.cluster import ClusterInfo
+from trainctl.controller.attempts import count_step
+from trainctl.errors import NotFoundError
+from trainctl.provisioning.base import FaultInjection, Provider
+from trainctl.record import Attempt, JobStore
+from trainctl.spec.settings import Settings
+from trainctl.store import Store
+from trainctl.transport.store import StoreFollower
+
+
+def adopt_attempt(
+    store: Store,
+    jobs: JobStore,
+    current: Attempt,
+    provider: Provider,
+    settings: Settings,
+    log_offsets: dict[tuple[int, int], int],
+) -> tuple[ClusterInfo, dict[int, StoreFollower]] | None:
+    """The attempt's cluster and a follower per node; None when none is left to adopt
+    (no node was started, or every one is gone)."""
+    try:
+        cluster = ClusterInfo.model_validate_json(store.get_text(jobs.keys.cluster(current.number)))
+    except NotFoundError:  # it died before its nodes were started
+        return None
+    killer = provider if isinstance(provider, FaultInjection) else None
+    followers: dict[int, StoreFollower] = {
+        node.rank: StoreFollower(
+            store,
+            jobs.name,
+            cluster.attempt,
+            node.rank,
+            lost_after=settings.heartbeat_timeout_seconds,
+            kill=(lambda rank=node.rank: killer.kill_node(cluster, rank)) if killer else None,
+            log_offset=log_offsets.get((cluster.attempt, node.rank), 0),
+        )
+        for node in cluster.nodes
+    }
+    states = {rank: follower.state() for rank, follower in followers.items()}
+    for follower in followers.values():  # the progress the dead controller had not saved
+        status = follower.status() or {}
+        if isinstance(status.get("step"), int):
+            count_step(current, "step", status["step"])
+        if isinstance(status.get("checkpoint"), int):
+            count_step(current, "checkpoint", status["checkpoint"])
+    if all(state == "gone" for state in states.values()):
+        return None
+    return cluster, followers
+
+
+def went_with_the_controller(followers: dict[int, StoreFollower]) -> bool:
+    """Whether the adopted nodes had gone with the dead controller: their last heartbeats
+    were still fresh at adoption, but none beat since and none left a result."""
+    return not any(f.beats_after_adoption or f.result() for f in followers.values())

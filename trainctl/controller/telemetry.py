@@ -1,0 +1,86 @@
+"""A job's progress and metrics as its controller sees them: steps counted per attempt,
+metric values from the nodes' step messages and from log lines that match the job's
+metric_definitions, the latest in the record and every one (thinned past a cap) in the
+metric history, saved to the store only when something moved."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from trainctl.controller.attempts import count_step
+from trainctl.metrics import MetricRecorder, numeric_metrics
+from trainctl.record import Attempt, JobRecord, JobStore
+
+# Step messages that carry a step number (and may carry metric values).
+PROGRESS_EVENTS = ("step", "checkpoint", "preempted")
+
+
+class Telemetry:
+    """Progress and metrics of one job's record."""
+
+    def __init__(self, jobs: JobStore, record: JobRecord, info: Callable[[str], None]) -> None:
+        self.jobs = jobs
+        self.record = record
+        self.info = info
+        self._patterns = [(m.Name, re.compile(m.Regex)) for m in record.spec.metric_definitions]
+        self._recorder = MetricRecorder()  # values not yet in the store
+        self._saved: tuple[str, tuple[tuple[str, float], ...]] | None = None
+
+    def metric(
+        self,
+        name: str,
+        value: float,
+        rank: int,
+        step: int | None = None,
+        attempt: Attempt | None = None,
+    ) -> None:
+        """A metric value of `attempt` (default: the current one): every value in the
+        history, and the latest in the record unless it is an earlier attempt's line still
+        draining."""
+        current = self.record.attempts[-1] if self.record.attempts else None
+        attempt = attempt or current
+        if step is None and attempt is not None:
+            step = attempt.last_step
+        if attempt is current:
+            self.record.metrics[name] = value
+        self._recorder.add(
+            name, value, step=step, attempt=attempt.number if attempt else 0, rank=rank
+        )
+
+    def progress_message(self, attempt: Attempt, rank: int, msg: dict[str, Any]) -> bool:
+        """A step/checkpoint/preempted message: its step counted and its metric values
+        recorded for `attempt`. False if the message is not one."""
+        step = msg.get("step")
+        if msg.get("event") not in PROGRESS_EVENTS or not isinstance(step, int):
+            return False
+        count_step(attempt, msg["event"], step)
+        for name, value in numeric_metrics(msg.get("metrics")).items():
+            self.metric(name, value, rank, step=step, attempt=attempt)
+        return True
+
+    def log_line(self, rank: int, line: str) -> None:
+        """The metric values a node's log line gives by the job's metric_definitions."""
+        for metric, pattern in self._patterns:
+            if (m := pattern.search(line)) is not None:
+                try:
+                    value = float(m.group(1))
+                except (TypeError, ValueError, IndexError):
+                    continue
+                self.metric(metric, value, rank)
+
+    def save_metric_points(self) -> None:
+        try:
+            self.jobs.save_metric_points(self._recorder.take())
+        except Exception as exc:  # a metric flush must not end the job
+            self.info(f"could not save metrics: {exc}")
+
+    def save_progress(self) -> None:
+        """Save the record if steps or metrics moved since the last save (a store PUT each),
+        and the metric points seen since."""
+        self.save_metric_points()
+        progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
+        if progress != self._saved:
+            self._saved = progress
+            self.jobs.save(self.record)

@@ -1,0 +1,99 @@
+"""What a provider is asked for: a job's capacity, not the whole job.
+
+A provider plans, provisions and prices a `CapacityRequest` (type, count, market, where its
+nodes' containers and data come from) and sees none of the job's script, hyperparameters or
+secrets. An elastic resize is `request.with_count(n)`; the job's own `instance_count` keeps
+meaning its full size. Options only one provider reads sit in that provider's block
+(`request.aws`, `request.ssh`); the job spec keeps them flat, as SageMaker's arguments are.
+
+Every field here is a JobSpec field of the same name and type (tests/unit/test_fields.py
+checks it), so a job field is still declared once: this is a view, made by `of(spec)`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from trainctl.spec.capacity import SshHost
+
+if TYPE_CHECKING:
+    from trainctl.spec.job import JobSpec
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AwsOptions(_View):
+    """What only EC2 reads: the nodes' AMI, instance profile, network and root volume."""
+
+    image_id: str | None = None
+    instance_profile: str | None = None
+    subnets: list[str] = []
+    security_group_ids: list[str] = []
+    volume_size: int | None = None
+
+    @property
+    def root_volume_gb(self) -> int:
+        from trainctl.spec.limits import DEFAULT_VOLUME_GB
+
+        return self.volume_size or DEFAULT_VOLUME_GB
+
+
+class SshOptions(_View):
+    """What only the SSH provider reads: the hosts it places nodes on, in rank order."""
+
+    hosts: list[SshHost] = []
+
+
+class CapacityRequest(_View):
+    """One attempt's capacity: what a provider's plan, provision and price work on."""
+
+    instance_type: str
+    fallback_instance_types: list[str] = []
+    instance_count: int
+    processes_per_host: int | None = None
+    region: str | None = None
+    use_spot_instances: bool = False
+    on_demand_fallback: bool = False
+    # How long the provider's own capacity retries may take (EC2's rounds); None: its default.
+    max_wait: int | None = None
+    # The image every node's agent runs in (None: plain processes on the node).
+    image_uri: str | None = None
+    # Data locations a node mounts when it runs in a container on a host path (file://).
+    checkpoint_s3_uri: str | None = None
+    output_path: str | None = None
+    inputs: dict[str, str] = {}
+    aws: AwsOptions = AwsOptions()
+    ssh: SshOptions = SshOptions()
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> CapacityRequest:
+        """The capacity `spec` asks for (its full size)."""
+        top = {name: getattr(spec, name) for name in cls.model_fields if name not in BLOCKS}
+        blocks = {
+            block: options_class(
+                **{name: getattr(spec, name) for name in options_class.model_fields}
+            )
+            for block, options_class in BLOCKS.items()
+        }
+        return cls(**top, **blocks)
+
+    @property
+    def instance_types(self) -> list[str]:
+        """The instance type, then the fallbacks, in the order capacity is tried."""
+        return [self.instance_type, *self.fallback_instance_types]
+
+    def with_count(self, count: int) -> CapacityRequest:
+        """The same capacity at another size (an elastic resize)."""
+        return self.model_copy(update={"instance_count": count})
+
+    def with_max_wait(self, seconds: float) -> CapacityRequest:
+        """The same capacity, the provider's own capacity retries bounded by `seconds`."""
+        return self.model_copy(update={"max_wait": max(1, int(seconds))})
+
+
+# The per-provider option blocks of a request, by the name a provider reads them under.
+BLOCKS: dict[str, type[_View]] = {"aws": AwsOptions, "ssh": SshOptions}
