@@ -1,5 +1,6 @@
 # trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite
-# (`make test-fast`: the unit tier and a smoke run, for the edit-test loop; `make test-deps`
+# (`make test-fast`: the unit tier and a smoke run, for the edit-test loop; `make test-gpu`:
+# the GPU tier, where CUDA exists; `make test-deps`
 # installs the real parts the tests use: sshd, podman, a registry, dockerd, mpirun, chromium);
 # `make bench` measures the performance table (bench/results.json; see docs/benchmarks.md);
 # `make docs` builds the documentation site into site/.
@@ -12,7 +13,7 @@ STAMP  := $(VENV)/.installed
 # The tests mostly wait on real processes, so 3 workers beat 2 on a 2-core machine.
 TEST_WORKERS ?= 3
 
-.PHONY: venv demo test test-fast test-deps docs lint format bench clean
+.PHONY: venv demo test test-fast test-gpu test-deps docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -42,6 +43,11 @@ test: venv
 test-fast: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -m "unit or smoke"
+
+# The GPU tier (tests/gpu: NCCL, CUDA memory, CUDA's generators) and the library tests that
+# differ where CUDA exists. Without CUDA every GPU test skips with its reason (-rs lists it).
+test-gpu: venv
+	$(VENV)/bin/pytest -q -rs tests/gpu tests/train/test_train_lib.py tests/e2e/test_gpus.py
 
 test-deps:
 	tools/test-deps.sh

@@ -73,7 +73,7 @@ def test_sagemaker_arguments_map_to_the_job(home):
 def test_local_instance_types_run_here(home):
     for itype in ("local", "local_gpu"):
         est = pytorch(instance_type=itype, framework_version=None, py_version=None, role=ROLE)
-        assert spec_of(est).instance_type == "local"
+        assert spec_of(est).instance_type == itype  # local_gpu: refused at submit without a GPU
         assert spec_of(est).instance_profile is None  # your machine: no profile, no warning
 
 

@@ -303,7 +303,9 @@ def test_checkpoint_round_trip_is_bit_exact(clean_env: Path, async_save: bool) -
     }
     assert state["sharded"] is None  # a plain model: its whole state is in state.pt
     own = torch.load(path / "rank-0.pt", weights_only=True)  # plain tensors and builtins
-    assert set(own["rng"]) == {"python", "numpy", "torch"} and own["sampler"]["consumed"] == 20
+    # and CUDA's generators where CUDA exists (one state per device)
+    rng_keys = {"python", "numpy", "torch"} | ({"cuda"} if torch.cuda.is_available() else set())
+    assert set(own["rng"]) == rng_keys and own["sampler"]["consumed"] == 20
 
     # What an uninterrupted run does next.
     draws = (torch.rand(4), random.random(), float(np.random.rand()))

@@ -26,4 +26,6 @@ def no_processes_no_network(monkeypatch):
     monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("starts no process"))
     monkeypatch.setattr(socket.socket, "connect", _refuse("makes no connection"))
     monkeypatch.setattr(socket.socket, "connect_ex", _refuse("makes no connection"))
+    # No GPU in this tier: on a GPU machine, asking nvidia-smi would start a process.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     yield

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "trainctl.redact",
         "trainctl.procs",
         "trainctl.cluster",
+        "trainctl.gpus",
         "trainctl.metrics",
         "trainctl.toolkit",
         "trainctl.train",

@@ -911,7 +911,8 @@ def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
     host = runner.target() if callable(runner.target) else runner.target
     assert (host.address, host.port, runner.rank) == ("127.0.0.2", 2201, 0)
     # Never halt a stand-in host (it is the machine the tests run on).
-    assert runner.agent_env == {"TRAINCTL_IMDS": "1"}
+    # nor check it for the instance type's GPUs (it has none of its own)
+    assert runner.agent_env == {"TRAINCTL_IMDS": "1", "TRAINCTL_GPU_HEALTH_CHECK": "0"}
     assert runner.wait_for_marker is False  # stand-in hosts run no user data
     assert runner.retry_auth is True  # a new instance may not have its key in place yet
     assert runner.known_hosts == provider.known_hosts("ssh")

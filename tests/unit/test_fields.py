@@ -202,3 +202,35 @@ def test_a_capacity_request_carries_the_spec_and_resizes_without_touching_it() -
     dumped = request.model_dump()
     for private in ("entry_point", "hyperparameters", "environment", "secret_env"):
         assert private not in dumped
+
+
+def test_provider_options_may_come_as_a_block() -> None:
+    """`aws: {...}` and `ssh: {...}` (a job file's grouping, as SkyPilot's YAML has it) are
+    the flat fields; a key outside the block, or one given twice, is one line naming it."""
+    from trainctl.errors import SpecError
+    from trainctl.spec.build import build_spec
+
+    common = {"entry_point": "probe.py", "source_dir": str(FIXTURES / "probe")}
+    grouped = build_spec(
+        **common,
+        instance_type="p3.2xlarge",
+        aws={"subnets": ["subnet-0123456789abcdef0"], "instance_profile": "trainer"},
+    )
+    flat = build_spec(
+        **common,
+        instance_type="p3.2xlarge",
+        subnets=["subnet-0123456789abcdef0"],
+        instance_profile="trainer",
+    )
+    assert grouped == flat
+    assert grouped.aws.subnets == ["subnet-0123456789abcdef0"]
+    hosts = build_spec(
+        **common, instance_type="ssh", ssh={"hosts": [{"address": "127.0.0.1", "port": 2222}]}
+    )
+    assert hosts.ssh.hosts[0].port == 2222 and hosts.hosts == hosts.ssh.hosts
+    with pytest.raises(SpecError, match=r"^aws\.region: is not an aws option; allowed: image_id"):
+        build_spec(**common, instance_type="p3.2xlarge", aws={"region": "us-east-1"})
+    with pytest.raises(SpecError, match=r"^aws\.subnets: is also given as subnets"):
+        build_spec(**common, aws={"subnets": ["subnet-1"]}, subnets=["subnet-1"])
+    with pytest.raises(SpecError, match=r"^ssh: must be a mapping of ssh options, got list"):
+        build_spec(**common, ssh=["127.0.0.1"])

@@ -102,6 +102,15 @@ class WatchState:
             self.first_abnormal = now
 
 
+@dataclass
+class _Streak:
+    """What ends a job after too many attempts: the user's failures (max_restarts), and
+    attempts in a row whose nodes never all started training."""
+
+    user_failures: int = 0
+    never_started: int = 0
+
+
 class Controller:
     def __init__(
         self,
@@ -245,70 +254,78 @@ class Controller:
 
     def _run_attempts(self) -> None:
         """Attempts until the job completes, fails for good, is stopped or runs out of time."""
-        spec = self.record.spec
-        user_failures = sum(1 for a in self.record.attempts if a.outcome == "failed")
-        never_started = 0  # attempts in a row whose nodes never all started training
-        # A job whose last attempt never ended lost its controller: this one takes it over.
-        adopted = (
-            self._take_over()
-            if self.record.attempts and (self.record.attempts[-1].ended_at is None)
-            else None
+        streak = _Streak(
+            user_failures=sum(1 for a in self.record.attempts if a.outcome == "failed")
         )
+        # A job whose last attempt never ended lost its controller: this one takes it over.
+        if self.record.attempts and self.record.attempts[-1].ended_at is None:
+            attempt, end = self.record.attempts[-1].number, self._take_over()
+        elif (started := self._next_attempt()) is not None:
+            attempt, end = started
+        else:
+            return
         while True:
-            if adopted is not None:
-                attempt, end, adopted = self.record.attempts[-1].number, adopted, None
-            else:
-                if reason := self.jobs.stop_requested() or self._time_limit_reached():
-                    self._end(JobState.STOPPED, stop_reason=reason)
-                    return
-                attempt = len(self.record.attempts) + 1
-                try:
-                    end = self._run_attempt(attempt)
-                except StoppedWaiting as exc:
-                    self._end(JobState.STOPPED, stop_reason=str(exc))
-                    return
-                except UnrunnableJobError as exc:
-                    if len(self.record.attempts) == attempt:  # recorded: close it
-                        self._close_attempt(AttemptEnd("failed", str(exc)))
-                    self._end(JobState.FAILED, reason=str(exc))
-                    return
             self._close_attempt(end)
-            if end.outcome == "completed":
-                self._complete()
-                return
-            if end.outcome == "stopped":
-                self._end(JobState.STOPPED, stop_reason=end.cause)
-                return
-            if end.outcome == "failed" and end.exit_code == EXIT_REFUSED:
-                # Tampered code, a URI outside the job's data: new capacity finds the same.
-                self._end(JobState.FAILED, reason=end.cause, exit_code=end.exit_code)
-                return
-            cause = end.cause or "interrupted"
-            never_started = never_started + 1 if self._training_started is None else 0
-            if end.outcome == "interrupted" and never_started >= MAX_ATTEMPTS_NEVER_STARTED:
-                # Lost capacity is retried; nodes that cannot even start (a bad image, a
-                # broken host) fail the same way on new capacity, at a price each time.
-                self._end(
-                    JobState.FAILED,
-                    reason=f"nodes failed to start {never_started} times in a row: {cause}",
-                )
-                return
-            if end.outcome == "failed":
-                user_failures += 1
-                if user_failures > spec.max_restarts:
-                    self._end(
-                        JobState.FAILED,
-                        reason=end.cause,
-                        detail=end.detail,
-                        exit_code=end.exit_code,
-                    )
-                    return
-                cause = f"{cause} (restart {user_failures} of {spec.max_restarts})"
+            cause = self._relaunch_cause(end, streak)
+            if cause is None:
+                return  # the job has ended
             self.jobs.transition(self.record, JobState.INTERRUPTED, attempt=attempt, cause=cause)
             self._info(f"attempt {attempt} interrupted: {cause}; relaunching")
             # Release this attempt's capacity before asking for the next.
             self.provider.terminate(self.name, grace=0)
             self._record_usage()
+            if (started := self._next_attempt()) is None:
+                return
+            attempt, end = started
+
+    def _next_attempt(self) -> tuple[int, AttemptEnd] | None:
+        """Run the next attempt to its end; None when the job ended instead (stopped, out of
+        time, or unrunnable)."""
+        if reason := self.jobs.stop_requested() or self._time_limit_reached():
+            self._end(JobState.STOPPED, stop_reason=reason)
+            return None
+        attempt = len(self.record.attempts) + 1
+        try:
+            return attempt, self._run_attempt(attempt)
+        except StoppedWaiting as exc:
+            self._end(JobState.STOPPED, stop_reason=str(exc))
+        except UnrunnableJobError as exc:
+            if len(self.record.attempts) == attempt:  # recorded: close it
+                self._close_attempt(AttemptEnd("failed", str(exc)))
+            self._end(JobState.FAILED, reason=str(exc))
+        return None
+
+    def _relaunch_cause(self, end: AttemptEnd, streak: _Streak) -> str | None:
+        """Why the job goes on to another attempt after `end`; None when `end` ended the
+        job (completed, stopped, refused, or out of restarts), which is then recorded."""
+        if end.outcome == "completed":
+            self._complete()
+            return None
+        if end.outcome == "stopped":
+            self._end(JobState.STOPPED, stop_reason=end.cause)
+            return None
+        if end.outcome == "failed" and end.exit_code == EXIT_REFUSED:
+            # Tampered code, a URI outside the job's data: new capacity finds the same.
+            self._end(JobState.FAILED, reason=end.cause, exit_code=end.exit_code)
+            return None
+        cause = end.cause or "interrupted"
+        streak.never_started = streak.never_started + 1 if self._training_started is None else 0
+        if end.outcome == "interrupted" and streak.never_started >= MAX_ATTEMPTS_NEVER_STARTED:
+            # Lost capacity is retried; nodes that cannot even start (a bad image, a broken
+            # host) fail the same way on new capacity, at a price each time.
+            why = f"nodes failed to start {streak.never_started} times in a row: {cause}"
+            self._end(JobState.FAILED, reason=why)
+            return None
+        if end.outcome == "failed":
+            streak.user_failures += 1
+            restarts = self.record.spec.max_restarts
+            if streak.user_failures > restarts:
+                self._end(
+                    JobState.FAILED, reason=end.cause, detail=end.detail, exit_code=end.exit_code
+                )
+                return None
+            cause = f"{cause} (restart {streak.user_failures} of {restarts})"
+        return cause
 
     def _run_attempt(self, attempt: int) -> AttemptEnd:
         spec = self.record.spec
@@ -671,6 +688,10 @@ class Controller:
         result = node.result
         code = int(result.get("exit_code", node.exit_code or 1))
         reason = result.get("reason") or f"exit code {code}"
+        if result.get("unhealthy"):
+            # Its machine failed a health check (a bad GPU): new capacity, not the user's
+            # failure; a machine that is always unhealthy ends as nodes that never start.
+            return AttemptEnd("interrupted", f"algo-{node.rank + 1}: {reason}")
         return AttemptEnd(
             "failed",
             f"algo-{node.rank + 1}: {reason}",

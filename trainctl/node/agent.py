@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import RefusedError
+from trainctl.gpus import health_problems, visible_gpus
 from trainctl.node.output import (
     LauncherNoise,
     LogShipper,
@@ -233,6 +234,37 @@ class Agent:
         ).start()
         return restored.summary()
 
+    def nccl_env(self, env: dict[str, str]) -> dict[str, str]:
+        """NCCL's interface (this node's route to the master), its async error handling and
+        the aws-ofi-nccl plug-in where EFA is used (see trainctl.launcher.nccl)."""
+        from trainctl.launcher.nccl import OFI_NCCL_DIRS, nccl_env
+        from trainctl.node.route import route_interface
+
+        plugin = next((d for d in OFI_NCCL_DIRS if Path(d, "libnccl-net.so").exists()), None)
+        return nccl_env(
+            self.cluster.network_env,
+            route_interface=route_interface(self.cluster.master.address),
+            ofi_nccl_dir=plugin,
+            ld_library_path=env.get("LD_LIBRARY_PATH"),
+        )
+
+    def gpu_problems(self) -> list[str]:
+        """What is wrong with this node's GPUs before training (see trainctl.gpus): fewer
+        than its instance type has, one busy with another process, ECC errors."""
+        from trainctl.spec.catalog import CATALOG
+
+        if not self.settings.gpu_health_check:
+            return []
+        known = CATALOG.get(self.cluster.instance_type)
+        expected = known.gpus if known and known.gpus else None
+        ids = visible_gpus()
+        if not ids and expected is None:
+            return []  # a CPU node
+        problems = health_problems(ids, expected)
+        for problem in problems:
+            self.log(f"GPU health: {problem}")
+        return problems
+
     def python(self) -> str:
         from trainctl.node.pyenv import prepare_python
 
@@ -243,13 +275,14 @@ class Agent:
 
         env = dict(os.environ)
         env.update(self.cluster.network_env)
+        env.update(self.nccl_env(env))
         env.update(
             sagemaker_env(
                 self.spec,
                 self.cluster,
                 self.rank,
                 self.layout,
-                num_gpus=count_gpus(),
+                num_gpus=len(visible_gpus()),
                 num_cpus=os.cpu_count() or 1,
                 source_uri=self.record.source_uri,
             )
@@ -417,6 +450,10 @@ class Agent:
             return self.finish(EXIT_REFUSED, f"refused: {exc}", None)
         except Exception as exc:
             return self.finish(EXIT_INFRA, f"node setup failed: {exc}", None)
+        if problems := self.gpu_problems():
+            # Infrastructure, not the user's code: the controller replaces the node.
+            reason = f"GPU health check failed: {'; '.join(problems)}"
+            return self.finish(EXIT_INFRA, reason, None, unhealthy=True)
         command = build_node_command(self.spec, self.cluster, self.rank, python=python)
         if not command.argv:
             self.say("idle")
@@ -561,7 +598,11 @@ class Agent:
                 out.put_file("output.tar.gz", data)
                 self.log(f"output data: {out.url('output.tar.gz')}")
 
-    def finish(self, code: int, reason: str | None, detail: str | None) -> int:
+    def finish(
+        self, code: int, reason: str | None, detail: str | None, *, unhealthy: bool = False
+    ) -> int:
+        """End the node with `code`; `unhealthy`: its machine failed a health check (the
+        controller replaces the node instead of failing the job)."""
         reason = None if reason is None else self.redactor.text(reason)
         detail = None if detail is None else self.redactor.text(detail)
         self.write_status()  # the last progress, before the result says the node is done
@@ -589,6 +630,7 @@ class Agent:
             "stopped": self.stopping,
             "preempted": code == EXIT_PREEMPTED,
             "notice": self.notice,
+            "unhealthy": unhealthy,
         }
         # The log's last lines go up before the result: whoever reads the result from the
         # store (a controller that took over) then has the whole log.
@@ -612,20 +654,6 @@ def exit_text(code: int) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
-
-
-def count_gpus() -> int:
-    """GPUs visible to this node, without importing torch (slow) into the agent."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def main(argv: list[str] | None = None) -> int:

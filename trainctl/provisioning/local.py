@@ -3,6 +3,10 @@
 Nodes talk over loopback (all of 127.0.0.0/8 is local), so the gloo/NCCL interface is
 pinned to `lo` and no traffic leaves the machine.
 
+On a machine with GPUs, each node gets its own share of them (CUDA_VISIBLE_DEVICES, so
+SM_NUM_GPUS and the default workers per node follow), as k instances of a GPU type would
+have: 4 GPUs and 2 nodes give algo-1 GPUs 0,1 and algo-2 GPUs 2,3.
+
 With `image_uri`, each node's agent runs inside that image (docker or podman, see
 container/run.py): the node directory's opt/ml is the container's /opt/ml (so the node's
 layout root, as the agent sees it, is "/"), file:// stores and channels are mounted at the
@@ -16,7 +20,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +32,8 @@ from trainctl.cluster import (
     loopback_name,
     loopback_network_env,
 )
+from trainctl.errors import SpecError
+from trainctl.gpus import share_gpus, visible_gpus
 from trainctl.image.container import IMAGE_PYTHON, container_mounts
 from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 from trainctl.provisioning.base import (
@@ -41,6 +47,7 @@ from trainctl.provisioning.base import (
     free_port,
     make_cluster,
 )
+from trainctl.spec.job import JobSpec
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 from trainctl.transport import RunningProcess
@@ -73,6 +80,7 @@ class LocalRunner(NodeRunner):
     root: Path
     python: str
     wrap: Callable[[list[str], set[str]], list[str]] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # the node's own (its GPUs)
 
     def command(self, argv: list[str], env_names: set[str]) -> list[str]:
         return argv if self.wrap is None else self.wrap(argv, env_names)
@@ -80,6 +88,7 @@ class LocalRunner(NodeRunner):
     def start(self, argv: list[str], env: dict[str, str]) -> RunningProcess:
         cluster = self.cluster
         tags = {JOB_TAG: cluster.job, NODE_TAG: str(self.rank), ATTEMPT_TAG: str(cluster.attempt)}
+        env = {**env, **self.env}
         full_env = {**os.environ, **env, **tags}
         full_env.pop("TRAINCTL_CONTROLLER", None)
         if self.wrap is not None:
@@ -98,6 +107,38 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         # in time.monotonic() (None: for good). This machine otherwise has room for any job.
         self._holds: dict[str, list[tuple[int, float | None]]] = {}
         self._full: dict[str, int] = {}  # job -> the size it was first provisioned at
+        # (job, attempt) -> each rank's GPU ids ([] each on a machine without GPUs)
+        self._gpus: dict[tuple[str, int], list[list[str]]] = {}
+
+    def check_offline(self, spec: JobSpec, store_uri: str) -> None:
+        """This machine's GPUs split evenly among the job's nodes, each node's workers at
+        most its GPUs (NCCL needs a GPU each); local_gpu needs a GPU."""
+        ids = visible_gpus()
+        if not ids:
+            if spec.instance_type == "local_gpu":
+                raise SpecError(
+                    "instance_type",
+                    "local_gpu needs a GPU on this machine and none is visible (nvidia-smi "
+                    "lists none, or CUDA_VISIBLE_DEVICES hides them all); use local",
+                )
+            return
+        count = spec.instance_count
+        if len(ids) % count:
+            divisors = [str(n) for n in range(1, len(ids) + 1) if len(ids) % n == 0]
+            raise SpecError(
+                "instance_count",
+                f"{count} local nodes cannot share this machine's {len(ids)} GPUs evenly; "
+                f"use {', '.join(divisors)}",
+            )
+        per_node = len(ids) // count
+        if spec.processes_per_host is not None and spec.processes_per_host > per_node:
+            raise SpecError(
+                "processes_per_host",
+                f"{spec.processes_per_host} workers per node but each of the {count} local "
+                f"node(s) has {per_node} GPU(s) of this machine's {len(ids)}: at most "
+                f"{per_node} (one GPU each), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run "
+                "on the CPU",
+            )
 
     def nodes_dir(self, job: str) -> Path:
         return self.home / "nodes" / job
@@ -180,7 +221,9 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
             # processes each node's name is a loopback address of its own.
             name = host_name(rank) if request.image_uri else loopback_name(rank)
             nodes.append(NodeInfo(rank=rank, host=name, address=LOOPBACK, root=root))
-        network_env = loopback_network_env()
+        # a resized elastic job's count may not divide them: the rest stay idle
+        shares = share_gpus(visible_gpus(), request.instance_count)
+        self._gpus[(job, attempt)] = shares
         return make_cluster(
             request,
             job,
@@ -189,8 +232,14 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
             request.instance_type,
             nodes,
             master_port=port,
-            network_env=network_env,
+            gpus=len(shares[0]),
+            network_env=loopback_network_env(),
         )
+
+    def node_gpus(self, cluster: ClusterInfo, rank: int) -> list[str] | None:
+        """The GPU ids of the node of `rank` (None: the machine has none to share)."""
+        shares = self._gpus.get((cluster.job, cluster.attempt))
+        return shares[rank] if shares and shares[rank] else None
 
     def runs_in_container(self, job: str) -> bool:
         """Whether `job`'s agents run in its image (known once planned or provisioned)."""
@@ -213,7 +262,8 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
             env=names,
             node_root=str(self.node_root(cluster.job, cluster.attempt, rank)),
             agent_argv=argv,
-            gpus=0,  # the local instance type has no GPUs of its own
+            # the engine exposes every GPU; CUDA_VISIBLE_DEVICES keeps the node to its own
+            gpus=len(self.node_gpus(cluster, rank) or []),
             efa_devices=0,
             hosts=cluster.host_entries,
             mounts=container_mounts(request, argv),
@@ -221,10 +271,12 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
 
     def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
         root = self.node_root(cluster.job, cluster.attempt, rank)
+        gpus = self.node_gpus(cluster, rank)
+        env = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         if not self.runs_in_container(cluster.job):
-            return LocalRunner(cluster, rank, root, python=sys.executable)
+            return LocalRunner(cluster, rank, root, python=sys.executable, env=env)
         wrap = partial(self.container_argv, cluster, rank)
-        return LocalRunner(cluster, rank, root, python=IMAGE_PYTHON, wrap=wrap)
+        return LocalRunner(cluster, rank, root, python=IMAGE_PYTHON, wrap=wrap, env=env)
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node at once, as losing the machine would."""

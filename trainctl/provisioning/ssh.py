@@ -53,9 +53,10 @@ T = TypeVar("T")
 
 NODES_DIR = ".trainctl/nodes"  # under the remote home
 
-# Per rank, at provision: make the node dir and (rank 0) find a free port for the master.
+# Per rank, at provision: make the node dir, (rank 0) find a free port for the master, and
+# count the host's GPUs (nvidia-smi -L; None without the driver).
 PREPARE = r"""
-import json, os, socket, sys
+import json, os, shutil, socket, subprocess, sys
 job, attempt, rank, want_port = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "port"
 root = os.path.join(os.path.expanduser("~"), ".trainctl", "nodes", job, "attempt-" + attempt,
                     "node-" + rank)
@@ -65,7 +66,15 @@ if want_port:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
-print("trainctl-prepare " + json.dumps({"root": root, "port": port}))
+gpus = None
+if shutil.which("nvidia-smi"):
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=20).stdout
+        gpus = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.SubprocessError):
+        pass
+print("trainctl-prepare " + json.dumps({"root": root, "port": port, "gpus": gpus}))
 """
 
 # End a job's processes on this host, found by their tags in /proc/*/environ (argv: JOB
@@ -302,7 +311,16 @@ class SshProvider(Provider, FaultInjection):
             detail = "; ".join(f"hosts[{rank}]: {error}" for rank, error in failed)
             raise SshProvisionError(f"cannot provision {len(failed)} ssh host(s): {detail}")
         nodes_info = [result for _, result, _ in results]
+        # A host entry without `gpus:` has the GPUs nvidia-smi found there.
+        hosts = [
+            host.model_copy(update={"gpus": node["gpus"]})
+            if not host.gpus and node.get("gpus")
+            else host
+            for host, node in zip(hosts, nodes_info, strict=True)
+        ]
+        self._save_hosts(job, hosts)
         with self._lock:
+            self._hosts[job] = hosts
             for rank, node in enumerate(nodes_info):
                 self._runtimes[(job, rank)] = (node["env"], s3)
                 if request.image_uri:
@@ -310,7 +328,7 @@ class SshProvider(Provider, FaultInjection):
         roots = [str(node["root"]) for node in nodes_info]
         if request.image_uri:  # inside the container the node's opt/ml is /opt/ml
             roots = ["/"] * len(roots)
-        return self._cluster(request, job, attempt, roots, int(nodes_info[0]["port"]))
+        return self._cluster(request, job, attempt, roots, int(nodes_info[0]["port"]), hosts)
 
     def planned_cluster(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         """Addresses are the hosts'; node dirs under the remote home, shown as `~`."""
@@ -323,9 +341,15 @@ class SshProvider(Provider, FaultInjection):
         return self._cluster(request, job, attempt, roots, DEFAULT_MASTER_PORT)
 
     def _cluster(
-        self, request: CapacityRequest, job: str, attempt: int, roots: list[str], port: int
+        self,
+        request: CapacityRequest,
+        job: str,
+        attempt: int,
+        roots: list[str],
+        port: int,
+        hosts: list[SshHost] | None = None,
     ) -> ClusterInfo:
-        hosts = request.ssh.hosts[: request.instance_count]
+        hosts = hosts or request.ssh.hosts[: request.instance_count]
         network_env: dict[str, str] = {}
         if is_loopback(hosts[0].address):
             network_env = loopback_network_env()

@@ -60,7 +60,9 @@ def build_spec(**fields: Any) -> JobSpec:
     Resolves source_dir (default: the entry point's directory) before validation so the
     stored spec is independent of the submitter's working directory.
     """
-    fields = {k: v for k, v in fields.items() if v is not None}
+    from trainctl.spec.request import flatten_blocks
+
+    fields = flatten_blocks({k: v for k, v in fields.items() if v is not None})
     for name, value in fields.items():
         try:
             check_value(value, name)

@@ -28,6 +28,8 @@ CATALOG: dict[str, InstanceType] = {
     t.name: t
     for t in [
         InstanceType("local", "local"),
+        # SageMaker's local mode with every GPU of this machine (none: refused at submit)
+        InstanceType("local_gpu", "local"),
         InstanceType("ssh", "ssh"),
         _ec2("p3.2xlarge", 1, 16, 8, 61, 0, 3.06),
         _ec2("p3.8xlarge", 4, 64, 32, 244, 0, 12.24),

@@ -47,7 +47,7 @@ from trainctl.spec.parts import (
 )
 
 if TYPE_CHECKING:
-    from trainctl.spec.request import CapacityRequest
+    from trainctl.spec.request import AwsOptions, CapacityRequest, SshOptions
 
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
 MAX_KEEP_ALIVE_SECONDS = 3600
@@ -139,8 +139,10 @@ class JobSpec(StrictModel):
     instance_type: Annotated[
         str,
         Door(
-            "'local' (this machine, the default), 'ssh' (hosts), or an EC2 type (ml. names too).",
-            sagemaker="mapped: ml.<type> is the EC2 type; local and local_gpu are 'local'",
+            "'local' (this machine, the default; its GPUs shared among the nodes), "
+            "'local_gpu' (the same, refused without a GPU), 'ssh' (hosts), or an EC2 type "
+            "(ml. names too).",
+            sagemaker="mapped: ml.<type> is the EC2 type; local and local_gpu are the same",
         ),
     ] = "local"
     # strict: True is not a count, and "2" from an untyped source is a mistake worth naming
@@ -478,6 +480,20 @@ class JobSpec(StrictModel):
         from trainctl.spec.catalog import CATALOG
 
         return CATALOG[self.instance_type].provider
+
+    @property
+    def aws(self) -> AwsOptions:
+        """The options only EC2 reads, as a block (the fields stay flat)."""
+        from trainctl.spec.request import AwsOptions
+
+        return AwsOptions(**{name: getattr(self, name) for name in AwsOptions.model_fields})
+
+    @property
+    def ssh(self) -> SshOptions:
+        """The options only the SSH provider reads, as a block (the fields stay flat)."""
+        from trainctl.spec.request import SshOptions
+
+        return SshOptions(**{name: getattr(self, name) for name in SshOptions.model_fields})
 
     @property
     def instance_types(self) -> list[str]:

@@ -7,15 +7,19 @@ meaning its full size. Options only one provider reads sit in that provider's bl
 (`request.aws`, `request.ssh`); the job spec keeps them flat, as SageMaker's arguments are.
 
 Every field here is a JobSpec field of the same name and type (tests/unit/test_fields.py
-checks it), so a job field is still declared once: this is a view, made by `of(spec)`.
+checks it), so a job field is still declared once: this is a view, made by `of(spec)`. A
+job file (or `build_spec`) may also group a provider's options under its block's name
+(`aws: {subnets: [...], instance_profile: ...}`, `ssh: {hosts: [...]}`), as SkyPilot's
+YAML does; `flatten_blocks` turns that into the flat fields.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trainctl.errors import SpecError
 from trainctl.spec.capacity import SshHost
 
 if TYPE_CHECKING:
@@ -73,13 +77,7 @@ class CapacityRequest(_View):
     def of(cls, spec: JobSpec) -> CapacityRequest:
         """The capacity `spec` asks for (its full size)."""
         top = {name: getattr(spec, name) for name in cls.model_fields if name not in BLOCKS}
-        blocks = {
-            block: options_class(
-                **{name: getattr(spec, name) for name in options_class.model_fields}
-            )
-            for block, options_class in BLOCKS.items()
-        }
-        return cls(**top, **blocks)
+        return cls(**top, aws=spec.aws, ssh=spec.ssh)
 
     @property
     def instance_types(self) -> list[str]:
@@ -97,3 +95,30 @@ class CapacityRequest(_View):
 
 # The per-provider option blocks of a request, by the name a provider reads them under.
 BLOCKS: dict[str, type[_View]] = {"aws": AwsOptions, "ssh": SshOptions}
+
+
+def flatten_blocks(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with each provider block (`aws: {...}`, `ssh: {...}`) spread into the flat
+    job fields it groups; SpecError for a block that is no mapping, a key that is not one
+    of its fields, or a field given both in a block and flat."""
+    out = dict(fields)
+    for block, options_class in BLOCKS.items():
+        if block not in out:
+            continue
+        values = out.pop(block)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise SpecError(
+                block, f"must be a mapping of {block} options, got {type(values).__name__}"
+            )
+        allowed = list(options_class.model_fields)
+        for key, value in values.items():
+            if key not in allowed:
+                raise SpecError(
+                    f"{block}.{key}", f"is not an {block} option; allowed: {', '.join(allowed)}"
+                )
+            if out.get(key) is not None:
+                raise SpecError(f"{block}.{key}", f"is also given as {key}: give it once")
+            out[key] = value
+    return out

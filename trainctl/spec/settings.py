@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )
+    gpu_health_check: bool = Field(
+        default=True,
+        description="Before training, each node agent checks its GPUs (as many as the "
+        "instance type has, none already running another process, no uncorrected ECC "
+        "errors); a node that fails is replaced like a lost node.",
+    )
     poweroff_when_orphaned: bool = Field(
         default=False,
         description="A node agent whose controller is gone past orphan_timeout_seconds also "

@@ -66,12 +66,12 @@ def instance_type_of(value: str) -> str:
     from trainctl.spec.catalog import CATALOG, ec2_name
 
     if value in ("local", "local_gpu"):
-        return "local"
+        return value
     if value.startswith("ml.") and ec2_name(value) == value:
         raise SpecError(
             "instance_type",
             f"{value!r} has no EC2 equivalent trainctl can launch (known: "
-            f"{', '.join('ml.' + t for t in sorted(CATALOG) if t != 'local')})",
+            f"{', '.join('ml.' + t for t in sorted(CATALOG) if CATALOG[t].provider == 'aws')})",
         )
     return ec2_name(value)
 
@@ -82,8 +82,11 @@ def instance_profile_of(role: str | None, instance_type: str) -> str | None:
         return None
     if not isinstance(role, str):
         raise SpecError("role", "must be an IAM role ARN, an instance profile ARN or name")
+    from trainctl.spec.catalog import CATALOG
+
+    own_machines = instance_type in CATALOG and CATALOG[instance_type].provider != "aws"
     if role == ROLE_PLACEHOLDER:
-        if instance_type not in ("local", "ssh"):
+        if not own_machines:
             warn_placeholder_role()
         return None
     match = ROLE_ARN_RE.fullmatch(role)
@@ -93,7 +96,7 @@ def instance_profile_of(role: str | None, instance_type: str) -> str | None:
             f"{role!r} is neither an IAM ARN (arn:aws:iam::<account>:role/<name> or "
             ":instance-profile/<name>) nor an instance profile name",
         )
-    if instance_type in ("local", "ssh"):
+    if own_machines:
         return None  # machines of your own: their own credentials, no profile
     if match is None or match["kind"] == "instance-profile":
         return role
