@@ -33,13 +33,73 @@ LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo", "NCCL_SOCK
 # an MLP of ~5.5 M parameters with Adam, so one step takes tens of ms (~80 ms on a quiet
 # 2-core VM, gradient all-reduce over gloo included) and a checkpoint (model + Adam moments)
 # is ~66 MB.
-WORKLOAD_ARGS: dict[str, Any] = {
+CPU_WORKLOAD_ARGS: dict[str, Any] = {
     "in-features": 512,
     "hidden": 1536,
     "layers": 2,
     "batch-size": 32,
     "optimizer": "adam",
 }
+# On a GPU: an MLP of ~302 M parameters (8192 wide) and 512 samples a step, its data made on
+# the device, so a step keeps an H100 busy (~0.9 TFLOP per worker per step) and the figure
+# measures training, not the input pipeline; TF32 matmuls, as GPU training uses.
+GPU_WORKLOAD_ARGS: dict[str, Any] = {
+    "in-features": 4096,
+    "hidden": 8192,
+    "layers": 4,
+    "batch-size": 512,
+    "samples": 65536,
+    "optimizer": "adam",
+    "data-on-device": 1,
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How the figures' jobs are laid out on this machine: on the CPU 2 local nodes x 1
+    worker; with GPUs, 2 local nodes splitting them when each gets at least 2 (NCCL inside a
+    node and between nodes), else 1 node with a worker per GPU. The bare torchrun baseline
+    runs the same layout, each node given the same GPUs trainctl gives it."""
+
+    nodes: int
+    workers_per_node: int
+    gpus: int
+    device: str  # "cpu", or the GPU's name
+
+    @property
+    def gpu_ids(self) -> list[list[str]]:
+        """Each node's CUDA_VISIBLE_DEVICES (as trainctl's local provider shares them)."""
+        per = self.gpus // self.nodes
+        return [[str(i) for i in range(r * per, (r + 1) * per)] for r in range(self.nodes)]
+
+
+def topology() -> Topology:
+    """This machine's layout, found as trainctl finds GPUs (no torch import)."""
+    from trainctl.gpus import gpu_states, visible_gpus
+
+    gpus = len(visible_gpus())
+    if gpus == 0:
+        return Topology(nodes=2, workers_per_node=1, gpus=0, device="cpu")
+    states = gpu_states() or []
+    name = f"{gpus} x {states[0].name}" if states else f"{gpus} GPU(s)"
+    if gpus >= 4 and gpus % 2 == 0:
+        return Topology(nodes=2, workers_per_node=gpus // 2, gpus=gpus, device=name)
+    return Topology(nodes=1, workers_per_node=gpus, gpus=gpus, device=name)
+
+
+TOPOLOGY = topology()
+
+# Dense TF32 tensor-core peak per GPU, TFLOP/s (NVIDIA's data sheets; SXM parts), for the
+# throughput row's utilisation: model TFLOP/s per GPU over this. Unknown GPUs: no figure.
+TF32_PEAK_TFLOPS = {"H100": 494.7, "H200": 494.7, "A100": 156.0, "L4": 60.0, "A10G": 35.0}
+
+
+def tf32_peak(device: str) -> float | None:
+    """The TF32 peak of one GPU named in `device` (e.g. "1 x NVIDIA H100 80GB HBM3")."""
+    return next((peak for name, peak in TF32_PEAK_TFLOPS.items() if name in device), None)
+
+
+WORKLOAD_ARGS = GPU_WORKLOAD_ARGS if TOPOLOGY.gpus else CPU_WORKLOAD_ARGS
 
 
 def free_port() -> int:
@@ -234,6 +294,11 @@ class NodeRun:
         ev = first(self.events, "done")
         return ev.get("steps_per_s") if ev else None
 
+    def done(self, key: str) -> float | None:
+        """A figure of the workload's `done` line (samples_per_s, model_tflops)."""
+        ev = first(self.events, "done")
+        return ev.get(key) if ev else None
+
     def stalls(self) -> list[float]:
         return [e["stall"] for e in every(self.events, "ckpt")]
 
@@ -246,7 +311,7 @@ def run_torchrun(
     *,
     wait_for_master: bool = False,
 ) -> NodeRun:
-    """The baseline: two `torchrun --nnodes 2` processes started by hand, one per node dir
+    """The baseline: a `torchrun` per node of TOPOLOGY started by hand, one per node dir
     (the master first). `wait_for_master`: node 1 runs torchrun through
     bench/torchrun_wait.py, which avoids torchrun's rendezvous race (see there)."""
     port = free_port()
@@ -254,7 +319,11 @@ def run_torchrun(
     env = {k: v for k, v in env.items() if not k.startswith(("SM_", "TRAINCTL_JOB"))}
     outs, running = [], []
     t0 = time.time()
-    for rank in range(2):
+    nodes = TOPOLOGY.nodes
+    for rank in range(nodes):
+        node_env = dict(env)
+        if TOPOLOGY.gpus:
+            node_env["CUDA_VISIBLE_DEVICES"] = ",".join(TOPOLOGY.gpu_ids[rank])
         node = workdir / f"node-{rank}"
         node.mkdir(parents=True, exist_ok=True)
         out = open(node / "out.log", "wb")  # noqa: SIM115 (closed below)
@@ -266,11 +335,11 @@ def run_torchrun(
             PYTHON,
             *launcher,
             "--nnodes",
-            "2",
+            str(nodes),
             "--node-rank",
             str(rank),
             "--nproc-per-node",
-            "1",
+            str(TOPOLOGY.workers_per_node),
             "--master-addr",
             "127.0.0.1",
             "--master-port",
@@ -282,7 +351,9 @@ def run_torchrun(
             str(WORKLOAD),
             *hp_args(hps),
         ]
-        running.append(procs.spawn(argv, cwd=node, env=env, stdout=out, stderr=subprocess.STDOUT))
+        running.append(
+            procs.spawn(argv, cwd=node, env=node_env, stdout=out, stderr=subprocess.STDOUT)
+        )
     ok = True
     deadline = time.monotonic() + timeout
     try:
@@ -339,7 +410,7 @@ class TrainctlRunner:
             entry_point="workload.py",
             source_dir=str(self.source),
             instance_type="local",
-            instance_count=2,
+            instance_count=TOPOLOGY.nodes,  # a worker per GPU: the default
             hyperparameters=hps,
             distribution={"torch_distributed": {"enabled": True}},
             faults=faults,
@@ -449,6 +520,9 @@ def machine_info() -> dict[str, Any]:
     except (ValueError, OSError):
         mem = None
     return {
+        "device": TOPOLOGY.device,
+        "gpus": TOPOLOGY.gpus,
+        "layout": f"{TOPOLOGY.nodes} node(s) x {TOPOLOGY.workers_per_node} worker(s)",
         "cores": os.cpu_count(),
         "cpu": model,
         "memory_gib": round(mem, 1) if mem else None,

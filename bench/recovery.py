@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import WORKLOAD_ARGS, every, first, log, summary
+from bench.common import TOPOLOGY, WORKLOAD_ARGS, every, first, log, summary
 
 KILL_GOAL_S = 15.0
 WRITE_WINDOW_STEPS = 2
@@ -32,7 +32,11 @@ def _one(ctx: Any, kind: str, hps: dict[str, Any], at: float) -> dict[str, Any]:
         return (attempts[1].get("last_step") or 0) > attempts[1]["resumed_from_step"] + 5
 
     run, desc, per_attempt = ctx.runner.run(
-        hps, faults=[f"{kind}:1@{at}"], timeout=240, stop_when=recovered
+        # the last node: algo-2 of two, or the only one on a 1-node GPU layout
+        hps,
+        faults=[f"{kind}:{TOPOLOGY.nodes - 1}@{at}"],
+        timeout=240,
+        stop_when=recovered,
     )
     job = run.info["job"]
     events = run.info["job_events"]

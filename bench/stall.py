@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import PYTHON, REPO, WORKLOAD_ARGS, hp_args, log, ratio_figure
+from bench.common import PYTHON, REPO, TOPOLOGY, WORKLOAD_ARGS, hp_args, log, ratio_figure
 
 GOAL = 0.2
 
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dir", required=True)
+    p.add_argument("--device", default="cpu", help="cuda: the model and Adam state in GPU memory")
     args = p.parse_args(argv)
     for key in [k for k in os.environ if k.startswith(("TRAINCTL_JOB", "SM_"))]:
         del os.environ[key]  # a plain process: no control messages, ./checkpoints layout
@@ -102,17 +103,20 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     wargs = workload_args(hp_args(WORKLOAD_ARGS))
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    model = build_model(wargs)
+    model = build_model(wargs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     data = synthetic_data(wargs)
     sampler = ResumableDistributedSampler(data, num_replicas=1, rank=0, seed=0)
 
     def train_step(i: int = 0) -> None:
-        xb, yb = data[i * 32 : (i + 1) * 32]
+        xb, yb = (t.to(device) for t in data[i * 32 : (i + 1) * 32])
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the step is done: its kernels are not the save's
 
     for i in range(2):  # Adam's moments exist from the first step on
         train_step(i)
@@ -195,7 +199,17 @@ def main(argv: list[str] | None = None) -> int:
 def measure(ctx: Any) -> list[dict[str, Any]]:
     reps = 2 * ctx.reps + 1  # cheap: 7 by default
     out = subprocess.run(
-        [PYTHON, "-m", "bench.stall", "--reps", str(reps), "--dir", str(ctx.workdir / "stall")],
+        [
+            PYTHON,
+            "-m",
+            "bench.stall",
+            "--reps",
+            str(reps),
+            "--dir",
+            str(ctx.workdir / "stall"),
+            "--device",
+            "cuda" if TOPOLOGY.gpus else "cpu",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -213,6 +227,7 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
         + " s"
     )
     detail = {
+        "from": f"GPU memory ({TOPOLOGY.device})" if TOPOLOGY.gpus else "CPU memory",
         "checkpoint_mb": round(data["checkpoint_bytes"] / 1e6, 1),
         # Diagnostics (medians, ms): the background write after each asynchronous save
         # (serialisation, files, meta.json, fsyncs, pruning: the loop does not wait for it),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.common import WORKLOAD_ARGS, log, ratio_figure, run_torchrun
+from bench.common import TOPOLOGY, WORKLOAD_ARGS, log, ratio_figure, run_torchrun, tf32_peak
 
 GOAL = 0.97
 
@@ -44,6 +44,7 @@ def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
     base: list[float] = []
     tc: list[float] = []
     base_stalls: list[float] = []
+    rates: dict[str, list[float]] = {}  # samples/s and model TFLOP/s, both runs
     tc_stalls: list[float] = []
     # Noisier than the others (a ~15 s window, checkpoints in it): 5 repetitions by default.
     reps = ctx.reps if ctx.quick else ctx.reps + 2
@@ -63,10 +64,23 @@ def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
             tc.append(tc_run.steps_per_s())
             tc_stalls += tc_run.stalls()
             log(f"{name} rep {rep + 1}: trainctl     {tc[-1]:.2f} steps/s ({tc_run.info['job']})")
+            for label, node_run in (("bare_torchrun", run), ("trainctl", tc_run)):
+                for key in ("samples_per_s", "model_tflops"):
+                    if (value := node_run.done(key)) is not None:
+                        rates.setdefault(f"{key}.{label}", []).append(value)
     finally:
         if burner is not None:
             ctx.procs.end(burner)
+    peak = tf32_peak(TOPOLOGY.device)
+    tflops = rates.get("model_tflops.trainctl")
+    if peak and tflops:
+        # MFU-style: the model's FLOPs per second per GPU over the GPU's dense TF32 peak
+        rates["utilisation_of_tf32_peak.trainctl"] = [t / TOPOLOGY.gpus / peak for t in tflops]
     detail = {
+        "device": TOPOLOGY.device,
+        "layout": f"{TOPOLOGY.nodes} node(s) x {TOPOLOGY.workers_per_node} worker(s)",
+        # medians; model TFLOP/s counts ~6 FLOPs per parameter per sample
+        **{key: round(statistics.median(v), 2) for key, v in sorted(rates.items())},
         "steps": steps,
         "window_steps": steps - hps["warmup"],
         "checkpoint_every": hps["checkpoint-every"],

@@ -10,7 +10,8 @@ Global rank 0 prints machine-readable lines, one JSON object each:
     BENCH {"event": "first_step", "t": ..., "step": S} first optimizer step of this process
     BENCH {"event": "step", "t": ..., "step": S, ...}  every --log-every steps (log streaming)
     BENCH {"event": "ckpt", "step": S, "stall": s}     seconds the loop was blocked in save()
-    BENCH {"event": "done", "steps_per_s": ...}        steady-state rate over [warmup, steps]
+    BENCH {"event": "done", "steps_per_s": ...}        steady-state rate over [warmup, steps],
+                                                       with samples/s and model TFLOP/s
 
 `t` is time.time() (wall clock), so lines from different processes compare directly.
 """
@@ -56,6 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=1, help="0: no per-step lines")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep after each step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-on-device", type=int, default=0, help="1: the data set lives on the GPU")
     args, _ = p.parse_known_args(argv)
     return args
 
@@ -75,6 +77,21 @@ def synthetic_data(args):
     w = torch.randn(args.in_features, args.classes, generator=g)
     y = (x @ w).argmax(1)
     return TensorDataset(x, y)
+
+
+class DeviceBatches:
+    """The data set in GPU memory, batched by the sampler's indices each epoch: no copy from
+    the host and no collate in the loop, so the figure measures training."""
+
+    def __init__(self, data, sampler, batch_size, device):
+        self.features, self.labels = (t.to(device) for t in data.tensors)
+        self.sampler, self.batch_size, self.device = sampler, batch_size, device
+
+    def __iter__(self):
+        batches = torch.utils.data.BatchSampler(self.sampler, self.batch_size, drop_last=True)
+        for batch in batches:
+            idx = torch.tensor(batch, device=self.device)
+            yield self.features[idx], self.labels[idx]
 
 
 def main(argv=None):
@@ -100,6 +117,13 @@ def main(argv=None):
         drop_last=True,
         generator=torch.Generator(),
     )
+    on_gpu = ctx.device.type == "cuda"
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True  # as GPU training runs its matmuls
+        torch.backends.cudnn.allow_tf32 = True
+    if on_gpu and args.data_on_device:
+        # Batches indexed on the device: no host-to-device copy, no collate in the loop.
+        loader = DeviceBatches(data, sampler, args.batch_size, ctx.device)
     torch.manual_seed(args.seed)
     model = build_model(args).to(ctx.device)
     ddp = DDP(model) if ctx.is_distributed else model
@@ -125,6 +149,7 @@ def main(argv=None):
     while step < args.steps:
         sampler.set_epoch(epoch)
         for xb, yb in loader:
+            xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(ddp(xb), yb)
             loss.backward()
@@ -145,15 +170,29 @@ def main(argv=None):
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save()
             if step == start_step + args.warmup:
+                if on_gpu:
+                    torch.cuda.synchronize()
                 t_window = (step, time.time())
             if step >= args.steps:
                 break
         else:
             epoch += 1
     if t_window is not None and step > t_window[0]:
+        if on_gpu:
+            torch.cuda.synchronize()  # the window's steps are done, not only queued
         elapsed = time.time() - t_window[1]
+        steps_per_s = (step - t_window[0]) / elapsed
+        samples_per_s = steps_per_s * args.batch_size * ctx.world_size
+        # A dense model's training FLOPs: ~6 per parameter per sample (forward and backward).
         bench(
-            "done", step=step, window=step - t_window[0], steps_per_s=(step - t_window[0]) / elapsed
+            "done",
+            step=step,
+            window=step - t_window[0],
+            steps_per_s=steps_per_s,
+            samples_per_s=samples_per_s,
+            model_tflops=6 * params * samples_per_s / 1e12,
+            device=torch.cuda.get_device_name(ctx.device) if on_gpu else "cpu",
+            world=ctx.world_size,
         )
     else:
         bench("done", step=step, window=0, steps_per_s=None)

@@ -50,7 +50,7 @@ def test_digits_trains_on_nccl_with_a_worker_per_gpu(home, capsys):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs to give 2 local nodes one each")
+@pytest.mark.skipif(GPUS == 1, reason="needs 2 GPUs to give 2 local nodes one each")
 def test_two_local_nodes_train_each_on_its_own_gpus(home, capsys):
     job = Estimator(
         entry_point="train.py",

@@ -930,3 +930,17 @@ def test_local_ssh_key_is_private_and_stable(aws: Aws) -> None:
     assert ensure_key(path) == line
     assert (path.parent / "id_ed25519.pub").read_text().strip() == line
     assert "PRIVATE KEY" not in line
+
+
+@pytest.mark.timeout(30)
+def test_more_workers_than_the_instance_has_gpus_is_one_line(aws: Aws) -> None:
+    """NCCL needs a GPU per worker: refused before any call, naming the type's GPUs."""
+    provider = aws.provider()
+    uri = "s3://bucket/store"
+    provider.check_offline(aws.spec(instance_type="p3.8xlarge", processes_per_host=4), uri)
+    with pytest.raises(SpecError) as raised:
+        provider.check_offline(aws.spec(processes_per_host=2), uri)
+    assert str(raised.value) == (
+        "processes_per_host: 2 workers per node but g5.xlarge has 1 GPU(s): at most 1 "
+        "(NCCL needs a GPU each)"
+    )

@@ -166,6 +166,13 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
                 )
         # before any call: no cloud is needed to tell
         require_instance_profile(spec.instance_profile)
+        gpus = CATALOG[spec.instance_type].gpus
+        if gpus and spec.processes_per_host is not None and spec.processes_per_host > gpus:
+            raise SpecError(
+                "processes_per_host",
+                f"{spec.processes_per_host} workers per node but {spec.instance_type} has "
+                f"{gpus} GPU(s): at most {gpus} (NCCL needs a GPU each)",
+            )
 
     def preflight(self, request: CapacityRequest) -> None:
         from trainctl.provisioning.aws.preflight import preflight
