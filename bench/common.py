@@ -200,11 +200,12 @@ class Procs:
 
 
 def bench_lines(text: str) -> list[dict[str, Any]]:
-    """The workload's `BENCH {json}` lines in a log (prefixes such as '[rank0]:' allowed)."""
+    """The workload's `BENCH {json}` lines in a log: prefixes such as '[rank0]:' and the
+    store log's timestamp ('2026-11-27T09:09:19.980Z ') allowed."""
     out = []
     for line in text.splitlines():
         at = line.find("BENCH {")
-        if 0 <= at <= 16:
+        if 0 <= at <= 48:
             try:
                 out.append(json.loads(line[at + 6 :]))
             except ValueError:

@@ -14,12 +14,35 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.version import __version__
 
-__all__ = ["Estimator", "TrainingJob", "JobState", "TrainctlError", "SpecError", "__version__"]
+TUNING = (
+    "HyperparameterTuner",
+    "ContinuousParameter",
+    "IntegerParameter",
+    "CategoricalParameter",
+)
+__all__ = [
+    "Estimator",
+    "TrainingJob",
+    "JobState",
+    "TrainctlError",
+    "SpecError",
+    "HyperparameterTuner",
+    "ContinuousParameter",
+    "IntegerParameter",
+    "CategoricalParameter",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from trainctl.errors import SpecError, TrainctlError
     from trainctl.estimator import Estimator, TrainingJob
     from trainctl.state import JobState
+    from trainctl.tuning import (
+        CategoricalParameter,
+        ContinuousParameter,
+        HyperparameterTuner,
+        IntegerParameter,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from trainctl import estimator
 
         return getattr(estimator, name)
+    if name in TUNING:
+        from trainctl import tuning
+
+        return getattr(tuning, name)
     if name == "JobState":
         from trainctl.state import JobState
 

@@ -292,6 +292,8 @@ class JobRecord(BaseModel):
     instances: list[InstanceCost] = Field(default_factory=list)
     # The job this one is a measurement run of (`trainctl diagnose`): lists hide it.
     measurement_of: str | None = None
+    # The tuning job this one is a trial of (tuning/<name>/ in the same store).
+    tuning_job: str | None = None
 
     @property
     def duration_s(self) -> float | None:

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the front doors, over the controller
     ("trainctl.notebook", "trainctl.diagnose", "trainctl.ui"),
     ("trainctl.estimator",),
+    ("trainctl.tuning",),
     ("trainctl.sagemaker",),
     ("trainctl.cli",),
     ("trainctl",),  # the package's __init__: the public names

@@ -248,10 +248,13 @@ def resolve_image(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"image_uri": image})
 
 
-def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
+def create_job(
+    spec: JobSpec, store: Store | None = None, *, tuning_job: str | None = None
+) -> JobRecord:
     """Validate, build the image, preflight, package and upload the source, and record the
     job (state Pending): each step its own function, in the order nothing is made before
-    every check that can refuse the job has passed."""
+    every check that can refuse the job has passed. `tuning_job`: the tuning job it is a
+    trial of."""
     store = store or default_store()
     validate_offline(spec, store.uri)
     spec = resolve_image(spec)
@@ -264,6 +267,7 @@ def create_job(spec: JobSpec, store: Store | None = None) -> JobRecord:
         spec.model_copy(update={"job_name": jobs.name}),
         source.uri,
         source.sha256,
+        tuning_job=tuning_job,
         files=source.files,
         bytes=source.size,
     )
@@ -422,12 +426,14 @@ def _record_new_job(
     source_sha256: str,
     *,
     measurement_of: str | None = None,
+    tuning_job: str | None = None,
     **source: object,
 ) -> JobRecord:
     """Record a job (state Pending) whose source is in the store."""
     now = now_iso()
     record = JobRecord(
         measurement_of=measurement_of,
+        tuning_job=tuning_job,
         name=jobs.name,
         spec=spec,
         store_uri=jobs.store.uri,

@@ -287,21 +287,11 @@ class Estimator:
         provisioning would send and each node's commands and environment; see
         trainctl.controller.plan).
         """
-        from trainctl.controller.submit import create_job, default_store, run_job
-        from trainctl.estimator.inputs import split_inputs
+        from trainctl.controller.submit import create_job, run_job
         from trainctl.notebook import log_printer
-        from trainctl.store import open_store
 
-        uris, channel_config = split_inputs(inputs)
-        fields = {**self._fields, "inputs": uris, "channel_config": channel_config}
-        if job_name or self._fields.get("job_name"):
-            fields["job_name"] = job_name or self._fields["job_name"]
-        elif self.base_job_name:
-            from trainctl.controller.submit import generate_job_name
-
-            fields["job_name"] = generate_job_name(self.base_job_name)
-        spec = build_spec(**fields)
-        store = open_store(self.store_uri) if self.store_uri else default_store()
+        spec = self.job_spec(inputs, job_name)
+        store = self.store()
         if dry_run:
             from trainctl.controller.plan import plan_job
 
@@ -321,6 +311,28 @@ class Estimator:
         if not outcome.completed:
             raise JobFailedError(job, outcome.record)
         return job
+
+    def job_spec(self, inputs: Any = None, job_name: str | None = None, **fields: Any) -> Any:
+        """The JobSpec `fit(inputs, job_name=...)` would run, with `fields` on top (a tuning
+        trial's hyperparameters, say); SpecError on bad input."""
+        from trainctl.estimator.inputs import split_inputs
+
+        uris, channel_config = split_inputs(inputs)
+        merged = {**self._fields, "inputs": uris, "channel_config": channel_config, **fields}
+        if job_name or self._fields.get("job_name"):
+            merged["job_name"] = job_name or self._fields["job_name"]
+        elif self.base_job_name:
+            from trainctl.controller.submit import generate_job_name
+
+            merged["job_name"] = generate_job_name(self.base_job_name)
+        return build_spec(**merged)
+
+    def store(self) -> Any:
+        """The store this estimator's jobs go to."""
+        from trainctl.controller.submit import default_store
+        from trainctl.store import open_store
+
+        return open_store(self.store_uri) if self.store_uri else default_store()
 
     @classmethod
     def attach(cls, job_name: str, store_uri: str | None = None) -> TrainingJob:

@@ -1,0 +1,189 @@
+"""Tuning end to end on the local provider: a HyperparameterTuner's trials are real
+training jobs (tests/fixtures/tunable: quick, deterministic, reporting its accuracy each
+step), searched by Optuna, stopped early by the median rule, supervised by a detached
+process that a killed one is replaced by with no trial lost or repeated."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import FIXTURES, REPO
+from trainctl import Estimator
+from trainctl.record import JobStore
+from trainctl.tuning import (
+    CategoricalParameter,
+    ContinuousParameter,
+    HyperparameterTuner,
+    IntegerParameter,
+)
+
+pytestmark = pytest.mark.e2e
+
+RANGES = {
+    "lr": ContinuousParameter(0.001, 1.0, "Logarithmic"),
+    "width": IntegerParameter(8, 128),
+    "optimizer": CategoricalParameter(["sgd", "adam"]),
+}
+
+
+def _estimator(steps: int = 5, step_seconds: float = 0.1) -> Estimator:
+    return Estimator(
+        "train.py",
+        source_dir=str(FIXTURES / "tunable"),
+        hyperparameters={"steps": steps, "step-seconds": step_seconds},
+    )
+
+
+def _jobs_of(store, tuning: str) -> list[str]:
+    names = []
+    for info in store.list("jobs/"):
+        if info.key.endswith("/job.json"):
+            record = JobStore(store, info.key.split("/")[1]).load()
+            if record.tuning_job == tuning:
+                names.append(record.name)
+    return sorted(names)
+
+
+@pytest.mark.timeout(240)
+def test_a_tuning_job_runs_its_trials_as_jobs_and_names_the_best(home, capsys):
+    tuner = HyperparameterTuner(
+        _estimator(),
+        objective_metric_name="accuracy",
+        hyperparameter_ranges=RANGES,
+        strategy="Random",
+        max_jobs=6,
+        max_parallel_jobs=3,
+        random_seed=7,
+    )
+    tuner.fit()
+    console = capsys.readouterr().out
+    info = tuner.describe()
+    assert info["state"] == "Completed" and info["trials"] == {"Completed": 6}, info
+    name = tuner.latest_tuning_job
+    frame = tuner.analytics().dataframe()
+    assert len(frame) == 6 and set(frame["TrainingJobStatus"]) == {"Completed"}
+    best = frame.iloc[0]  # best objective first
+    assert best["FinalObjectiveValue"] == frame["FinalObjectiveValue"].max()
+    assert tuner.best_training_job() == best["TrainingJobName"] == info["best_training_job"]["name"]
+    # each trial is an ordinary job that names its tuning job, with the trial's values
+    store = tuner.estimator.store()
+    assert _jobs_of(store, name) == [f"{name}-{n:03d}" for n in range(6)]
+    trial = JobStore(store, best["TrainingJobName"]).load()
+    assert trial.state.value == "Completed"
+    assert trial.spec.hyperparameters["lr"] == best["lr"]
+    assert trial.spec.hyperparameters["steps"] == 5  # the estimator's fixed values too
+    assert trial.metrics["accuracy"] == best["FinalObjectiveValue"]
+    # trials that never shared a suggestion: random search over 3 ranges
+    assert len({(r.lr, r.width, r.optimizer) for r in frame.itertuples()}) == 6
+    estimator = tuner.best_estimator()
+    assert estimator.hyperparameters["width"] == best["width"]
+    assert estimator.latest_training_job.name == best["TrainingJobName"]
+    assert f"tuning job {name}: Completed; best {best['TrainingJobName']}" in console
+
+
+@pytest.mark.timeout(300)
+def test_early_stopping_stops_trials_below_the_median(home):
+    """The median rule (early_stopping_type="Auto"): once 3 trials have ended, a trial
+    whose accuracy at a step is below the median of the others at that step is stopped,
+    its job Stopped with the reason, and fewer steps are run in all."""
+    tuner = HyperparameterTuner(
+        # long enough a trial (~4 s) that the pruner sees it mid-way: the metric history it
+        # reads is saved every 2 s
+        _estimator(steps=12, step_seconds=0.35),
+        objective_metric_name="accuracy",
+        hyperparameter_ranges={"lr": ContinuousParameter(0.0001, 1.0, "Logarithmic")},
+        strategy="Random",
+        max_jobs=5,
+        max_parallel_jobs=1,
+        early_stopping_type="Auto",
+        random_seed=3,
+    )
+    tuner.fit(logs=False)
+    frame = tuner.analytics().dataframe()
+    pruned = frame[frame["TrainingJobStatus"] == "Pruned"]
+    assert len(pruned) >= 1, frame[["TrainingJobStatus", "FinalObjectiveValue", "lr"]]
+    reason = pruned.iloc[0]["Reason"]
+    assert reason.startswith("pruned at step ") and "below the median" in reason
+    job = JobStore(tuner.estimator.store(), pruned.iloc[0]["TrainingJobName"]).load()
+    assert job.state.value == "Stopped" and job.stop_reason == reason
+    assert job.attempts[-1].last_step < 12  # stopped before its last step
+    completed = frame[frame["TrainingJobStatus"] == "Completed"]
+    assert (
+        tuner.describe()["best_training_job"]["objective"] == completed["FinalObjectiveValue"].max()
+    )
+
+
+SUBMITTER = """
+import sys
+from trainctl import Estimator
+from trainctl.tuning import HyperparameterTuner, ContinuousParameter
+est = Estimator("train.py", source_dir=sys.argv[1],
+                hyperparameters={"steps": 8, "step-seconds": 0.3})
+tuner = HyperparameterTuner(est, "accuracy", {"lr": ContinuousParameter(0.001, 1.0)},
+                            strategy="Random", max_jobs=5, max_parallel_jobs=2,
+                            base_tuning_job_name="killed")
+tuner.fit(wait=False, logs=False)
+print(tuner.latest_tuning_job, flush=True)
+tuner.wait(logs=False)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_submitter_and_supervisor_lose_and_repeat_no_trial(home, tmp_path):
+    """The submitter is killed mid-tuning (the tuning job goes on: its supervisor is a
+    process of its own); then the supervisor is killed too, and attach() takes the tuning
+    job over: it ends with every trial run once, under its own name."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    submitter = subprocess.Popen(
+        [sys.executable, "-c", SUBMITTER, str(FIXTURES / "tunable")],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    name = submitter.stdout.readline().strip()
+    assert name.startswith("killed-"), name
+    from trainctl.controller.submit import default_store
+    from trainctl.tuning.record import TuningStore
+
+    store = default_store()
+    tuning = TuningStore(store, name)
+
+    def wait_for(predicate, timeout=120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = tuning.load()
+            if predicate(record):
+                return record
+            time.sleep(0.2)
+        raise AssertionError(f"never reached: {tuning.load().model_dump_json(indent=1)}")
+
+    wait_for(lambda r: any(t.state == "Running" for t in r.trials))
+    submitter.send_signal(signal.SIGKILL)
+    submitter.wait(timeout=30)
+    submitter.stdout.close()
+    record = wait_for(lambda r: len(r.trials) >= 3)  # the supervisor goes on alone
+    lease = json.loads(store.get_bytes(tuning.lease_key))
+    os.kill(int(lease["pid"]), signal.SIGKILL)
+    time.sleep(1.0)
+    assert tuning.load().state == "InProgress"
+
+    tuner = HyperparameterTuner.attach(name)  # takes it over: a new supervisor
+    info = tuner.wait(logs=False, timeout=240)
+    assert info["state"] == "Completed", info
+    record = tuning.load()
+    assert [t.number for t in record.trials] == list(range(5))
+    assert [t.job for t in record.trials] == [f"{name}-{n:03d}" for n in range(5)]
+    assert _jobs_of(store, name) == [t.job for t in record.trials]  # one job per trial
+    assert {t.state for t in record.trials} == {"Completed"}
+    events = [
+        json.loads(line) for line in store.get_text(f"tuning/{name}/events.jsonl").splitlines()
+    ]
+    supervisors = [e for e in events if e["type"] == "supervisor_started"]
+    assert [e["takeover"] for e in supervisors] == [False, True], supervisors
+    started = [e["trial"] for e in events if e["type"] == "trial_started"]
+    assert sorted(set(started)) == list(range(5))

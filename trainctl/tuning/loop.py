@@ -1,0 +1,273 @@
+"""A tuning job's supervisor: one process (detached, holding `tuning/<name>/lease.json`)
+that asks the search for trials, starts each as an ordinary training job, follows them, stops
+the ones the pruner rules out, and ends the tuning job when its budget is spent.
+
+Each trial is recorded before its job is made, and its job name is fixed by its number, so
+a supervisor that dies and is replaced (`HyperparameterTuner.attach`, or `wait()` on a tuning
+job whose supervisor is gone) neither loses a trial nor runs one twice: a trial recorded
+but without a job is started under that same name, and a trial's job that runs on keeps its
+own controller (the supervisor only watches it through the store).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from trainctl.controller.lease import Lease, LeaseHeld, view_lease
+from trainctl.errors import NotFoundError
+from trainctl.procs import CONTROLLER_TAG
+from trainctl.record import JobRecord, JobStore
+from trainctl.spec.settings import get_settings
+from trainctl.state import JobState
+from trainctl.store import Store
+from trainctl.tuning.record import (
+    TRIAL_ENDED,
+    Trial,
+    TuningRecord,
+    TuningStore,
+    trial_job_name,
+)
+from trainctl.tuning.search import Intermediates, prune_reason, suggest
+
+POLL_SECONDS = 1.0
+
+
+def supervisor_log_path(name: str) -> Any:
+    return get_settings().home / "controllers" / f"tuning-{name}.log"
+
+
+def spawn_supervisor(store: Store, name: str) -> int:
+    """Run the tuning job's supervisor as a detached process of this machine; its pid."""
+    log_path = supervisor_log_path(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, CONTROLLER_TAG: f"tuning-{name}"}
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainctl.tuning", "--store", store.uri, name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the notebook or terminal that started it
+            env=env,
+            close_fds=True,
+        )
+    return proc.pid
+
+
+def supervisor_alive(store: Store, name: str) -> bool:
+    """Whether a live process holds the tuning job's lease."""
+    tuning = TuningStore(store, name)
+    try:
+        import json
+
+        lease = json.loads(tuning.store.get_bytes(tuning.lease_key))
+    except (NotFoundError, ValueError):
+        return False
+    return view_lease(lease, get_settings().lease_seconds).live
+
+
+class Supervisor:
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.tuning = TuningStore(store, name)
+        self.name = name
+        self.lease = Lease(
+            store, self.tuning.lease_key, get_settings().lease_seconds, f"tuning job {name!r}"
+        )
+
+    def run(self) -> TuningRecord:
+        """Supervise the tuning job to its end (LeaseHeld if another process does)."""
+        self.lease.acquire()
+        try:
+            before = self.tuning.load()
+            # (only the supervisor writes the tuning job's record and events: one writer)
+            self.tuning.event(
+                "supervisor_started", pid=os.getpid(), host=socket.gethostname(),
+                takeover=bool(before.trials),
+            )  # fmt: skip
+            while True:
+                record = self.tuning.load()
+                if record.state != "InProgress" or self.lease.lost.is_set():
+                    return record
+                if self.step(record):
+                    return record
+                time.sleep(POLL_SECONDS)
+        finally:
+            self.lease.release()
+
+    def step(self, record: TuningRecord) -> bool:
+        """One look at every trial, and new ones where the budget allows; True once the
+        tuning job has ended."""
+        intermediates = self.intermediates(record)
+        for trial in record.running():
+            self.follow(record, trial, intermediates)
+        if self.tuning.stop_requested():
+            for trial in record.running():
+                self.end_trial(trial, "Stopped", reason="the tuning job was stopped")
+                jobs = JobStore(self.store, trial.job)
+                if jobs.exists():  # (a trial recorded but never made has nothing to stop)
+                    jobs.request_stop("the tuning job was stopped")
+            self.tuning.save(record)
+            if self.stopping_jobs(record):
+                return False  # they are told; the tuning job ends once they have
+            return self.finish(record, "Stopped")
+        spec = record.spec
+        while len(record.running()) < spec.max_parallel_jobs and len(record.trials) < spec.max_jobs:
+            params = suggest(record, intermediates)
+            if params is None:  # a Grid with every combination made
+                break
+            trial = Trial(
+                number=len(record.trials), job=trial_job_name(self.name, len(record.trials)),
+                params=params,
+            )  # fmt: skip
+            record.trials.append(trial)
+            self.tuning.save(record)  # recorded before its job is made: never lost
+            self.start(record, trial)
+        self.tuning.save(record)
+        if not record.running() and not self.stopping_jobs(record):
+            return self.finish(record, "Completed" if record.best() else "Failed")
+        return False
+
+    def stopping_jobs(self, record: TuningRecord) -> list[str]:
+        """Jobs of trials already ended here (pruned, stopped) that are still winding down:
+        the tuning job ends after them, so no trial outlives it."""
+        out = []
+        for trial in record.trials:
+            if trial.state in ("Pruned", "Stopped"):
+                try:
+                    if not JobStore(self.store, trial.job).load().state.is_terminal():
+                        out.append(trial.job)
+                except NotFoundError:
+                    continue
+        return out
+
+    # -- trials ---------------------------------------------------------------------------
+    def start(self, record: TuningRecord, trial: Trial) -> None:
+        """The trial's training job (its own detached controller), made under its fixed
+        name; a job of that name that exists already is this trial's (a takeover)."""
+        from trainctl.controller.submit import create_job, start_detached
+
+        jobs = JobStore(self.store, trial.job)
+        if not jobs.exists():
+            spec = record.spec.job
+            hyperparameters = {**spec.hyperparameters, **trial.params}
+            spec = spec.model_copy(
+                update={"job_name": trial.job, "hyperparameters": hyperparameters}
+            )
+            try:
+                job = create_job(spec, self.store, tuning_job=self.name)
+            except Exception as exc:  # e.g. a value the script's spec refuses: that trial fails
+                self.end_trial(trial, "Failed", reason=f"could not start: {exc}")
+                return
+            start_detached(self.store, job)
+        trial.state = "Running"
+        trial.started_at = trial.started_at or time.time()
+        self.tuning.event("trial_started", trial=trial.number, job=trial.job, params=trial.params)
+
+    def follow(self, record: TuningRecord, trial: Trial, intermediates: Intermediates) -> None:
+        jobs = JobStore(self.store, trial.job)
+        try:
+            job = jobs.load()
+        except NotFoundError:
+            if trial.state == "Pending":
+                self.start(record, trial)  # recorded by a supervisor that died before
+            return
+        if trial.state == "Pending":  # its job was made by a supervisor that died then
+            trial.state = "Running"
+            trial.started_at = trial.started_at or time.time()
+            self.tuning.event("trial_started", trial=trial.number, job=trial.job, adopted=True)
+        if job.state.is_terminal():
+            self.ended(record, trial, job)
+            return
+        if (why := prune_reason(record, trial, intermediates)) is not None:
+            jobs.request_stop(why)  # its controller stops it: Stopped, with this reason
+            self.end_trial(trial, "Pruned", reason=why)
+            trial.objective = last_value(intermediates.get(trial.number))
+            self.tuning.event("trial_pruned", trial=trial.number, job=trial.job, why=why)
+
+    def ended(self, record: TuningRecord, trial: Trial, job: JobRecord) -> None:
+        objective = job.metrics.get(record.spec.objective_metric_name)
+        if job.state is JobState.COMPLETED and objective is None:
+            self.end_trial(
+                trial,
+                "Failed",
+                reason=f"it completed without reporting {record.spec.objective_metric_name}",
+            )
+        elif job.state is JobState.COMPLETED:
+            trial.objective = objective
+            self.end_trial(trial, "Completed")
+        else:
+            state = "Stopped" if job.state is JobState.STOPPED else "Failed"
+            self.end_trial(trial, state, reason=job.failure_reason or job.stop_reason)
+            trial.objective = objective
+        self.tuning.event(
+            "trial_ended", trial=trial.number, job=trial.job, state=trial.state,
+            objective=trial.objective,
+        )  # fmt: skip
+
+    def end_trial(self, trial: Trial, state: Any, *, reason: str | None = None) -> None:
+        trial.state = state
+        trial.reason = reason
+        trial.ended_at = time.time()
+
+    def intermediates(self, record: TuningRecord) -> Intermediates:
+        """Each trial's objective values by step, from its metric history (the values it
+        reported with report_step, or that its metric_definitions matched in its log)."""
+        out: Intermediates = {}
+        if not record.spec.prunes:
+            return out
+        metric = record.spec.objective_metric_name
+        for trial in record.trials:
+            if trial.state == "Pending":
+                continue
+            try:
+                points = JobStore(self.store, trial.job).metric_history()
+            except Exception:
+                continue
+            values: dict[int, float] = {}
+            for index, point in enumerate(p for p in points if p.get("name") == metric):
+                step = point.get("step")
+                values[int(step) if isinstance(step, int) else index] = float(point["value"])
+            out[trial.number] = values
+        return out
+
+    def finish(self, record: TuningRecord, state: Any) -> bool:
+        record.state = state
+        record.ended_at = time.time()
+        if state == "Failed":
+            ended = [t for t in record.trials if t.state in TRIAL_ENDED]
+            record.failure_reason = (
+                f"no trial completed with {record.spec.objective_metric_name} "
+                f"({len(ended)} ended: "
+                + ", ".join(sorted({t.state for t in ended}) or {"none"})
+                + ")"
+            )
+        self.tuning.save(record)
+        best = record.best()
+        self.tuning.event(
+            "tuning_ended", state=state, best=best.job if best else None,
+            objective=best.objective if best else None,
+        )  # fmt: skip
+        return True
+
+
+def last_value(values: dict[int, float] | None) -> float | None:
+    if not values:
+        return None
+    return values[max(values)]
+
+
+def supervise(store: Store, name: str) -> int:
+    """`python -m trainctl.tuning`: 0 once the tuning job has ended; 3 if another process
+    supervises it."""
+    try:
+        Supervisor(store, name).run()
+    except LeaseHeld as exc:
+        print(f"[trainctl] {exc}", file=sys.stderr, flush=True)
+        return 3
+    return 0
