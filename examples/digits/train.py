@@ -286,6 +286,9 @@ def main(argv=None):
         log(
             f"epoch {epoch + 1}/{args.epochs} loss={train_loss:.4f} train_acc={train_acc:.4f}", rank
         )
+        if rank == 0:  # held-out accuracy per epoch: the curve a tuner's early stopping reads
+            _, epoch_test_acc = evaluate(model, X_test, y_test, device)
+            report_step(step, test_accuracy=round(epoch_test_acc, 6))
     train_time = time.time() - t0
 
     if rank == 0:

@@ -84,7 +84,8 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     redone = [p for p in losses if p["redone"]]
     assert redone and all(p["attempt"] == 1 and p["step"] > resumed for p in redone)
     frame = job.metrics()  # pandas is installed here
-    assert len(frame) == len(history) and set(frame["name"]) == {"loss"}
+    # the loss each step, the held-out accuracy each epoch
+    assert len(frame) == len(history) and set(frame["name"]) == {"loss", "test_accuracy"}
 
     table = _run("metrics", job.name).stdout
     assert "loss" in table and "TREND" in table
@@ -100,7 +101,8 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     unknown = _run("metrics", job.name, "--metric", "nope", check=False)
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
-        f"error: --metric: job {job.name} has no metric 'nope' (its metrics: loss)"
+        f"error: --metric: job {job.name} has no metric 'nope' "
+        "(its metrics: loss, test_accuracy)"
     ]
 
 

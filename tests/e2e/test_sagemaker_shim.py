@@ -384,6 +384,7 @@ print(sorted(os.listdir("model")))""",
 
 
 @pytest.mark.e2e
+@pytest.mark.kernel
 @pytest.mark.timeout(240)
 def test_a_sagemaker_notebook_runs_with_only_its_imports_changed(home, tmp_path, monkeypatch):
     """framework_version on a machine without a container engine: processes with the

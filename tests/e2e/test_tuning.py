@@ -82,6 +82,8 @@ def test_a_tuning_job_runs_its_trials_as_jobs_and_names_the_best(home, capsys):
     assert trial.metrics["accuracy"] == best["FinalObjectiveValue"]
     # trials that never shared a suggestion: random search over 3 ranges
     assert len({(r.lr, r.width, r.optimizer) for r in frame.itertuples()}) == 6
+    view = tuner._repr_html_()  # a notebook's view: every trial, the best in bold
+    assert view.count("<tr>") == 7 and f"<b>{best['TrainingJobName']}</b>" in view
     estimator = tuner.best_estimator()
     assert estimator.hyperparameters["width"] == best["width"]
     assert estimator.latest_training_job.name == best["TrainingJobName"]
@@ -187,3 +189,120 @@ def test_a_killed_submitter_and_supervisor_lose_and_repeat_no_trial(home, tmp_pa
     assert [e["takeover"] for e in supervisors] == [False, True], supervisors
     started = [e["trial"] for e in events if e["type"] == "trial_started"]
     assert sorted(set(started)) == list(range(5))
+
+
+TUNE_YAML = """\
+entry_point: train.py
+source_dir: {source}
+hyperparameters: {{steps: 4, step-seconds: 0.1}}
+tuning:
+  objective_metric_name: accuracy
+  strategy: Grid
+  max_parallel_jobs: 2
+  base_tuning_job_name: grid
+  hyperparameter_ranges:
+    width: {{type: integer, min_value: 63, max_value: 64}}
+    optimizer: {{type: categorical, values: [sgd, adam]}}
+"""
+
+
+def _trainctl(*args: str) -> subprocess.CompletedProcess[str]:
+    from tests.helpers import TRAINCTL
+
+    return subprocess.run([TRAINCTL, *args], capture_output=True, text=True, timeout=200)
+
+
+@pytest.mark.timeout(240)
+def test_tune_from_a_file_and_see_the_trials_from_the_cli(cli_home, tmp_path):
+    """`trainctl tune -f` runs the Grid (4 combinations, each once); `trainctl tuning`
+    lists it, `trainctl tuning NAME` shows the trials with the best marked."""
+    (tmp_path / "tune.yaml").write_text(TUNE_YAML.format(source=FIXTURES / "tunable"))
+    done = _trainctl("tune", "-f", str(tmp_path / "tune.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Completed; best grid-" in done.stdout
+    listed = _trainctl("tuning")
+    name = next(line.split()[0] for line in listed.stdout.splitlines() if "grid-" in line)
+    assert "Completed" in listed.stdout and "4/4" in listed.stdout
+    shown = _trainctl("tuning", name, "-o", "json")
+    data = json.loads(shown.stdout)
+    combos = {(t["width"], t["optimizer"]) for t in data["trials"]}
+    assert combos == {(63, "sgd"), (63, "adam"), (64, "sgd"), (64, "adam")}
+    # the best (adam, width 64 in the stand-in's formula) is marked in the table
+    table = _trainctl("tuning", name).stdout
+    best_line = next(line for line in table.splitlines() if line.strip().startswith("*"))
+    assert data["best"]["job"] in best_line and "adam" in best_line and "64" in best_line
+    # a range that cannot work: one line, exit 2, nothing made
+    (tmp_path / "bad.yaml").write_text(
+        TUNE_YAML.format(source=FIXTURES / "tunable").replace(
+            "min_value: 63, max_value: 64", "min_value: 64, max_value: 63"
+        )
+    )
+    bad = _trainctl("tune", "-f", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: IntegerParameter: min_value 64 must be below max_value 63"
+    assert len(json.loads(_trainctl("tuning", "-o", "json").stdout)) == 1  # only the first
+
+
+TUNING_NOTEBOOK = [
+    """from trainctl.sagemaker import get_execution_role
+from trainctl.sagemaker.pytorch import PyTorch
+from trainctl.sagemaker.tuner import (HyperparameterTuner, ContinuousParameter,
+                                      IntegerParameter, CategoricalParameter)""",
+    """role = get_execution_role()
+estimator = PyTorch(
+    entry_point="train.py",
+    source_dir=SOURCE_DIR,
+    role=role,
+    py_version="py311",
+    framework_version="2.5.1",
+    instance_count=1,
+    instance_type="local",
+    hyperparameters={"steps": 4, "step-seconds": 0.1},
+)""",
+    """hyperparameter_ranges = {
+    "lr": ContinuousParameter(0.001, 1.0, scaling_type="Logarithmic"),
+    "width": IntegerParameter(8, 128),
+    "optimizer": CategoricalParameter(["sgd", "adam"]),
+}
+objective_metric_name = "accuracy"
+metric_definitions = [{"Name": "accuracy", "Regex": "accuracy=([0-9\\\\.]+)"}]
+tuner = HyperparameterTuner(
+    estimator,
+    objective_metric_name,
+    hyperparameter_ranges,
+    metric_definitions,
+    max_jobs=4,
+    max_parallel_jobs=2,
+    objective_type="Maximize",
+)""",
+    """tuner.fit()""",
+    """best = tuner.best_training_job()
+df = tuner.analytics().dataframe()
+print(best, len(df), df["FinalObjectiveValue"].max(), sorted(set(df["TrainingJobStatus"])))""",
+]
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_a_sagemaker_tuning_notebook_runs_with_only_its_imports_changed(
+    home, tmp_path, monkeypatch
+):
+    """SageMaker's tuning notebook shape (PyTorch estimator, ranges, metric definitions,
+    fit, best_training_job, analytics), run cell by cell in a real kernel."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TRAINCTL_CONTAINER_ENGINE", "none")  # processes, not containers
+    notebook = nbformat.v4.new_notebook()
+    parameters = f"SOURCE_DIR = {str(FIXTURES / 'tunable')!r}"
+    notebook.cells = [nbformat.v4.new_code_cell(parameters)] + [
+        nbformat.v4.new_code_cell(source) for source in TUNING_NOTEBOOK
+    ]
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=200, kernel_name="python3", resources=resources).execute()
+    text = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
+    best, rows, value, states = text.split(maxsplit=3)
+    assert rows == "4" and states.strip() == "['Completed']", text
+    assert JobStore(Estimator.attach(best).store, best).load().metrics["accuracy"] == float(value)
+    fit = "".join(o.get("text", "") for o in notebook.cells[4].outputs)
+    assert f"Completed; best {best}" in fit, fit

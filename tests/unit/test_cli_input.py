@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from trainctl.cli import app
 from trainctl.cli.app import EXIT_BAD_INPUT, parse_pairs
-from trainctl.cli.submit import _load_job_file
+from trainctl.cli.submit import load_job_file
 from trainctl.errors import SpecError
 from trainctl.spec.job import JobSpec
 
@@ -309,7 +309,7 @@ def test_entry_point_with_newline_is_one_line(cli_home: Path) -> None:
     _assert_bad_input(_invoke(["submit", "no\nfile.py"]), cli_home, "entry_point")
 
 
-# --- parse_pairs and _load_job_file ----------------------------------------------------------
+# --- parse_pairs and load_job_file ----------------------------------------------------------
 
 
 def test_parse_pairs_typed() -> None:
@@ -372,7 +372,7 @@ def test_parse_pairs_malformed(item: str, flag: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_load_job_file_resolves_source_dir_relative_to_the_file(
+def testload_job_file_resolves_source_dir_relative_to_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proj = tmp_path / "proj"
@@ -388,7 +388,7 @@ def test_load_job_file_resolves_source_dir_relative_to_the_file(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    data = _load_job_file(Path("../proj/job.yaml"))
+    data = load_job_file(Path("../proj/job.yaml"))
     assert data["source_dir"] == str((proj / "code").resolve())
     assert data["entry_point"] == "train.py"  # relative to source_dir, left as is
     assert data["instance_count"] == 2
@@ -396,22 +396,22 @@ def test_load_job_file_resolves_source_dir_relative_to_the_file(
     assert data["distribution"] == {"torch_distributed": {"enabled": True}}
 
 
-def test_load_job_file_entry_point_without_source_dir(tmp_path: Path) -> None:
+def testload_job_file_entry_point_without_source_dir(tmp_path: Path) -> None:
     # kept as written: `submit` resolves it against the file only if no source_dir is given
     job = _write(tmp_path / "job.yaml", "entry_point: code/train.py\n")
-    assert _load_job_file(Path(job)) == {"entry_point": "code/train.py"}
+    assert load_job_file(Path(job)) == {"entry_point": "code/train.py"}
 
 
-def test_load_job_file_absolute_paths_kept(tmp_path: Path) -> None:
+def testload_job_file_absolute_paths_kept(tmp_path: Path) -> None:
     job = _write(tmp_path / "job.yaml", "entry_point: /abs/train.py\n")
-    assert _load_job_file(Path(job)) == {"entry_point": "/abs/train.py"}
+    assert load_job_file(Path(job)) == {"entry_point": "/abs/train.py"}
     job = _write(tmp_path / "job.yaml", "source_dir: /abs/code\nentry_point: t.py\n")
-    assert _load_job_file(Path(job)) == {"source_dir": "/abs/code", "entry_point": "t.py"}
+    assert load_job_file(Path(job)) == {"source_dir": "/abs/code", "entry_point": "t.py"}
 
 
-def test_load_job_file_empty_is_empty_mapping(tmp_path: Path) -> None:
-    assert _load_job_file(Path(_write(tmp_path / "job.yaml", ""))) == {}
-    assert _load_job_file(Path(_write(tmp_path / "job.yaml", "# nothing\n"))) == {}
+def testload_job_file_empty_is_empty_mapping(tmp_path: Path) -> None:
+    assert load_job_file(Path(_write(tmp_path / "job.yaml", ""))) == {}
+    assert load_job_file(Path(_write(tmp_path / "job.yaml", "# nothing\n"))) == {}
 
 
 @pytest.mark.parametrize(
@@ -422,18 +422,18 @@ def test_load_job_file_empty_is_empty_mapping(tmp_path: Path) -> None:
         ("just a string\n", ("-f", "mapping")),
     ],
 )
-def test_load_job_file_errors(tmp_path: Path, text: str, words: tuple[str, ...]) -> None:
+def testload_job_file_errors(tmp_path: Path, text: str, words: tuple[str, ...]) -> None:
     with pytest.raises(SpecError) as info:
-        _load_job_file(Path(_write(tmp_path / "job.yaml", text)))
+        load_job_file(Path(_write(tmp_path / "job.yaml", text)))
     assert info.value.field == "-f"
     assert "\n" not in str(info.value)
     for word in words:
         assert word in str(info.value)
 
 
-def test_load_job_file_missing(tmp_path: Path) -> None:
+def testload_job_file_missing(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
-        _load_job_file(tmp_path / "missing.yaml")
+        load_job_file(tmp_path / "missing.yaml")
     assert info.value.field == "-f"
     assert "missing.yaml" in str(info.value)
 

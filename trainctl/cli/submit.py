@@ -24,7 +24,7 @@ from trainctl.cli.app import (
 )
 
 
-def _load_job_file(path: Path) -> dict[str, Any]:
+def load_job_file(path: Path) -> dict[str, Any]:
     from trainctl.errors import SpecError
     from trainctl.spec.yamlfile import load_yaml
 
@@ -246,7 +246,7 @@ def submit(ctx: typer.Context, entry_point: str | None = None, **options: Any) -
     )
     input_mode = options.pop("input_mode")
     check_output(output)
-    base: dict[str, Any] = _load_job_file(file) if file else {}
+    base: dict[str, Any] = load_job_file(file) if file else {}
     arguments = (ctx.obj or {}).get("arguments")
     fields = fields_from_options(options, base)
     if entry_point is not None:

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from trainctl.errors import SpecError
 from trainctl.tuning.ranges import (
     CategoricalParameter,
@@ -63,13 +65,16 @@ class HyperparameterTuner:
     ) -> None:
         from trainctl.tuning.record import TuningSpec
 
-        # A SageMaker-shaped estimator (trainctl.sagemaker) wraps a trainctl Estimator.
+        # A SageMaker-shaped estimator (trainctl.sagemaker) wraps a trainctl Estimator; its
+        # fit() resolves SageMaker's channels, which the tuner's fit() does the same way.
         self.estimator = getattr(estimator, "_estimator", estimator)
+        self._channels = getattr(estimator, "_channels", None)
         self.objective_metric_name = objective_metric_name
         self.hyperparameter_ranges = dict(hyperparameter_ranges or {})
         self.metric_definitions = list(metric_definitions or [])
         self.base_tuning_job_name = base_tuning_job_name
         self.latest_tuning_job: str | None = None
+        self.default_inputs: Any = None  # fit()'s inputs when it is given none (a tune.yaml's)
         self._store: Any = None
         _check_choice("strategy", strategy, STRATEGIES)
         _check_choice("objective_type", objective_type, ("Maximize", "Minimize"))
@@ -89,9 +94,9 @@ class HyperparameterTuner:
             "random_seed": 0 if random_seed is None else random_seed,
         }
         if strategy == "Grid":
-            from trainctl.tuning.search import grid_size
+            from trainctl.tuning.search import grid_size_of
 
-            size = grid_size(TuningSpec(**fields))
+            size = grid_size_of(self.hyperparameter_ranges)
             fields["max_jobs"] = min(max_jobs or size, size)
         elif max_jobs is None:
             raise SpecError("max_jobs", f"is required with the {strategy} strategy")
@@ -100,7 +105,14 @@ class HyperparameterTuner:
                 "max_parallel_jobs",
                 f"{max_parallel_jobs} is more than max_jobs {fields['max_jobs']}",
             )
-        self._template = TuningSpec(**fields)
+        try:
+            self._template = TuningSpec(**fields)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error.get("loc", ())) or "tuning"
+            raise SpecError(
+                where, str(error.get("msg", exc)).removeprefix("Value error, ")
+            ) from None
 
     # -- checks (before anything is made) ---------------------------------------------------
     def _check_ranges(self) -> None:
@@ -149,13 +161,16 @@ class HyperparameterTuner:
     def fit(
         self,
         inputs: Any = None,
-        wait: bool = True,
         job_name: str | None = None,
+        include_cls_metadata: bool = False,
+        estimator_kwargs: dict[str, Any] | None = None,
+        wait: bool = True,
         logs: bool = True,
-        **_ignored: Any,
     ) -> None:
-        """Start the tuning job; with `wait`, follow it to its end (Ctrl-C stops following
-        only: the tuning job goes on, `HyperparameterTuner.attach(name)` finds it)."""
+        """Start the tuning job (SageMaker's arguments; `include_cls_metadata` and
+        `estimator_kwargs` have nothing to do here); with `wait`, follow it to its end
+        (Ctrl-C stops following only: the tuning job goes on,
+        `HyperparameterTuner.attach(name)` finds it)."""
         from trainctl.controller.submit import generate_job_name, preflight
         from trainctl.spec.parts import MetricDefinition
         from trainctl.tuning.loop import spawn_supervisor
@@ -171,6 +186,10 @@ class HyperparameterTuner:
             for d in self.metric_definitions
             if d.get("Name") not in {m.Name for m in self.estimator.spec.metric_definitions}
         ]
+        if inputs is None:
+            inputs = self.default_inputs
+        if self._channels is not None:
+            inputs = self._channels(inputs)
         spec = self.estimator.job_spec(inputs)
         spec = spec.model_copy(
             update={
@@ -196,6 +215,45 @@ class HyperparameterTuner:
             self.wait(logs=logs)
 
     @classmethod
+    def from_config(cls, data: dict[str, Any]) -> HyperparameterTuner:
+        """A tuner from a tune.yaml's mapping (`trainctl tune -f`): the job's fields, as a
+        job file has them, and a `tuning:` block of this constructor's arguments, each range
+        a mapping with its `type` (continuous, integer, categorical)."""
+        from trainctl.estimator import Estimator
+
+        fields = dict(data)
+        block = fields.pop("tuning", None)
+        if not isinstance(block, dict):
+            raise SpecError(
+                "tuning", "the file needs a tuning: mapping (objective, ranges, budget)"
+            )
+        block = dict(block)
+        ranges = block.pop("hyperparameter_ranges", None)
+        if not isinstance(ranges, dict) or not ranges:
+            raise SpecError("tuning.hyperparameter_ranges", "needs at least one range to tune")
+        allowed = {
+            "objective_metric_name", "metric_definitions", "strategy", "objective_type",
+            "max_jobs", "max_parallel_jobs", "early_stopping_type", "base_tuning_job_name",
+            "random_seed",
+        }  # fmt: skip
+        for key in block:
+            if key not in allowed:
+                raise SpecError(f"tuning.{key}", f"unknown; allowed: {', '.join(sorted(allowed))}")
+        entry = fields.pop("entry_point", None)
+        if not entry:
+            raise SpecError("entry_point", "is required (the script to run, e.g. train.py)")
+        source = fields.pop("source_dir", None)
+        inputs = fields.pop("inputs", None)
+        estimator = Estimator(entry, source, **fields)
+        tuner = cls(
+            estimator,
+            hyperparameter_ranges={n: range_from_config(n, r) for n, r in ranges.items()},
+            **block,
+        )
+        tuner.default_inputs = inputs
+        return tuner
+
+    @classmethod
     def attach(cls, tuning_job_name: str, store_uri: str | None = None) -> HyperparameterTuner:
         """The tuner of an existing tuning job. One still in progress whose supervisor is
         gone (its machine or process died) is taken over: a new supervisor continues the
@@ -215,6 +273,8 @@ class HyperparameterTuner:
         tuner.objective_metric_name = spec.objective_metric_name
         tuner.hyperparameter_ranges = {n: range_from_dict(r) for n, r in spec.ranges.items()}
         tuner.metric_definitions = []
+        tuner.default_inputs = None
+        tuner._channels = None
         tuner.base_tuning_job_name = None
         tuner._template = spec
         tuner._store, tuner.latest_tuning_job = store, tuning_job_name
@@ -308,6 +368,41 @@ class HyperparameterTuner:
         estimator.latest_training_job = TrainingJob(best.job, self._store_or_fail())
         return estimator
 
+    def _repr_html_(self) -> str:
+        """The notebook view: the tuning job's state and its trials, the best in bold."""
+        import html
+
+        if self.latest_tuning_job is None:
+            objective = html.escape(self.objective_metric_name)
+            return f"<div><b>HyperparameterTuner</b>: {objective}, not fitted yet</div>"
+        record = self._record()
+        best = record.best()
+        ranges = list(record.spec.ranges)
+        head = "".join(
+            f"<th>{html.escape(c)}</th>"
+            for c in ("trial", "job", "state", record.spec.objective_metric_name, *ranges)
+        )
+        rows = []
+        for trial in record.trials:
+            cells = [
+                str(trial.number),
+                trial.job,
+                trial.state,
+                "-" if trial.objective is None else f"{trial.objective:.6g}",
+                *(_short(trial.params.get(r, "-")) for r in ranges),
+            ]
+            tag = "b" if best is not None and trial.number == best.number else "span"
+            rows.append(
+                "<tr>"
+                + "".join(f"<td><{tag}>{html.escape(c)}</{tag}></td>" for c in cells)
+                + "</tr>"
+            )
+        title = html.escape(
+            f"tuning job {record.name}: {record.state} ({record.spec.strategy}, "
+            f"{record.spec.objective_type} {record.spec.objective_metric_name})"
+        )
+        return f"<div><b>{title}</b><table><tr>{head}</tr>{''.join(rows)}</table></div>"
+
     def analytics(self) -> TuningAnalytics:
         return TuningAnalytics(self._record())
 
@@ -365,6 +460,36 @@ class TuningAnalytics:
             frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
         ascending = self.record.spec.objective_type == "Minimize"
         return frame.sort_values("FinalObjectiveValue", ascending=ascending, na_position="last")
+
+
+def range_from_config(name: str, data: Any) -> ParameterRange:
+    """A range from a tune.yaml: {type: continuous|integer|categorical, ...}."""
+    kinds = {
+        "continuous": ContinuousParameter,
+        "integer": IntegerParameter,
+        "categorical": CategoricalParameter,
+    }
+    field = f"tuning.hyperparameter_ranges.{name}"
+    if not isinstance(data, dict) or data.get("type") not in kinds:
+        raise SpecError(field, f"must be a mapping with type: {', '.join(kinds)}")
+    args = {k: v for k, v in data.items() if k != "type"}
+    try:
+        return kinds[data["type"]](**args)
+    except TypeError as exc:
+        raise SpecError(field, str(exc)) from None
+
+
+def tuning_jobs(store: Any) -> list[Any]:
+    """Every tuning job's record in `store`, newest first (unreadable ones left out)."""
+    from trainctl.tuning.record import TuningStore
+
+    records = []
+    for name in store.list_dirs("tuning"):
+        try:
+            records.append(TuningStore(store, name).load())
+        except Exception:
+            continue
+    return sorted(records, key=lambda r: r.created_at, reverse=True)
 
 
 def _check_choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:

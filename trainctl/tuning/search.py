@@ -42,8 +42,12 @@ def _optuna() -> Any:
 
 def grid_size(spec: TuningSpec) -> int:
     """How many trials a Grid search has: every combination, once."""
+    return grid_size_of(spec.parameter_ranges())
+
+
+def grid_size_of(ranges: dict[str, Any]) -> int:
     size = 1
-    for name, rng in spec.parameter_ranges().items():
+    for name, rng in ranges.items():
         if rng.kind == "continuous":
             raise SpecError(
                 f"hyperparameter_ranges.{name}",

@@ -1,0 +1,155 @@
+"""Tuning from the command line: `tune -f tune.yaml` starts a tuning job (see
+trainctl.tuning.HyperparameterTuner.from_config), `tuning [NAME]` lists them or shows one's
+trials, the best marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trainctl.cli.app import (
+    EXIT_FAILED,
+    OutputOpt,
+    app,
+    check_output,
+    handle_errors,
+    print_json,
+)
+
+
+@app.command()
+@handle_errors
+def tune(
+    file: Path = typer.Option(
+        ..., "-f", "--file", help="tune.yaml: the job's fields and a tuning: block."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Return once started; `trainctl tuning NAME` follows."
+    ),
+) -> None:
+    """Start a tuning job: trials of the job with the tuned hyperparameters."""
+    from trainctl.cli.submit import load_job_file
+    from trainctl.tuning import HyperparameterTuner
+
+    tuner = HyperparameterTuner.from_config(load_job_file(file))
+    tuner.fit(wait=not detach)
+    if not detach and tuner.describe()["state"] != "Completed":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@handle_errors
+def tuning(
+    name: str | None = typer.Argument(None, help="A tuning job (none: list them)."),
+    plot: bool = typer.Option(False, "--plot", help="The objective of each trial, charted."),
+    output: str = OutputOpt,
+) -> None:
+    """List tuning jobs, or one's trials with their values (the best marked *)."""
+    from rich.table import Table
+
+    from trainctl.cli.jobs import _cells, _console
+    from trainctl.controller.submit import default_store
+    from trainctl.tuning import TuningAnalytics, tuning_jobs
+    from trainctl.tuning.record import TuningStore
+
+    check_output(output)
+    store = default_store()
+    if name is None:
+        records = tuning_jobs(store)
+        if output == "json":
+            print_json([_summary(r) for r in records])
+            return
+        table = Table(box=None, header_style="bold")
+        for column in ("NAME", "STATE", "STRATEGY", "TRIALS", "BEST"):
+            table.add_column(column, no_wrap=column == "NAME")
+        for r in records:
+            best = r.best()
+            table.add_row(
+                r.name,
+                *_cells(
+                    r.state,
+                    r.spec.strategy,
+                    f"{len([t for t in r.trials if t.state not in ('Pending', 'Running')])}"
+                    f"/{r.spec.max_jobs}",
+                    "-" if best is None else f"{best.objective:.6g} ({best.job})",
+                ),
+            )
+        _console().print(table)
+        return
+    record = TuningStore(store, name).load()
+    rows = TuningAnalytics(record).rows()
+    if output == "json":
+        print_json({**_summary(record), "trials": rows})
+        return
+    best = record.best()
+    ranges = list(record.spec.ranges)
+    table = Table(box=None, header_style="bold")
+    for column in ("", "TRIAL", "JOB", "STATE", record.spec.objective_metric_name, *ranges):
+        table.add_column(column)
+    for trial in record.trials:
+        mark = "*" if best is not None and trial.number == best.number else ""
+        table.add_row(
+            mark,
+            str(trial.number),
+            trial.job,
+            *_cells(
+                trial.state,
+                "-" if trial.objective is None else f"{trial.objective:.6g}",
+                *(_value(trial.params.get(r)) for r in ranges),
+            ),
+        )
+    console = _console()
+    console.print(f"tuning job {record.name}: {record.state} ({record.spec.strategy}, "
+                  f"{record.spec.objective_type} {record.spec.objective_metric_name})")  # fmt: skip
+    console.print(table)
+    pruned = [t for t in record.trials if t.state == "Pruned"]
+    for trial in pruned:
+        console.print(f"trial {trial.number}: {trial.reason}", highlight=False)
+    if plot:
+        print(_objective_chart(record))
+
+
+def _summary(record: Any) -> dict[str, Any]:
+    best = record.best()
+    return {
+        "name": record.name,
+        "state": record.state,
+        "strategy": record.spec.strategy,
+        "objective": record.spec.objective_metric_name,
+        "max_jobs": record.spec.max_jobs,
+        "trials": len(record.trials),
+        "best": None if best is None else {"job": best.job, "objective": best.objective},
+    }
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _objective_chart(record: Any, width: int = 80) -> str:
+    """Each ended trial's objective against its number, the best so far as a line."""
+    import plotext as plt
+
+    done = [t for t in record.trials if t.objective is not None]
+    if not done:
+        return "no trial has an objective yet"
+    plt.clear_figure()
+    plt.plotsize(width, 16)
+    plt.theme("clear")
+    xs = [t.number for t in done]
+    plt.scatter(xs, [t.objective for t in done], label="trial")
+    sign = 1 if record.spec.objective_type == "Maximize" else -1
+    best, running = [], None
+    for t in done:
+        value = t.objective if t.state == "Completed" else None
+        if value is not None and (running is None or sign * value > sign * running):
+            running = value
+        best.append(running if running is not None else float("nan"))
+    plt.plot(xs, best, label="best so far")
+    plt.xlabel("trial")
+    plt.title(record.spec.objective_metric_name)
+    return str(plt.uncolorize(plt.build()))
