@@ -101,8 +101,7 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     unknown = _run("metrics", job.name, "--metric", "nope", check=False)
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
-        f"error: --metric: job {job.name} has no metric 'nope' "
-        "(its metrics: loss, test_accuracy)"
+        f"error: --metric: job {job.name} has no metric 'nope' (its metrics: loss, test_accuracy)"
     ]
 
 
