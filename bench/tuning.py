@@ -6,7 +6,7 @@
 For each seed, tuning jobs of the same budget run one after the other, interleaved by
 strategy: each strategy without early stopping (the baseline) and with it (the median rule,
 `early_stopping_type="Auto"`; Hyperband prunes by its own rule). Every trial is the digits
-example on 2 local nodes (torchrun, 12 epochs), tuning its learning rate, hidden size and
+example on 2 local nodes (torchrun, --epochs, default 12), tuning its learning rate, hidden size and
 batch size; the objective is its held-out accuracy, reported each epoch. Per tuning job:
 the best held-out accuracy, the node-seconds its trials spent (nodes x each trial job's
 duration, pruned ones included), the wall time, and how many trials were pruned. Printed
@@ -29,7 +29,9 @@ REPO = BENCH_DIR.parent
 TARGET_ACCURACY = 0.97
 
 
-def run_one(strategy: str, early: bool, seed: int, trials: int, parallel: int) -> dict[str, Any]:
+def run_one(
+    strategy: str, early: bool, seed: int, trials: int, parallel: int, epochs: int, delay: float
+) -> dict[str, Any]:
     from trainctl import Estimator
     from trainctl.record import JobStore
     from trainctl.tuning import (
@@ -44,7 +46,12 @@ def run_one(strategy: str, early: bool, seed: int, trials: int, parallel: int) -
         source_dir=str(REPO / "examples" / "digits"),
         instance_count=2,
         distribution={"torch_distributed": {"enabled": True}},
-        hyperparameters={"epochs": 12, "seed": 0, "checkpoint-every": -1},
+        hyperparameters={
+            "epochs": epochs,
+            "seed": 0,
+            "checkpoint-every": -1,
+            "step-delay": delay,
+        },
     )
     tuner = HyperparameterTuner(
         estimator,
@@ -92,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=12)
     p.add_argument("--parallel", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=12, help="each trial's training length")
+    p.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="seconds added to each optimizer step: a slower model, whose training (not the "
+        "trial's start-up) dominates what a trial costs",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--strategies", nargs="+", default=["Bayesian"])
     args = p.parse_args(argv)
@@ -106,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             variants = [True] if strategy == "Hyperband" else [False, True]
             for early in variants:
                 log(f"tuning: {strategy} early_stopping={early} seed {seed}")
-                result = run_one(strategy, early, seed, args.trials, args.parallel)
+                result = run_one(
+                    strategy, early, seed, args.trials, args.parallel, args.epochs, args.step_delay
+                )
                 brief = {k: v for k, v in result.items() if k != "completed_accuracies"}
                 log(f"  {json.dumps(brief)}")
                 runs.append(result)
@@ -129,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
     out = {"machine": machine_info(), "trials": args.trials, "parallel": args.parallel,
+           "epochs": args.epochs, "step_delay": args.step_delay,
            "target_accuracy": TARGET_ACCURACY, "runs": runs, "summary": summary}  # fmt: skip
     (BENCH_DIR / "tuning-results.json").write_text(json.dumps(out, indent=2))
     print("| strategy | early stopping | best held-out accuracy (median) | node-seconds (median) "

@@ -112,7 +112,7 @@ def test_early_stopping_stops_trials_below_the_median(home):
     pruned = frame[frame["TrainingJobStatus"] == "Pruned"]
     assert len(pruned) >= 1, frame[["TrainingJobStatus", "FinalObjectiveValue", "lr"]]
     reason = pruned.iloc[0]["Reason"]
-    assert reason.startswith("pruned at step ") and "below the median" in reason
+    assert reason.startswith("pruned at report ") and "below the median" in reason
     job = JobStore(tuner.estimator.store(), pruned.iloc[0]["TrainingJobName"]).load()
     assert job.state.value == "Stopped" and job.stop_reason == reason
     assert job.attempts[-1].last_step < 12  # stopped before its last step
@@ -174,8 +174,14 @@ def test_a_killed_submitter_and_supervisor_lose_and_repeat_no_trial(home, tmp_pa
     time.sleep(1.0)
     assert tuning.load().state == "InProgress"
 
-    tuner = HyperparameterTuner.attach(name)  # takes it over: a new supervisor
-    info = tuner.wait(logs=False, timeout=240)
+    # `trainctl attach NAME` takes it over, as it does a training job: a new supervisor
+    from tests.helpers import TRAINCTL
+
+    attached = subprocess.run([TRAINCTL, "attach", name], capture_output=True, text=True,
+                              timeout=240)  # fmt: skip
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert f"tuning job {name}: Completed; best {name}-" in attached.stdout
+    info = HyperparameterTuner.attach(name).describe()
     assert info["state"] == "Completed", info
     record = tuning.load()
     assert [t.number for t in record.trials] == list(range(5))

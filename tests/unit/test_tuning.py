@@ -135,7 +135,38 @@ def test_the_median_rule_prunes_a_trial_below_the_others() -> None:
     curves[4] = {s: 0.02 * s for s in range(1, 5)}
     assert prune_reason(record, good, curves) is None
     why = prune_reason(record, poor, curves)
-    assert why == "pruned at step 4: accuracy 0.08 below the median of earlier trials at that step"
+    assert why == (
+        "pruned at report 4 of accuracy: 0.08 below the median of earlier trials at that report"
+    )
     off = _record(max_jobs=6)  # early_stopping_type Off: nothing is pruned
     off.trials = record.trials
     assert prune_reason(off, poor, curves) is None
+
+
+def test_hyperband_prunes_from_a_rebuilt_study() -> None:
+    """Hyperband's brackets work on a study rebuilt from the record each time: the rungs
+    each trial reached, noted as it ran, are kept in the record."""
+    record = _record("Hyperband", max_jobs=40)
+    # Hyperband sizes its brackets from a completed trial's reports (max_resource "auto")
+    record.trials.append(
+        Trial(number=0, job="j0", params={"width": 8, "optimizer": "sgd"},
+              state="Completed", objective=0.9)
+    )  # fmt: skip
+    curves: dict[int, dict[int, float]] = {0: {s: 0.09 * s for s in range(1, 11)}}
+    for n in range(1, 30):  # trials that ran and were watched report by report, then ended
+        trial = Trial(number=n, job=f"j{n}", params={"width": 8, "optimizer": "sgd"},
+                      state="Running")  # fmt: skip
+        record.trials.append(trial)
+        for reports in range(1, 11):
+            curves[n] = {s: 0.09 * s for s in range(1, reports + 1)}
+            assert prune_reason(record, trial, curves) is None
+        trial.state, trial.objective = "Completed", 0.9
+    assert any(k.startswith("completed_rung") for k in record.trials[1].search_attrs)
+    poor = Trial(number=30, job="j30", params={"width": 9, "optimizer": "adam"}, state="Running")
+    record.trials.append(poor)
+    verdicts = []
+    for reports in range(1, 10):
+        curves[30] = {s: 0.001 * s for s in range(1, reports + 1)}
+        verdicts.append(prune_reason(record, poor, curves))
+    why = next(v for v in verdicts if v is not None)
+    assert why.startswith("pruned at report ") and "Hyperband" in why

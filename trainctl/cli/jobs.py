@@ -315,14 +315,25 @@ def logs(
 @handle_errors
 def attach(job: str = JobArg) -> None:
     """Follow a job's logs to its end, like submit; if its controller is lost (killed, a
-    closed laptop), take the job over: adopt its running nodes, or finish or relaunch it."""
+    closed laptop), take the job over: adopt its running nodes, or finish or relaunch it.
+    A tuning job is followed trial by trial, and taken over the same way."""
     from trainctl.controller.logs import LogPrinter
     from trainctl.controller.submit import default_store, print_summary
     from trainctl.controller.supervise import supervise
     from trainctl.estimator import TrainingJob
+    from trainctl.record import JobStore
     from trainctl.state import JobState
+    from trainctl.tuning.record import MAX_TUNING_NAME, TuningStore
 
     store = default_store()
+    tuning = len(job) <= MAX_TUNING_NAME and not JobStore(store, job).exists()
+    if tuning and TuningStore(store, job).exists():
+        from trainctl.tuning import HyperparameterTuner
+
+        info = HyperparameterTuner.attach(job).wait()
+        if info["state"] != "Completed":
+            raise typer.Exit(EXIT_FAILED)
+        return
     TrainingJob.attach(job)  # one line if there is no such job
     printer = LogPrinter(sys.stdout)
     final = supervise(store, job, printer=printer)

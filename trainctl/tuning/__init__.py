@@ -43,6 +43,9 @@ __all__ = [
 
 STRATEGIES = ("Bayesian", "Random", "Grid", "Hyperband")
 FOLLOW_SECONDS = 1.0
+# How long a supervisor this process started may take to hold its lease before another is
+# started in its place.
+SPAWN_GRACE_SECONDS = 30.0
 
 
 class HyperparameterTuner:
@@ -208,6 +211,7 @@ class HyperparameterTuner:
         tuning.save(record)
         self._store, self.latest_tuning_job = store, name
         spawn_supervisor(store, name)
+        self._spawned_at = time.monotonic()
         if logs:
             print(f"[trainctl] tuning job {name}: {record.spec.max_jobs} trial(s), "
                   f"{record.spec.max_parallel_jobs} at a time", flush=True)  # fmt: skip
@@ -282,11 +286,17 @@ class HyperparameterTuner:
         return tuner
 
     def _ensure_supervised(self) -> None:
+        """A supervisor for a tuning job in progress that has none (not one this process
+        started moments ago, still starting up: it holds no lease yet)."""
         from trainctl.tuning.loop import spawn_supervisor, supervisor_alive
 
+        spawned = getattr(self, "_spawned_at", None)
+        if spawned is not None and time.monotonic() - spawned < SPAWN_GRACE_SECONDS:
+            return
         record = self._record()
         if record.state == "InProgress" and not supervisor_alive(self._store, record.name):
             spawn_supervisor(self._store, record.name)
+            self._spawned_at = time.monotonic()
 
     def wait(self, logs: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Follow the tuning job until it ends (taking it over if its supervisor is gone);

@@ -94,8 +94,11 @@ class Supervisor:
                 record = self.tuning.load()
                 if record.state != "InProgress" or self.lease.lost.is_set():
                     return record
-                if self.step(record):
-                    return record
+                try:
+                    if self.step(record):
+                        return record
+                except Exception as exc:  # a store hiccup: the next look starts over
+                    print(f"[trainctl] tuning job {self.name}: {exc!r}", file=sys.stderr)
                 time.sleep(POLL_SECONDS)
         finally:
             self.lease.release()
@@ -216,8 +219,11 @@ class Supervisor:
         trial.ended_at = time.time()
 
     def intermediates(self, record: TuningRecord) -> Intermediates:
-        """Each trial's objective values by step, from its metric history (the values it
-        reported with report_step, or that its metric_definitions matched in its log)."""
+        """Each trial's objective values in the order it reported them, numbered from 1
+        (its metric history: report_step values, or metric_definitions matches in its log).
+        Numbered by report, not by optimizer step, so trials compare at the same point of
+        training whatever their batch size: a script that reports once an epoch is
+        compared epoch by epoch."""
         out: Intermediates = {}
         if not record.spec.prunes:
             return out
@@ -229,11 +235,9 @@ class Supervisor:
                 points = JobStore(self.store, trial.job).metric_history()
             except Exception:
                 continue
-            values: dict[int, float] = {}
-            for index, point in enumerate(p for p in points if p.get("name") == metric):
-                step = point.get("step")
-                values[int(step) if isinstance(step, int) else index] = float(point["value"])
-            out[trial.number] = values
+            # a relaunched attempt's redone steps were reported twice: the last word counts
+            mine = [p for p in points if p.get("name") == metric and not p.get("redone")]
+            out[trial.number] = {n: float(p["value"]) for n, p in enumerate(mine, start=1)}
         return out
 
     def finish(self, record: TuningRecord, state: Any) -> bool:

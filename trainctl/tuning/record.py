@@ -66,7 +66,10 @@ class Trial(BaseModel):
     params: dict[str, Any]  # the tuned hyperparameters, as the script gets them
     state: TrialState = "Pending"
     objective: float | None = None  # the objective's final value
-    reason: str | None = None  # why it ended other than Completed (pruned: at which step)
+    reason: str | None = None  # why it ended other than Completed (pruned: at which report)
+    # What the search noted on the trial as it ran (Hyperband: the rungs it reached), kept
+    # here so a study rebuilt from the record knows it.
+    search_attrs: dict[str, Any] = {}
     started_at: float | None = None
     ended_at: float | None = None
 

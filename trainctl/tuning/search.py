@@ -24,11 +24,13 @@ from typing import Any
 from trainctl.errors import SpecError
 from trainctl.tuning.record import TRIAL_ENDED, Trial, TuningRecord, TuningSpec
 
-# Trials that end before the median rule may stop another, and steps a trial runs first.
+# Trials that end before the median rule may stop another, and the objective values a trial
+# reports before it may be stopped.
 MEDIAN_STARTUP_TRIALS = 3
-MEDIAN_WARMUP_STEPS = 2
+MEDIAN_WARMUP_REPORTS = 2
 
-Intermediates = dict[int, dict[int, float]]  # trial number -> {step: objective value}
+# trial number -> {n: the objective's n-th reported value}
+Intermediates = dict[int, dict[int, float]]
 
 
 def _optuna() -> Any:
@@ -80,7 +82,7 @@ def _pruner(spec: TuningSpec) -> Any:
         return optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3)
     if spec.early_stopping_type == "Auto":
         return optuna.pruners.MedianPruner(
-            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=MEDIAN_WARMUP_STEPS
+            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=MEDIAN_WARMUP_REPORTS
         )
     return optuna.pruners.NopPruner()
 
@@ -121,6 +123,7 @@ def study_of(record: TuningRecord, intermediates: Intermediates, made: int | Non
                 value=value,
                 state=state,
                 intermediate_values=values,
+                system_attrs=dict(trial.search_attrs),
             )
         )
     return study
@@ -157,21 +160,26 @@ def _next_combination(record: TuningRecord) -> dict[str, Any] | None:
 
 def prune_reason(record: TuningRecord, trial: Trial, intermediates: Intermediates) -> str | None:
     """Why the running `trial` should stop now (None: it goes on), by the tuning job's
-    pruner over every trial's intermediate objective values."""
+    pruner over every trial's intermediate objective values. What the pruner notes on the
+    trial as it runs (Hyperband's rungs reached) is kept in `trial.search_attrs`, so the
+    next rebuilt study knows it."""
     if not record.spec.prunes or not intermediates.get(trial.number):
         return None
     study = study_of(record, intermediates)
     frozen = study.trials[trial.number]
-    if not study.pruner.prune(study, frozen):
+    pruned = study.pruner.prune(study, frozen)
+    trial.search_attrs = {k: _plain(v) for k, v in study.trials[trial.number].system_attrs.items()}
+    if not pruned:
         return None
-    step = frozen.last_step
-    value = frozen.intermediate_values[step]
+    report = frozen.last_step
+    value = frozen.intermediate_values[report]
     if record.spec.strategy == "Hyperband":
         rule = "outside its Hyperband rung's best"
     else:
         rule = "below" if record.spec.objective_type == "Maximize" else "above"
-        rule += " the median of earlier trials at that step"
-    return f"pruned at step {step}: {record.spec.objective_metric_name} {value:.6g} {rule}"
+        rule += " the median of earlier trials at that report"
+    metric = record.spec.objective_metric_name
+    return f"pruned at report {report} of {metric}: {value:.6g} {rule}"
 
 
 def _plain(value: Any) -> Any:
