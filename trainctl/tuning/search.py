@@ -4,8 +4,8 @@ be stopped early.
 The study is rebuilt in memory from the tuning record (and each trial's metric history)
 whenever it is asked: the record is the only state, so a tuning job taken over by another
 process continues the same study, and no Optuna storage has to live beside the store. A
-sampler's seed is the tuning job's `random_seed` plus the trials already made, so a rebuilt
-study neither repeats a suggestion nor depends on which process asks.
+sampler's seed comes from the tuning job's `random_seed` and the trials already made, so a
+rebuilt study neither repeats a suggestion nor depends on which process asks.
 
 | strategy | sampler | early stopping |
 |---|---|---|
@@ -68,7 +68,9 @@ def _grid_values(rng: Any) -> list[Any]:
 
 def _sampler(spec: TuningSpec, made: int) -> Any:
     optuna = _optuna()
-    seed = spec.random_seed + made
+    # Each (tuning seed, trial) its own stream: seeds 0 and 1 share no suggestion (plain
+    # seed + made would shift one sequence by one trial).
+    seed = (spec.random_seed * 1_000_003 + made) % 2**32
     if spec.strategy == "Random":
         return optuna.samplers.RandomSampler(seed=seed)
     # Bayesian (and Hyperband's proposals): TPE, after a few random startup trials
