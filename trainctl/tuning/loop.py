@@ -11,6 +11,7 @@ own controller (the supervisor only watches it through the store).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -63,8 +64,6 @@ def supervisor_alive(store: Store, name: str) -> bool:
     """Whether a live process holds the tuning job's lease."""
     tuning = TuningStore(store, name)
     try:
-        import json
-
         lease = json.loads(tuning.store.get_bytes(tuning.lease_key))
     except (NotFoundError, ValueError):
         return False
@@ -79,6 +78,8 @@ class Supervisor:
         self.lease = Lease(
             store, self.tuning.lease_key, get_settings().lease_seconds, f"tuning job {name!r}"
         )
+        # The curves of trials that have ended: read once, not on every look.
+        self._ended_curves: dict[int, dict[int, float]] = {}
 
     def run(self) -> TuningRecord:
         """Supervise the tuning job to its end (LeaseHeld if another process does)."""
@@ -231,6 +232,9 @@ class Supervisor:
         for trial in record.trials:
             if trial.state == "Pending":
                 continue
+            if trial.number in self._ended_curves:
+                out[trial.number] = self._ended_curves[trial.number]
+                continue
             try:
                 points = JobStore(self.store, trial.job).metric_history()
             except Exception:
@@ -238,6 +242,8 @@ class Supervisor:
             # a relaunched attempt's redone steps were reported twice: the last word counts
             mine = [p for p in points if p.get("name") == metric and not p.get("redone")]
             out[trial.number] = {n: float(p["value"]) for n, p in enumerate(mine, start=1)}
+            if trial.state in TRIAL_ENDED and trial.state != "Pruned":
+                self._ended_curves[trial.number] = out[trial.number]  # (a pruned one winds down)
         return out
 
     def finish(self, record: TuningRecord, state: Any) -> bool:
