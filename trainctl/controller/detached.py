@@ -19,21 +19,28 @@ def controller_log_path(name: str) -> Path:
     return get_settings().home / "controllers" / f"{name}.log"
 
 
-def spawn_controller(store: Store, name: str) -> int:
-    """Run the job's controller as a detached process; returns its pid."""
-    log_path = controller_log_path(name)
+def spawn_detached(argv: list[str], log_path: Path, tag: str) -> int:
+    """Run `argv` as a process of its own session (it outlives the terminal or notebook
+    that started it), tagged CONTROLLER_TAG=`tag`, its output appended to `log_path`
+    (owner-only: a controller prints its nodes' output, which is the job's business)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, CONTROLLER_TAG: name}
-    # (owner-only: the controller prints its nodes' output, which is the job's business)
+    env = {**os.environ, CONTROLLER_TAG: tag}
     with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainctl.controller", "--store", store.uri, name],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives the terminal that submitted it
+            start_new_session=True,
             env=env,
             close_fds=True,
         )
-    JobStore(store, name).event("controller_spawned", pid=proc.pid, host=socket.gethostname())
     return proc.pid
+
+
+def spawn_controller(store: Store, name: str) -> int:
+    """Run the job's controller as a detached process; returns its pid."""
+    argv = [sys.executable, "-m", "trainctl.controller", "--store", store.uri, name]
+    pid = spawn_detached(argv, controller_log_path(name), name)
+    JobStore(store, name).event("controller_spawned", pid=pid, host=socket.gethostname())
+    return pid

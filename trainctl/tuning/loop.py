@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from typing import Any
 
 from trainctl.controller.lease import Lease, LeaseHeld, view_lease
 from trainctl.errors import NotFoundError
-from trainctl.procs import CONTROLLER_TAG
 from trainctl.record import JobRecord, JobStore
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
@@ -44,20 +42,10 @@ def supervisor_log_path(name: str) -> Any:
 
 def spawn_supervisor(store: Store, name: str) -> int:
     """Run the tuning job's supervisor as a detached process of this machine; its pid."""
-    log_path = supervisor_log_path(name)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, CONTROLLER_TAG: f"tuning-{name}"}
-    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainctl.tuning", "--store", store.uri, name],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives the notebook or terminal that started it
-            env=env,
-            close_fds=True,
-        )
-    return proc.pid
+    from trainctl.controller.detached import spawn_detached
+
+    argv = [sys.executable, "-m", "trainctl.tuning", "--store", store.uri, name]
+    return spawn_detached(argv, supervisor_log_path(name), f"tuning-{name}")
 
 
 def supervisor_alive(store: Store, name: str) -> bool:
