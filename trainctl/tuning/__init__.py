@@ -31,6 +31,7 @@ from trainctl.tuning.ranges import (
     ContinuousParameter,
     IntegerParameter,
     ParameterRange,
+    first_error,
 )
 
 __all__ = [
@@ -111,11 +112,8 @@ class HyperparameterTuner:
         try:
             self._template = TuningSpec(**fields)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(part) for part in error.get("loc", ())) or "tuning"
-            raise SpecError(
-                where, str(error.get("msg", exc)).removeprefix("Value error, ")
-            ) from None
+            where, message = first_error(exc)
+            raise SpecError(where or "tuning", message) from None
 
     # -- checks (before anything is made) ---------------------------------------------------
     def _check_ranges(self) -> None:

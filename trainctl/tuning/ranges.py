@@ -13,6 +13,13 @@ from trainctl.errors import SpecError
 ScalingType = Literal["Auto", "Linear", "Logarithmic", "ReverseLogarithmic"]
 
 
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """(where, what) of a validation's first error, for a one-line SpecError."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return where, str(error.get("msg", exc)).removeprefix("Value error, ")
+
+
 class ParameterRange(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -24,9 +31,7 @@ class ParameterRange(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(part) for part in error.get("loc", ()))
-            message = str(error.get("msg", exc)).removeprefix("Value error, ")
+            where, message = first_error(exc)
             raise SpecError(
                 type(self).__name__, f"{where + ': ' if where else ''}{message}"
             ) from None
