@@ -107,10 +107,12 @@ def busy_gpus() -> dict[str, list[int]]:
     return busy
 
 
-def health_problems(ids: list[str], expected: int | None) -> list[str]:
+def health_problems(
+    ids: list[str], expected: int | None, *, busy_warnings: list[str] | None = None
+) -> list[str]:
     """What is wrong with the GPUs `ids` of a node before training starts (empty: nothing
     seen): fewer than `expected`, one already running another process, uncorrected ECC
-    errors. Each names the GPU."""
+    errors. Each names the GPU. With `busy_warnings`, a busy GPU goes there instead."""
     problems = []
     if expected is not None and len(ids) < expected:
         problems.append(f"{len(ids)} GPU(s) visible, {expected} expected")
@@ -129,7 +131,7 @@ def health_problems(ids: list[str], expected: int | None) -> list[str]:
                 f"GPU {index} ({state.name}): {state.ecc_uncorrected} uncorrected ECC error(s)"
             )
         if pids := busy.get(index):
-            problems.append(
+            (problems if busy_warnings is None else busy_warnings).append(
                 f"GPU {index} ({state.name}) is busy: process(es) "
                 f"{', '.join(map(str, pids))} hold {state.memory_used_mib} MiB"
             )

@@ -64,9 +64,12 @@ def _seen(job, attempt: int = 1) -> set[tuple[str, ...]]:
 
 
 @pytest.mark.timeout(120)
-def test_two_local_nodes_each_get_their_own_gpus(home, tmp_path, four_gpus):
+def test_two_local_nodes_each_get_their_own_gpus(home, tmp_path, four_gpus, monkeypatch):
     """4 GPUs, 2 nodes: algo-1 has GPUs 0,1 and algo-2 GPUs 2,3; each node runs a worker
-    per GPU (processes_per_host defaults to the node's GPUs, as on a GPU instance)."""
+    per GPU (processes_per_host defaults to the node's GPUs, as on a GPU instance). A process
+    of the user's own on GPU 1 (a notebook's CUDA context, say) is a warning on this
+    machine, not a failed node: replacing a local node would give it the same GPU."""
+    monkeypatch.setenv("FAKE_GPU_BUSY", "1:4242")
     job = Estimator(
         entry_point="show.py",
         source_dir=str(_script(tmp_path)),
@@ -80,6 +83,9 @@ def test_two_local_nodes_each_get_their_own_gpus(home, tmp_path, four_gpus):
         ("127.0.1.2", "2", "4", "2", "2,3"),
         ("127.0.1.2", "3", "4", "2", "2,3"),
     }
+    assert len(job.describe()["attempts"]) == 1
+    node0 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "GPU health (warning, the job runs beside it): GPU 1 (Fake H100) is busy" in node0
 
 
 @pytest.mark.timeout(120)

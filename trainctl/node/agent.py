@@ -260,7 +260,10 @@ class Agent:
         ids = visible_gpus()
         if not ids and expected is None:
             return []  # a CPU node
-        problems = health_problems(ids, expected)
+        warnings: list[str] | None = None if self.settings.gpu_busy_fails_node else []
+        problems = health_problems(ids, expected, busy_warnings=warnings)
+        for warning in warnings or []:
+            self.log(f"GPU health (warning, the job runs beside it): {warning}")
         for problem in problems:
             self.log(f"GPU health: {problem}")
         return problems

@@ -273,6 +273,9 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         root = self.node_root(cluster.job, cluster.attempt, rank)
         gpus = self.node_gpus(cluster, rank)
         env = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+        # This machine is the user's own: a process of theirs on a GPU (a notebook's CUDA
+        # context) is not a fault, and a replaced node would get the same GPU.
+        env["TRAINCTL_GPU_BUSY_FAILS_NODE"] = "0"
         if not self.runs_in_container(cluster.job):
             return LocalRunner(cluster, rank, root, python=sys.executable, env=env)
         wrap = partial(self.container_argv, cluster, rank)

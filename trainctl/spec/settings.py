@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         "instance type has, none already running another process, no uncorrected ECC "
         "errors); a node that fails is replaced like a lost node.",
     )
+    gpu_busy_fails_node: bool = Field(
+        default=True,
+        description="A GPU already running another process fails the health check. The "
+        "local provider turns this off for its nodes: the machine is the user's own (a "
+        "notebook holding the GPU, say) and replacing a node there gives the same GPU, so "
+        "the node's log warns instead.",
+    )
     poweroff_when_orphaned: bool = Field(
         default=False,
         description="A node agent whose controller is gone past orphan_timeout_seconds also "
