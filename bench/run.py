@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             for f in figures:
                 f["seconds"] = round(time.monotonic() - t, 1)
             results["figures"] += figures
+            # Written after each figure: a run cut short keeps the figures it finished.
+            Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     except KeyboardInterrupt:
         log("interrupted")
         return 130

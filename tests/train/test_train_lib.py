@@ -631,6 +631,10 @@ class Procs:
             if k not in DIST_VARS and not k.startswith(("SM_", "TRAINCTL_", "TORCHELASTIC_"))
         }
         env.update(GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        if torch.cuda.device_count() < 2:
+            # These runs put 2 ranks on this machine; NCCL needs a GPU for each (2 ranks on
+            # one GPU: "Duplicate GPU detected"). With fewer, they run on the CPU over gloo.
+            env["CUDA_VISIBLE_DEVICES"] = ""
         env[self.tag] = "1"
         env.update(extra)
         return env
