@@ -189,6 +189,8 @@ class Attempt(BaseModel):
     startup: dict[str, float] | None = None
     # What its nodes restored before the script started (None: not reported).
     restored: Restored | None = None
+    # The warm pool it started on (None: capacity launched for it).
+    warm_pool: str | None = None
 
     def started_from(self, *, short: bool = False) -> str:
         """Where the attempt started, in words: the step it resumed from (the script said,
@@ -323,6 +325,7 @@ class JobRecord(BaseModel):
                 "launcher": spec.launcher,
                 "entry_point": spec.entry_point,
                 "source_dir": spec.source_dir,
+                "tuning_job": self.tuning_job,  # the tuning job this is a trial of
                 "hyperparameters": redactor.hyperparameters(spec.hyperparameters),
                 "environment": redactor.env(spec.environment),
                 "attempts": [
@@ -459,8 +462,20 @@ class JobStore:
         self.event("state", state=state.value, previous=previous.value, **detail)
 
     # -- stop requests -------------------------------------------------------------------
-    def request_stop(self, reason: str) -> None:
-        self.store.put_text(self.keys.stop, json.dumps({"time": now_iso(), "reason": reason}))
+    def request_stop(self, reason: str, *, keep_warm: bool = False) -> None:
+        """Ask the job's controller to stop it; `keep_warm`: its capacity goes to a warm pool
+        (with the job's keep_alive_period_in_seconds) rather than being terminated, as a
+        tuning job's pruned trial hands its nodes to the next trial."""
+        marker = {"time": now_iso(), "reason": reason, **({"keep_warm": True} if keep_warm else {})}
+        self.store.put_text(self.keys.stop, json.dumps(marker))
+
+    def stop_keeps_warm(self) -> bool:
+        """Whether the stop asked for keeps the job's capacity warm (see request_stop)."""
+        try:
+            found = json.loads(self.store.get_bytes(self.keys.stop))
+        except (NotFoundError, ValueError):
+            return False
+        return isinstance(found, dict) and found.get("keep_warm") is True
 
     def stop_requested(self) -> str | None:
         try:

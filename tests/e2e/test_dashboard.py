@@ -9,68 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import RELAUNCHED_SECRET, TRAINCTL, free_port, require_part
+from tests.helpers import RELAUNCHED_SECRET, TRAINCTL, free_port
+from tests.rigs.dashboard import Dashboard, chromium_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chromium]
 SECRET = RELAUNCHED_SECRET
-CHROMIUM = "/usr/bin/chromium"
-
-
-def _chromium() -> str:
-    path = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
-    if path is None:
-        require_part("chromium", "chromium is not installed (apt-get install chromium)")
-    return path
 
 
 @pytest.fixture
 def relaunched_job(relaunched_digits):
     """The session's finished 2-node digits job, relaunched once (tests/conftest.py)."""
     return relaunched_digits
-
-
-class Dashboard:
-    def __init__(self, home: Path, *args: str) -> None:
-        self.port = free_port()
-        env = {**os.environ, "TRAINCTL_HOME": str(home)}
-        env.pop("TRAINCTL_STORE", None)
-        self.proc = subprocess.Popen(
-            [TRAINCTL, "ui", "--port", str(self.port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert self.proc.stderr is not None
-        line = self.proc.stderr.readline()
-        assert line.startswith("trainctl ui: http://127.0.0.1:"), line
-        self.url = line.split()[2]
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        base = self.url.split("?")[0].rstrip("/")
-        try:
-            with urllib.request.urlopen(base + path, timeout=30) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
 
 
 def _store_snapshot(home: Path) -> dict[str, tuple[int, int]]:
@@ -86,7 +42,7 @@ def _store_snapshot(home: Path) -> dict[str, tuple[int, int]]:
 def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    chromium = _chromium()
+    chromium = chromium_path()
     home, job = relaunched_job
     # A line of one of several processes, as a node's log keeps it (protocol.ranked_line):
     # the page labels it with its host and rank.
@@ -183,7 +139,7 @@ def test_curve_and_logs_grow_while_the_job_trains(home, tmp_path):
 
     from tests.train.test_fault_tolerance import digits
 
-    chromium = _chromium()
+    chromium = chromium_path()
     job = digits(step_delay=0.05, hyperparameters={"epochs": 60, "lr": 0.1, "seed": 0}).fit(
         wait=False
     )

@@ -91,10 +91,13 @@ def test_a_tuning_job_runs_its_trials_as_jobs_and_names_the_best(home, capsys):
 
 
 @pytest.mark.timeout(300)
-def test_early_stopping_stops_trials_below_the_median(home):
+@pytest.mark.chromium
+def test_early_stopping_stops_trials_below_the_median_and_the_dashboard_shows_it(home, tmp_path):
     """The median rule (early_stopping_type="Auto"): once 3 trials have ended, a trial
     whose accuracy at a step is below the median of the others at that step is stopped,
-    its job Stopped with the reason, and fewer steps are run in all."""
+    its job Stopped with the reason, and fewer steps are run in all. The dashboard's
+    tuning page, in a real browser, shows the trials, the best marked, the pruned one with
+    its reason and every trial's curve."""
     tuner = HyperparameterTuner(
         # long enough a trial (~4 s) that the pruner sees it mid-way: the metric history it
         # reads is saved every 2 s
@@ -120,6 +123,49 @@ def test_early_stopping_stops_trials_below_the_median(home):
     assert (
         tuner.describe()["best_training_job"]["objective"] == completed["FinalObjectiveValue"].max()
     )
+    _see_on_the_dashboard(home, tmp_path, tuner, pruned.iloc[0], frame.iloc[0])
+
+
+def _see_on_the_dashboard(home, tmp_path, tuner, pruned, best) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.rigs.dashboard import Dashboard, chromium_path
+
+    chromium = chromium_path()
+    name = tuner.latest_tuning_job
+    ui = Dashboard(home)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(ui.url.split("?")[0].rstrip("/") + "/tuning")
+            row = page.locator("tr.tuning-row", has_text=name)
+            row.wait_for(timeout=30_000)
+            assert "Completed" in row.inner_text() and "5/5" in row.inner_text()
+            page.click(f"text={name}")
+            page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
+            trials = page.locator("#trials-table tr.trial")
+            assert trials.count() == 5
+            marked = page.locator("#trials-table tr.trial.best")
+            assert marked.count() == 1 and best["TrainingJobName"] in marked.inner_text()
+            stopped = page.locator(
+                "#trials-table tr.trial", has_text=pruned["TrainingJobName"]
+            ).inner_text()
+            assert "Pruned" in stopped and pruned["Reason"] in stopped
+            # a line per trial with a curve (each reported accuracy every step), a point per
+            # ended trial on the objective chart
+            assert page.locator(".chart[data-chart='curves'] path.line").count() == 5
+            assert page.locator(".chart[data-chart='objective'] circle.pt").count() >= 5
+            page.screenshot(path=str(tmp_path / "tuning.png"), full_page=True)
+            # a trial's job page names its tuning job and links back
+            page.click(f"text={best['TrainingJobName']}")
+            page.wait_for_selector("#tuning-link", timeout=30_000)
+            assert page.locator("#tuning-link").inner_text() == name
+            browser.close()
+        assert ui.get("/api/tuning/no-such-tuning")[0] == 404
+        assert ui.get("/api/tuning/..%2F..%2Fetc")[0] in (400, 404)
+    finally:
+        ui.close()
 
 
 SUBMITTER = """

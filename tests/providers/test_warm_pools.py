@@ -176,6 +176,41 @@ def test_a_reclaimed_warm_instance_breaks_its_pool_and_gc_ends_expired_ones(clou
     }
 
 
+@pytest.mark.timeout(300)
+def test_a_tuning_jobs_next_trial_starts_on_the_warm_nodes_of_the_one_before(cloud):
+    """Trials share their capacity spec: with one trial at a time, trial 0's two instances
+    wait warm (the tuning job sets the keep-alive) and trial 1 starts on them with no new
+    instance; trial 1, the last, keeps nothing; nothing is left running at the end. Each
+    trial's start cost, and whether it was warm, is in the analytics."""
+    from trainctl.tuning import ContinuousParameter, HyperparameterTuner
+
+    tuner = HyperparameterTuner(
+        ec2_digits(cloud, hyperparameters={k: v for k, v in SHORT.items() if k != "lr"}),
+        objective_metric_name="test_accuracy",
+        hyperparameter_ranges={"lr": ContinuousParameter(0.05, 0.2)},
+        strategy="Random",
+        max_jobs=2,
+        max_parallel_jobs=1,
+        base_tuning_job_name=f"warmtune-{uuid.uuid4().hex[:6]}",
+    )
+    tuner.fit(logs=False)
+    assert tuner.describe()["trials"] == {"Completed": 2}, tuner.describe()
+    frame = tuner.analytics().dataframe().sort_values("TrainingJobName")
+    first, second = (JobStore(tuner.estimator.store(), n) for n in frame["TrainingJobName"])
+    kept = {c.instance_id for c in first.load().instances if c.warm}
+    assert len(kept) == 2, "trial 0's instances were not kept warm for trial 1"
+    claimed = second.load()
+    assert claimed.attempts[0].warm_pool == f"warm.{first.name}"
+    assert {c.instance_id for c in claimed.instances if not c.warm} == kept
+    assert claimed.spec.keep_alive_period_in_seconds == 0  # the last trial keeps nothing
+    assert list(frame["WarmStart"]) == [False, True]
+    # (on the stand-ins a cold start is nearly as quick as a warm one: moto's instances run
+    # at once; docs/benchmarks.md has cold vs warm, and what a real boot adds)
+    assert all(seconds > 0 for seconds in frame["StartSeconds"]), frame["StartSeconds"]
+    assert not _instances(cloud.ec2, "running"), "a trial's instance was left running"
+    assert "no warm capacity" in _trainctl("warm").stdout
+
+
 @pytest.mark.timeout(60)
 def test_only_one_of_two_claims_gets_a_pool_and_a_broken_pool_says_why(monkeypatch):
     """The pool tags on moto directly: a claim is the creation of a key pair that only one

@@ -41,10 +41,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainctl.provisioning",),
     ("trainctl.controller",),
     # the front doors, over the controller
-    ("trainctl.notebook", "trainctl.diagnose", "trainctl.ui"),
+    ("trainctl.notebook", "trainctl.diagnose"),
     ("trainctl.estimator",),
     ("trainctl.tuning",),
-    ("trainctl.sagemaker",),
+    # the dashboard shows tuning jobs too
+    ("trainctl.sagemaker", "trainctl.ui"),
     ("trainctl.cli",),
     ("trainctl",),  # the package's __init__: the public names
 ]

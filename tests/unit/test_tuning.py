@@ -170,3 +170,27 @@ def test_hyperband_prunes_from_a_rebuilt_study() -> None:
         verdicts.append(prune_reason(record, poor, curves))
     why = next(v for v in verdicts if v is not None)
     assert why.startswith("pruned at report ") and "Hyperband" in why
+
+
+def test_the_dashboard_view_is_json_without_the_job_spec(tmp_path) -> None:
+    """A diverged trial (NaN) and a trial whose job is not made yet still make a view that
+    JSON carries (the dashboard's API), and the trials' spec, which may hold a secret in its
+    environment, is not in it."""
+    import json
+
+    from trainctl.store import open_store
+    from trainctl.tuning import tuning_view
+
+    tuner = _tuner(estimator=_estimator(environment={"WANDB_API_KEY": "hush-0123456789"}))
+    record = TuningRecord(spec=tuner._template.model_copy(update={"name": "t"}))
+    record.trials += [
+        Trial(number=0, job="t-000", params={"lr": 0.1}, state="Completed", objective=0.9),
+        Trial(number=1, job="t-001", params={"lr": 0.9}, state="Failed", objective=float("nan")),
+        Trial(number=2, job="t-002", params={"lr": 0.5}, state="Running", started_at=1.0),
+    ]
+    view = tuning_view(record, open_store(str(tmp_path / "store")))
+    text = json.dumps(view, allow_nan=False)
+    assert "hush" not in text and "WANDB" not in text
+    assert view["best_trial"] == 0 and view["best"] == {"job": "t-000", "objective": 0.9}
+    assert [t["objective"] for t in view["trials"]] == [0.9, None, None]
+    assert all(t["curve"] == [] for t in view["trials"])

@@ -51,7 +51,7 @@ def tuning(
 
     from trainctl.cli.jobs import _cells, _console
     from trainctl.controller.submit import default_store
-    from trainctl.tuning import TuningAnalytics, tuning_jobs
+    from trainctl.tuning import TuningAnalytics, tuning_jobs, tuning_summary
     from trainctl.tuning.record import TuningStore
 
     check_output(output)
@@ -59,7 +59,7 @@ def tuning(
     if name is None:
         records = tuning_jobs(store)
         if output == "json":
-            print_json([_summary(r) for r in records])
+            print_json([tuning_summary(r) for r in records])
             return
         table = Table(box=None, header_style="bold")
         for column in ("NAME", "STATE", "STRATEGY", "TRIALS", "BEST"):
@@ -79,16 +79,17 @@ def tuning(
         _console().print(table)
         return
     record = TuningStore(store, name).load()
-    rows = TuningAnalytics(record).rows()
+    rows = TuningAnalytics(record, store).rows()
     if output == "json":
-        print_json({**_summary(record), "trials": rows})
+        print_json({**tuning_summary(record), "trials": rows})
         return
     best = record.best()
     ranges = list(record.spec.ranges)
     table = Table(box=None, header_style="bold")
     for column in ("", "TRIAL", "JOB", "STATE", record.spec.objective_metric_name, *ranges):
         table.add_column(column)
-    for trial in record.trials:
+    table.add_column("START")  # capacity -> the first step; "warm": on a pool a trial left
+    for trial, row in zip(record.trials, rows, strict=True):
         mark = "*" if best is not None and trial.number == best.number else ""
         table.add_row(
             mark,
@@ -98,6 +99,7 @@ def tuning(
                 trial.state,
                 "-" if trial.objective is None else f"{trial.objective:.6g}",
                 *(_value(trial.params.get(r)) for r in ranges),
+                _start(row),
             ),
         )
     console = _console()
@@ -111,17 +113,10 @@ def tuning(
         print(_objective_chart(record))
 
 
-def _summary(record: Any) -> dict[str, Any]:
-    best = record.best()
-    return {
-        "name": record.name,
-        "state": record.state,
-        "strategy": record.spec.strategy,
-        "objective": record.spec.objective_metric_name,
-        "max_jobs": record.spec.max_jobs,
-        "trials": len(record.trials),
-        "best": None if best is None else {"job": best.job, "objective": best.objective},
-    }
+def _start(row: dict[str, Any]) -> str:
+    if row.get("StartSeconds") is None:
+        return "-"
+    return f"{row['StartSeconds']:.1f}s" + (" warm" if row.get("WarmStart") else "")
 
 
 def _value(value: Any) -> str:

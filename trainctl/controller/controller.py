@@ -358,6 +358,7 @@ class Controller:
     def _warm_started(self, attempt: int, warm: WarmStart) -> None:
         from trainctl.controller.usage import record_idle
 
+        self.record.attempts[-1].warm_pool = warm.pool  # saved with the Starting transition
         self.jobs.event(
             "warm_start",
             attempt=attempt,
@@ -928,10 +929,11 @@ class Controller:
         kept: list[str] = []
         keep = self.record.spec.keep_alive_period_in_seconds
         provider = self.provider
+        handed_on = self.record.state is JobState.STOPPED and self.jobs.stop_keeps_warm()
         if (
             keep
             and isinstance(provider, WarmPools)
-            and self.record.state in (JobState.COMPLETED, JobState.FAILED)
+            and (self.record.state in (JobState.COMPLETED, JobState.FAILED) or handed_on)
         ):
             # Billed up to now as the job's; from here on as warm time (see record_idle).
             self._record_usage()

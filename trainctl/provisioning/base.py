@@ -201,6 +201,13 @@ class WarmPools(ABC):
         """For a dry run: where the capacity would come from (e.g. a warm pool), found with
         read-only calls; None when there is nothing to say."""
 
+    @abstractmethod
+    def release_left_by(
+        self, request: CapacityRequest, jobs: list[str]
+    ) -> list[tuple[str, list[InstanceUsage]]]:
+        """End the warm pools that `jobs` left and no job claimed (in `request`'s region):
+        each leaving job with the idle time its instances were billed for."""
+
 
 class CapacityProbe(ABC):
     """Knows, without launching, how many nodes it could provision now."""

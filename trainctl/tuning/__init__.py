@@ -18,6 +18,7 @@ job supervised by a detached process that outlives its submitter (trainctl.tunin
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainctl.errors import SpecError
+from trainctl.errors import NotFoundError, SpecError
 from trainctl.tuning.ranges import (
     CategoricalParameter,
     ContinuousParameter,
@@ -412,7 +413,7 @@ class HyperparameterTuner:
         return f"<div><b>{title}</b><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
     def analytics(self) -> TuningAnalytics:
-        return TuningAnalytics(self._record())
+        return TuningAnalytics(self._record(), self._store_or_fail())
 
     # -- helpers --------------------------------------------------------------------------
     def _name(self) -> str:
@@ -430,11 +431,32 @@ class HyperparameterTuner:
         return TuningStore(self._store_or_fail(), self._name()).load()
 
 
-class TuningAnalytics:
-    """SageMaker's HyperparameterTuningJobAnalytics: every trial, a row each."""
+def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
+    """What a trial's start cost: its first attempt's start-up, capacity to the first
+    training step (None: not that far yet), and whether it started on warm capacity another
+    trial left."""
+    from trainctl.errors import TrainctlError
+    from trainctl.record import JobStore
 
-    def __init__(self, record: Any) -> None:
+    try:
+        record = JobStore(store, job).load()
+    except TrainctlError:
+        return None, False
+    if not record.attempts:
+        return None, False
+    first = record.attempts[0]
+    total = (first.startup or {}).get("total")
+    return (None if total is None else round(total, 1)), first.warm_pool is not None
+
+
+class TuningAnalytics:
+    """SageMaker's HyperparameterTuningJobAnalytics: every trial, a row each. Given the
+    store, each row also says what the trial's start cost (StartSeconds: capacity to its
+    first training step) and whether it started on warm capacity (WarmStart)."""
+
+    def __init__(self, record: Any, store: Any = None) -> None:
         self.record = record
+        self.store = store
 
     def rows(self) -> list[dict[str, Any]]:
         out = []
@@ -442,6 +464,12 @@ class TuningAnalytics:
             elapsed = (
                 trial.ended_at - trial.started_at if trial.ended_at and trial.started_at else None
             )
+            start: dict[str, Any] = {}
+            if self.store is not None:
+                seconds, warm = (
+                    trial_start(self.store, trial.job) if trial.started_at else (None, False)
+                )
+                start = {"StartSeconds": seconds, "WarmStart": warm}
             out.append(
                 {
                     **trial.params,
@@ -452,6 +480,7 @@ class TuningAnalytics:
                     "TrainingEndTime": trial.ended_at,
                     "TrainingElapsedTimeSeconds": elapsed,
                     "Reason": trial.reason,
+                    **start,
                 }
             )
         return out
@@ -487,17 +516,87 @@ def range_from_config(name: str, data: Any) -> ParameterRange:
         raise SpecError(field, str(exc)) from None
 
 
-def tuning_jobs(store: Any) -> list[Any]:
-    """Every tuning job's record in `store`, newest first (unreadable ones left out)."""
+def tuning_jobs(store: Any, unreadable: list[tuple[str, str]] | None = None) -> list[Any]:
+    """Every tuning job's record in `store`, newest first; those that cannot be read are
+    left out, or added to `unreadable` as (name, why) when it is given."""
+    from trainctl.errors import TrainctlError
     from trainctl.tuning.record import TuningStore
 
     records = []
     for name in store.list_dirs("tuning"):
         try:
             records.append(TuningStore(store, name).load())
-        except Exception:
-            continue
+        except NotFoundError:
+            continue  # no record (yet): nothing to list
+        except TrainctlError as exc:
+            if unreadable is not None:
+                unreadable.append((name, str(exc)))
     return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+
+def tuning_summary(record: Any) -> dict[str, Any]:
+    """One line of a tuning job: what `trainctl tuning` lists."""
+    best = record.best()
+    return {
+        "name": record.name,
+        "state": record.state,
+        "strategy": record.spec.strategy,
+        "objective": record.spec.objective_metric_name,
+        "max_jobs": record.spec.max_jobs,
+        "trials": len(record.trials),
+        "best": None if best is None else {"job": best.job, "objective": best.objective},
+    }
+
+
+def tuning_view(record: Any, store: Any) -> dict[str, Any]:
+    """A tuning job as the dashboard shows it: its summary, every trial with its values and
+    its objective's curve (from the trial job's metric history, redone points left out), the
+    best trial's number. Not the job spec: its environment may hold secrets."""
+    from trainctl.errors import TrainctlError
+    from trainctl.record import JobStore
+
+    metric = record.spec.objective_metric_name
+    best = record.best()
+    trials = []
+    for trial in record.trials:
+        try:
+            points = JobStore(store, trial.job).metric_history() if trial.started_at else []
+        except TrainctlError:  # not made yet, or unreadable: no curve
+            points = []
+        curve = [
+            [p["step"] if isinstance(p.get("step"), int) else k, _json_number(p["value"])]
+            for k, p in enumerate(q for q in points if q.get("name") == metric)
+            if not p.get("redone") and _json_number(p.get("value")) is not None
+        ]
+        start_s, warm = trial_start(store, trial.job) if trial.started_at else (None, False)
+        trials.append(
+            {
+                **trial.model_dump(include={"number", "job", "state", "reason"}),
+                "start_seconds": start_s,
+                "warm_start": warm,
+                "objective": _json_number(trial.objective),
+                "params": {k: _json_number(v) for k, v in trial.params.items()},
+                "started_at": trial.started_at,
+                "ended_at": trial.ended_at,
+                "curve": curve,
+            }
+        )
+    return {
+        **tuning_summary(record),
+        "objective_type": record.spec.objective_type,
+        "early_stopping": record.spec.prunes,
+        "ranges": list(record.spec.ranges),
+        "failure_reason": record.failure_reason,
+        "best_trial": None if best is None else best.number,
+        "trials": trials,
+    }
+
+
+def _json_number(value: Any) -> Any:
+    """A value JSON can carry: NaN and the infinities become None (a diverged trial)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _check_choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -34,6 +34,9 @@ from trainctl.tuning.record import (
 from trainctl.tuning.search import Intermediates, prune_reason, suggest
 
 POLL_SECONDS = 1.0
+# How long a trial's nodes wait, warm, for the next trial (which claims them within a poll or
+# two): the bound on idle time if no trial claims them; the tuning job releases what is left.
+TRIAL_KEEP_ALIVE_SECONDS = 300
 
 
 def supervisor_log_path(name: str) -> Any:
@@ -68,6 +71,7 @@ class Supervisor:
         )
         # The curves of trials that have ended: read once, not on every look.
         self._ended_curves: dict[int, dict[int, float]] = {}
+        self._lease_s = get_settings().lease_seconds
 
     def run(self) -> TuningRecord:
         """Supervise the tuning job to its end (LeaseHeld if another process does)."""
@@ -126,17 +130,64 @@ class Supervisor:
         return False
 
     def stopping_jobs(self, record: TuningRecord) -> list[str]:
-        """Jobs of trials already ended here (pruned, stopped) that are still winding down:
-        the tuning job ends after them, so no trial outlives it."""
+        """Jobs of trials already ended here that are still winding down: pruned or stopped
+        ones stopping, and those whose controller is still handing its nodes to a warm pool.
+        The tuning job ends after them, so no trial outlives it and no pool is made after
+        the tuning job has released what its trials left."""
         out = []
         for trial in record.trials:
-            if trial.state in ("Pruned", "Stopped"):
-                try:
-                    if not JobStore(self.store, trial.job).load().state.is_terminal():
-                        out.append(trial.job)
-                except NotFoundError:
-                    continue
+            if trial.state not in ("Pruned", "Stopped") and not (
+                trial.kept_warm and trial.state in TRIAL_ENDED
+            ):
+                continue
+            jobs = JobStore(self.store, trial.job)
+            try:
+                if not jobs.load().state.is_terminal():
+                    out.append(trial.job)
+                elif trial.kept_warm and view_lease(jobs.read_lease(), self._lease_s).live:
+                    out.append(trial.job)  # (its controller's teardown: keep_warm)
+            except NotFoundError:
+                continue
         return out
+
+    def keep_alive_for_next(self, record: TuningRecord, trial: Trial) -> int:
+        """Seconds the trial's nodes are kept warm for a later trial (0: not): where the
+        provider keeps warm pools (EC2), the job sets no keep-alive of its own, and another
+        trial starts after this one ends (trial n is followed by trial n + max_parallel_jobs).
+        Trials of one tuning job share the capacity spec, so the next one claims the pool."""
+        from trainctl.provisioning import get_provider
+        from trainctl.provisioning.base import WarmPools
+
+        spec = record.spec
+        if spec.job.keep_alive_period_in_seconds or (
+            trial.number + spec.max_parallel_jobs >= spec.max_jobs
+        ):
+            return 0
+        provider = get_provider(spec.job.instance_type, spec.job.region)
+        return TRIAL_KEEP_ALIVE_SECONDS if isinstance(provider, WarmPools) else 0
+
+    def release_warm_pools(self, record: TuningRecord) -> None:
+        """End the warm pools the trials left that no trial claimed (their idle time billed
+        to the trial that left them). A failure is an event: each pool still halts itself
+        when its keep-alive ends."""
+        from trainctl.controller.usage import record_idle
+        from trainctl.provisioning import get_provider
+        from trainctl.spec.request import CapacityRequest
+
+        left = [t.job for t in record.trials if t.kept_warm]
+        if not left:
+            return
+        spec = record.spec.job
+        try:
+            provider: Any = get_provider(spec.instance_type, spec.region)
+            released = provider.release_left_by(CapacityRequest.of(spec), left)
+            for job, idle in released:
+                record_idle(self.store, job, idle)
+        except Exception as exc:
+            self.tuning.event("warm_release_failed", error=str(exc))
+            return
+        if released:
+            self.tuning.event("warm_released", jobs=[job for job, _ in released])
 
     # -- trials ---------------------------------------------------------------------------
     def start(self, record: TuningRecord, trial: Trial) -> None:
@@ -147,10 +198,15 @@ class Supervisor:
         jobs = JobStore(self.store, trial.job)
         if not jobs.exists():
             spec = record.spec.job
-            hyperparameters = {**spec.hyperparameters, **trial.params}
-            spec = spec.model_copy(
-                update={"job_name": trial.job, "hyperparameters": hyperparameters}
-            )
+            update: dict[str, Any] = {
+                "job_name": trial.job,
+                "hyperparameters": {**spec.hyperparameters, **trial.params},
+            }
+            if keep := self.keep_alive_for_next(record, trial):
+                update["keep_alive_period_in_seconds"] = keep
+                trial.kept_warm = True
+                self.tuning.save(record)  # before the job: finish() releases what it leaves
+            spec = spec.model_copy(update=update)
             try:
                 job = create_job(spec, self.store, tuning_job=self.name)
             except Exception as exc:  # e.g. a value the script's spec refuses: that trial fails
@@ -177,7 +233,9 @@ class Supervisor:
             self.ended(record, trial, job)
             return
         if (why := prune_reason(record, trial, intermediates)) is not None:
-            jobs.request_stop(why)  # its controller stops it: Stopped, with this reason
+            # its controller stops it (Stopped, with this reason), its nodes kept warm for
+            # the next trial where the trial's are
+            jobs.request_stop(why, keep_warm=trial.kept_warm)
             self.end_trial(trial, "Pruned", reason=why)
             trial.objective = last_value(intermediates.get(trial.number))
             self.tuning.event("trial_pruned", trial=trial.number, job=trial.job, why=why)
@@ -235,6 +293,7 @@ class Supervisor:
         return out
 
     def finish(self, record: TuningRecord, state: Any) -> bool:
+        self.release_warm_pools(record)
         record.state = state
         record.ended_at = time.time()
         if state == "Failed":

@@ -70,6 +70,9 @@ class Trial(BaseModel):
     # What the search noted on the trial as it ran (Hyperband: the rungs it reached), kept
     # here so a study rebuilt from the record knows it.
     search_attrs: dict[str, Any] = {}
+    # Its nodes are kept warm for a later trial (keep_alive_period_in_seconds set by the
+    # tuning job): what the tuning job releases at its end if no trial claimed them.
+    kept_warm: bool = False
     started_at: float | None = None
     ended_at: float | None = None
 

@@ -12,6 +12,10 @@ log and its artifacts.
     GET /api/jobs/{job}/logs?attempt=&rank=&offset=   a log from a byte offset
     GET /api/jobs/{job}/artifacts               the job's files
     GET /api/jobs/{job}/files/{path}            one file, downloaded
+    GET /tuning                                 tuning job list
+    GET /tuning/{name}                          tuning job page: trials, the best, curves
+    GET /api/tuning                             [tuning_summary] newest first
+    GET /api/tuning/{name}                      tuning_view (trials and their curves)
 
 Read-only: only GET routes exist, and none writes to the store. A token, when set, is
 required on every request (`?token=` once, then a cookie).
@@ -140,6 +144,38 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
             )
         return PlainTextResponse(f"{path} not found", status_code=404)
 
+    def tuning_store(request: Request) -> Any:
+        from trainctl.tuning.record import TuningStore
+
+        tuning = TuningStore(store, request.path_params["name"])
+        if not tuning.exists():
+            raise NotFoundError(f"no tuning job {tuning.name!r} in {store.uri}")
+        return tuning
+
+    async def tunings_page(request: Request) -> Response:
+        return HTMLResponse(_page("trainctl tuning jobs", "tunings", store.uri))
+
+    async def tuning_page(request: Request) -> Response:
+        tuning = tuning_store(request)
+        return HTMLResponse(
+            _page(f"trainctl tuning {tuning.name}", "tuning", store.uri, job=tuning.name)
+        )
+
+    async def api_tunings(request: Request) -> Response:
+        from trainctl.tuning import tuning_jobs, tuning_summary
+
+        unreadable: list[tuple[str, str]] = []
+        records = tuning_jobs(store, unreadable)
+        return JSONResponse(
+            [tuning_summary(r) for r in records]
+            + [{"name": n, "state": "Unreadable", "problem": why} for n, why in unreadable]
+        )
+
+    async def api_tuning(request: Request) -> Response:
+        from trainctl.tuning import tuning_view
+
+        return JSONResponse(tuning_view(tuning_store(request).load(), store))
+
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in STATIC:
@@ -187,6 +223,10 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         Route("/api/jobs/{job}/logs", api_logs),
         Route("/api/jobs/{job}/artifacts", api_artifacts),
         Route("/api/jobs/{job}/files/{path:path}", api_file),
+        Route("/tuning", tunings_page),
+        Route("/tuning/{name}", tuning_page),
+        Route("/api/tuning", api_tunings),
+        Route("/api/tuning/{name}", api_tuning),
         Route("/static/{name}", static),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard)])
@@ -199,6 +239,7 @@ def _page(title: str, view: str, store_uri: str, *, job: str = "") -> str:
 <link rel="stylesheet" href="/static/style.css">
 <script src="/static/chart.js"></script><script src="/static/app.js"></script></head>
 <body data-view="{esc(view)}" data-job="{esc(job)}">
-<header><a href="/">trainctl</a> <span class="store">{esc(store_uri)}</span></header>
+<header><a href="/">trainctl</a> <a href="/tuning">tuning</a>
+<span class="store">{esc(store_uri)}</span></header>
 <main id="main"><p class="muted">loading...</p></main>
 </body></html>"""

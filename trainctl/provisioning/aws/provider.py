@@ -526,6 +526,13 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             out.append((pool, idle))
         return out
 
+    def release_left_by(
+        self, request: CapacityRequest, jobs: list[str]
+    ) -> list[tuple[str, list[InstanceUsage]]]:
+        names = [warm.pool_name(job) for job in jobs]
+        released = self.release_warm(self.request_region(request), names)
+        return [(pool.from_job, idle) for pool, idle in released]
+
     def _release_pool(self, ec2: Any, pool: warm.WarmPool) -> None:
         settings = get_settings()
         warm.release(

@@ -59,6 +59,7 @@
         ["duration", duration(info.duration_s)], ["cost", cost(info.cost)], ["model", esc(info.model_data)]];
       if (info.failure_reason) rows.push(["failure", esc(info.failure_reason)]);
       if (info.stop_reason) rows.push(["stopped", esc(info.stop_reason)]);
+      if (info.tuning_job) rows.push(["tuning job", '<a id="tuning-link" href="/tuning/' + encodeURIComponent(info.tuning_job) + '">' + esc(info.tuning_job) + "</a>"]);
       if (info.controller && info.controller.lost) rows.push(["controller", "lost " + Math.round(info.controller.silent_seconds) + " s ago"]);
       document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
         return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
@@ -152,9 +153,99 @@
     refresh();
   }
 
+  function value(v) { return typeof v === "number" ? String(Math.round(v * 10000) / 10000) : esc(v); }
+
+  function tuningsView() {
+    get("/api/tuning").then(function (list) {
+      var rows = list.map(function (t) {
+        if (t.state === "Unreadable") {
+          return '<tr class="tuning-row"><td>' + esc(t.name) + '</td><td class="state-Failed">Unreadable</td>' +
+            '<td colspan="4" class="problem">' + esc(t.problem) + "</td></tr>";
+        }
+        return '<tr class="tuning-row"><td><a href="/tuning/' + encodeURIComponent(t.name) + '">' + esc(t.name) +
+          '</a></td><td class="state-' + esc(t.state) + '">' + esc(t.state) + "</td><td>" + esc(t.strategy) +
+          "</td><td>" + esc(t.objective) + "</td><td>" + t.trials + "/" + t.max_jobs + "</td><td>" +
+          (t.best ? value(t.best.objective) + " (" + esc(t.best.job) + ")" : "-") + "</td></tr>";
+      }).join("");
+      document.getElementById("main").innerHTML = "<h1>Tuning jobs</h1>" + (list.length ?
+        "<table id='tunings'><tr><th>name</th><th>state</th><th>strategy</th><th>objective</th><th>trials</th><th>best</th></tr>" + rows + "</table>" :
+        "<p class='muted'>no tuning jobs in this store yet (HyperparameterTuner.fit, trainctl tune)</p>");
+      if (list.some(function (t) { return t.state === "InProgress"; })) setTimeout(tuningsView, 3000);
+    }).catch(fail);
+  }
+
+  function tuningView(name) {
+    var main = document.getElementById("main");
+    main.innerHTML = "<h1>" + esc(name) + "</h1><div id='summary'></div><h2>Objective</h2><div id='charts' class='charts'></div>" +
+      "<h2>Trials</h2><div id='trials'></div>";
+    function draw(t) {
+      var best = t.trials.filter(function (x) { return x.number === t.best_trial; })[0];
+      var rows = [["state", '<span class="state-' + esc(t.state) + '">' + esc(t.state) + "</span>"],
+        ["strategy", esc(t.strategy) + (t.early_stopping ? ", early stopping" : "")],
+        ["objective", esc(t.objective_type + " " + t.objective)], ["trials", t.trials.length + " of " + t.max_jobs],
+        ["best", best ? value(best.objective) + ' (<a href="/jobs/' + encodeURIComponent(best.job) + '">' + esc(best.job) + "</a>)" : "-"]];
+      if (t.failure_reason) rows.push(["failure", esc(t.failure_reason)]);
+      document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
+        return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
+      /* the objective of each ended trial against its number, and the best so far */
+      var sign = t.objective_type === "Minimize" ? -1 : 1, sofar = null, ended = [], bestLine = [];
+      t.trials.forEach(function (x) {
+        if (x.objective == null) return;
+        ended.push([x.number, x.objective]);
+        if (x.state === "Completed" && (sofar == null || sign * x.objective > sign * sofar)) sofar = x.objective;
+        if (sofar != null) bestLine.push([x.number, sofar]);
+      });
+      var charts = document.getElementById("charts");
+      charts.innerHTML = "";
+      function chart(kind, title, series) {
+        var div = document.createElement("div");
+        div.className = "chart";
+        div.setAttribute("data-chart", kind);
+        div.innerHTML = "<div class='title'>" + esc(title) + "</div>";
+        window.trainctlChart(div, series, {});
+        var legend = document.createElement("div");
+        legend.className = "legend";
+        legend.innerHTML = series.filter(function (s) { return s.legend !== false; }).map(function (s) {
+          return "<span style='color:" + s.color + "'>&#9644; " + esc(s.label) + "</span>"; }).join("");
+        div.appendChild(legend);
+        charts.appendChild(div);
+      }
+      chart("objective", t.objective + " by trial", [{ label: "trials", color: COLORS[0], points: ended },
+        { label: "best so far", color: COLORS[2], points: bestLine }]);
+      /* each trial's curve: what early stopping compared (pruned trials in red) */
+      var curves = t.trials.filter(function (x) { return x.curve.length; }).map(function (x) {
+        var color = x.state === "Pruned" ? COLORS[1] : x.number === t.best_trial ? COLORS[2] : "#8c959f";
+        return { label: "trial " + x.number, color: color, points: x.curve, legend: false };
+      });
+      chart("curves", t.objective + " by step, each trial", curves);
+      charts.lastChild.querySelector(".legend").innerHTML = "<span style='color:" + COLORS[2] + "'>&#9644; best</span>" +
+        "<span style='color:" + COLORS[1] + "'>&#9644; pruned</span><span style='color:#8c959f'>&#9644; other trials</span>";
+      document.getElementById("trials").innerHTML = "<table id='trials-table'><tr><th></th><th>trial</th><th>job</th><th>state</th><th>" +
+        esc(t.objective) + "</th>" + t.ranges.map(function (r) { return "<th>" + esc(r) + "</th>"; }).join("") + "<th>why it ended</th></tr>" +
+        t.trials.map(function (x) {
+          var isBest = x.number === t.best_trial;
+          return "<tr class='trial" + (isBest ? " best" : "") + "' data-state='" + esc(x.state) + "'><td>" + (isBest ? "&#9733;" : "") + "</td><td>" + x.number +
+            "</td><td><a href='/jobs/" + encodeURIComponent(x.job) + "'>" + esc(x.job) + "</a></td><td class='state-" + esc(x.state) + "'>" + esc(x.state) +
+            "</td><td>" + value(x.objective) + "</td>" + t.ranges.map(function (r) { return "<td>" + value(x.params[r]) + "</td>"; }).join("") +
+            "<td>" + esc(x.reason || "") + "</td></tr>";
+        }).join("") + "</table>";
+    }
+    function refresh() {
+      get("/api/tuning/" + encodeURIComponent(name)).then(function (t) {
+        draw(t);
+        document.body.setAttribute("data-state", t.state);
+        if (t.state === "InProgress") setTimeout(refresh, 3000);
+        else document.body.setAttribute("data-loaded", "1");
+      }).catch(fail);
+    }
+    refresh();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     var view = document.body.getAttribute("data-view");
     if (view === "job") jobView(document.body.getAttribute("data-job"));
+    else if (view === "tuning") tuningView(document.body.getAttribute("data-job"));
+    else if (view === "tunings") tuningsView();
     else jobsView();
   });
 })();
