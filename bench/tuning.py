@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -135,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="trainctl-bench-tuning-"))
     os.environ["TRAINCTL_HOME"] = str(home)
     os.environ.pop("TRAINCTL_STORE", None)
+    try:
+        runs = _run_all(args)
+    finally:
+        # (every trial's job has ended with its tuning job: nothing runs from here)
+        shutil.rmtree(home, ignore_errors=True)
+    _report(args, runs)
+    return 0
+
+
+def _run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = []
     for seed in args.seeds:
         for strategy in args.strategies:
@@ -147,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 brief = {k: v for k, v in result.items() if k != "completed_accuracies"}
                 log(f"  {json.dumps(brief)}")
                 runs.append(result)
+    return runs
+
+
+def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     summary = []
     for strategy in args.strategies:
         for early in (False, True):
@@ -182,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['best_accuracy_median']:.4f} | {row['node_seconds_median']:.0f} | "
               f"{row['reached_target']} | {'-' if to_target is None else f'{to_target:.0f}'} | "
               f"{row['pruned_median']:g} |")  # fmt: skip
-    return 0
 
 
 def _median_or_none(values: list[float | None]) -> float | None:

@@ -293,6 +293,17 @@ def test_tune_from_a_file_and_see_the_trials_from_the_cli(cli_home, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: IntegerParameter: min_value 64 must be below max_value 63"
     assert len(json.loads(_trainctl("tuning", "-o", "json").stdout)) == 1  # only the first
+    # a record that cannot be read is listed as such, and its one line says why
+    broken = cli_home / "store" / "tuning" / "broken-1" / "tuning.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"\x00{not json")
+    assert "broken-1" in _trainctl("tuning").stdout
+    listed = {t["name"]: t for t in json.loads(_trainctl("tuning", "-o", "json").stdout)}
+    assert listed["broken-1"]["state"] == "Unreadable"
+    assert "its record is unreadable" in listed["broken-1"]["problem"]
+    shown = _trainctl("tuning", "broken-1")
+    assert shown.returncode != 0 and "its record is unreadable" in shown.stderr
+    assert "Traceback" not in shown.stderr
 
 
 TUNING_NOTEBOOK = [

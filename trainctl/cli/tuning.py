@@ -49,7 +49,7 @@ def tuning(
     """List tuning jobs, or one's trials with their values (the best marked *)."""
     from rich.table import Table
 
-    from trainctl.cli.jobs import _cells, _console
+    from trainctl.cli.jobs import _cells, _console, _state_text
     from trainctl.controller.submit import default_store
     from trainctl.tuning import TuningAnalytics, tuning_jobs, tuning_summary
     from trainctl.tuning.record import TuningStore
@@ -57,9 +57,13 @@ def tuning(
     check_output(output)
     store = default_store()
     if name is None:
-        records = tuning_jobs(store)
+        unreadable: list[tuple[str, str]] = []
+        records = tuning_jobs(store, unreadable)
         if output == "json":
-            print_json([tuning_summary(r) for r in records])
+            print_json(
+                [tuning_summary(r) for r in records]
+                + [{"name": n, "state": "Unreadable", "problem": why} for n, why in unreadable]
+            )
             return
         table = Table(box=None, header_style="bold")
         for column in ("NAME", "STATE", "STRATEGY", "TRIALS", "BEST"):
@@ -76,6 +80,8 @@ def tuning(
                     "-" if best is None else f"{best.objective:.6g} ({best.job})",
                 ),
             )
+        for tuning_name, _ in unreadable:  # the line saying why: `trainctl tuning NAME`
+            table.add_row(tuning_name, *_cells(_state_text("Unreadable"), "-", "-", "-"))
         _console().print(table)
         return
     record = TuningStore(store, name).load()

@@ -335,6 +335,15 @@ class Estimator:
         return open_store(self.store_uri) if self.store_uri else default_store()
 
     @classmethod
+    def from_spec(cls, spec: Any, store_uri: str | None = None) -> Estimator:
+        """The estimator whose jobs are `spec` (its job name left out: each fit names its
+        own), e.g. a tuning job's trials or its best one."""
+        fields = spec.model_dump(exclude={"job_name"}, exclude_defaults=True)
+        entry = fields.pop("entry_point")
+        source = fields.pop("source_dir", None)
+        return cls(entry, source, store_uri=store_uri, **fields)
+
+    @classmethod
     def attach(cls, job_name: str, store_uri: str | None = None) -> TrainingJob:
         """A handle to an existing job (running or ended)."""
         return TrainingJob.attach(job_name, store_uri)

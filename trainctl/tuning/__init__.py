@@ -70,17 +70,10 @@ class HyperparameterTuner:
     ) -> None:
         from trainctl.tuning.record import TuningSpec
 
-        # A SageMaker-shaped estimator (trainctl.sagemaker) wraps a trainctl Estimator; its
-        # fit() resolves SageMaker's channels, which the tuner's fit() does the same way.
-        self.estimator = getattr(estimator, "_estimator", estimator)
-        self._channels = getattr(estimator, "_channels", None)
-        self.objective_metric_name = objective_metric_name
-        self.hyperparameter_ranges = dict(hyperparameter_ranges or {})
-        self.metric_definitions = list(metric_definitions or [])
-        self.base_tuning_job_name = base_tuning_job_name
-        self.latest_tuning_job: str | None = None
-        self.default_inputs: Any = None  # fit()'s inputs when it is given none (a tune.yaml's)
-        self._store: Any = None
+        self._set(
+            estimator, objective_metric_name, hyperparameter_ranges, metric_definitions,
+            base_tuning_job_name,
+        )  # fmt: skip
         _check_choice("strategy", strategy, STRATEGIES)
         _check_choice("objective_type", objective_type, ("Maximize", "Minimize"))
         _check_choice("early_stopping_type", early_stopping_type, ("Off", "Auto"))
@@ -115,6 +108,28 @@ class HyperparameterTuner:
         except ValidationError as exc:
             where, message = first_error(exc)
             raise SpecError(where or "tuning", message) from None
+
+    def _set(
+        self,
+        estimator: Any,
+        objective_metric_name: str,
+        hyperparameter_ranges: dict[str, ParameterRange],
+        metric_definitions: list[dict[str, str]] | None,
+        base_tuning_job_name: str | None,
+    ) -> None:
+        """Every attribute a tuner has, set in one place (a new tuner and an attached one)."""
+        # A SageMaker-shaped estimator (trainctl.sagemaker) wraps a trainctl Estimator; its
+        # fit() resolves SageMaker's channels, which the tuner's fit() does the same way.
+        self.estimator = getattr(estimator, "_estimator", estimator)
+        self._channels = getattr(estimator, "_channels", None)
+        self.objective_metric_name = objective_metric_name
+        self.hyperparameter_ranges = dict(hyperparameter_ranges or {})
+        self.metric_definitions = list(metric_definitions or [])
+        self.base_tuning_job_name = base_tuning_job_name
+        self.latest_tuning_job: str | None = None
+        self.default_inputs: Any = None  # fit()'s inputs when it is given none (a tune.yaml's)
+        self._store: Any = None
+        self._template: Any = None
 
     # -- checks (before anything is made) ---------------------------------------------------
     def _check_ranges(self) -> None:
@@ -270,15 +285,16 @@ class HyperparameterTuner:
         store = open_store(store_uri) if store_uri else default_store()
         record = TuningStore(store, tuning_job_name).load()
         spec = record.spec
+        # (not __init__: its checks were made when the tuning job started, maybe elsewhere,
+        # where the script's source was)
         tuner = cls.__new__(cls)
-        tuner.estimator = Estimator.__new__(Estimator)
-        tuner.estimator.spec = spec.job
-        tuner.objective_metric_name = spec.objective_metric_name
-        tuner.hyperparameter_ranges = {n: range_from_dict(r) for n, r in spec.ranges.items()}
-        tuner.metric_definitions = []
-        tuner.default_inputs = None
-        tuner._channels = None
-        tuner.base_tuning_job_name = None
+        tuner._set(
+            Estimator.from_spec(spec.job, store.uri),
+            spec.objective_metric_name,
+            {n: range_from_dict(r) for n, r in spec.ranges.items()},
+            None,
+            None,
+        )
         tuner._template = spec
         tuner._store, tuner.latest_tuning_job = store, tuning_job_name
         tuner._ensure_supervised()
@@ -369,11 +385,11 @@ class HyperparameterTuner:
         if best is None:
             raise SpecError("tuning", f"tuning job {record.name!r} has no completed trial yet")
         spec = record.spec.job
-        fields = spec.model_dump(exclude={"job_name"}, exclude_defaults=True)
-        fields["hyperparameters"] = {**spec.hyperparameters, **best.params}
-        entry = fields.pop("entry_point")
-        source = fields.pop("source_dir", None)
-        estimator = Estimator(entry, source, store_uri=self._store_or_fail().uri, **fields)
+        hyperparameters = {**spec.hyperparameters, **best.params}
+        estimator = Estimator.from_spec(
+            spec.model_copy(update={"hyperparameters": hyperparameters}),
+            self._store_or_fail().uri,
+        )
         estimator.latest_training_job = TrainingJob(best.job, self._store_or_fail())
         return estimator
 
