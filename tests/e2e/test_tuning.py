@@ -342,6 +342,10 @@ tuner = HyperparameterTuner(
     """best = tuner.best_training_job()
 df = tuner.analytics().dataframe()
 print(best, len(df), df["FinalObjectiveValue"].max(), sorted(set(df["TrainingJobStatus"])))""",
+    """info = tuner.describe()  # DescribeHyperParameterTuningJob's keys
+print(info["HyperParameterTuningJobStatus"], info["BestTrainingJob"]["TrainingJobName"],
+      info["TrainingJobStatusCounters"]["Completed"],
+      info["HyperParameterTuningJobConfig"]["ParameterRanges"]["IntegerParameterRanges"])""",
 ]
 
 
@@ -363,9 +367,14 @@ def test_a_sagemaker_tuning_notebook_runs_with_only_its_imports_changed(
     ]
     resources = {"metadata": {"path": str(tmp_path)}}
     NotebookClient(notebook, timeout=200, kernel_name="python3", resources=resources).execute()
-    text = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
+    text = "".join(o.get("text", "") for o in notebook.cells[-2].outputs)
     best, rows, value, states = text.split(maxsplit=3)
     assert rows == "4" and states.strip() == "['Completed']", text
     assert JobStore(Estimator.attach(best).store, best).load().metrics["accuracy"] == float(value)
     fit = "".join(o.get("text", "") for o in notebook.cells[4].outputs)
     assert f"Completed; best {best}" in fit, fit
+    described = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
+    assert described.startswith(f"Completed {best} 4 "), described
+    assert (
+        "{'Name': 'width', 'MinValue': '8', 'MaxValue': '128', 'ScalingType': 'Auto'}" in described
+    )

@@ -1,16 +1,20 @@
 """SageMaker's `sagemaker.tuner` on trainctl: a tuning notebook runs with its imports
 changed to `from trainctl.sagemaker.tuner import HyperparameterTuner, ...`; the estimator is
-trainctl.sagemaker's (or trainctl's own). See trainctl.tuning for what runs."""
+trainctl.sagemaker's (or trainctl's own). See trainctl.tuning for what runs; the tuner here
+is trainctl's, whose describe() also answers in DescribeHyperParameterTuningJob's keys."""
 
 from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
 
 from trainctl.tuning import (
     CategoricalParameter,
     ContinuousParameter,
-    HyperparameterTuner,
     IntegerParameter,
     ParameterRange,
 )
+from trainctl.tuning import HyperparameterTuner as _Tuner
 
 __all__ = [
     "CategoricalParameter",
@@ -19,3 +23,88 @@ __all__ = [
     "IntegerParameter",
     "ParameterRange",
 ]
+
+# SageMaker's range lists, by trainctl's range kind
+RANGE_LISTS = {
+    "continuous": "ContinuousParameterRanges",
+    "integer": "IntegerParameterRanges",
+    "categorical": "CategoricalParameterRanges",
+}
+
+
+class HyperparameterTuner(_Tuner):
+    """trainctl's HyperparameterTuner, describing itself as SageMaker's does."""
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **tuning_job_keys(self._record())}
+
+
+def tuning_job_keys(record: Any) -> dict[str, Any]:
+    """DescribeHyperParameterTuningJob's keys for a tuning job's record."""
+    spec = record.spec
+    counts = {"Completed": 0, "InProgress": 0, "RetryableError": 0, "NonRetryableError": 0}
+    counts["Stopped"] = 0
+    objectives = {"Succeeded": 0, "Pending": 0, "Failed": 0}
+    for trial in record.trials:
+        state = {"Pending": "InProgress", "Running": "InProgress", "Failed": "NonRetryableError"}
+        counts[state.get(trial.state, "Stopped" if trial.state == "Pruned" else trial.state)] += 1
+        if trial.state in ("Pending", "Running"):
+            objectives["Pending"] += 1
+        elif trial.objective is not None:
+            objectives["Succeeded"] += 1
+        else:
+            objectives["Failed"] += 1
+    ranges: dict[str, list[dict[str, Any]]] = {name: [] for name in RANGE_LISTS.values()}
+    for name, data in spec.ranges.items():
+        entry: dict[str, Any] = {"Name": name}
+        if data["kind"] == "categorical":
+            entry["Values"] = [str(v) for v in data["values"]]
+        else:
+            number = int if data["kind"] == "integer" else float
+            entry |= {
+                "MinValue": str(number(data["min_value"])),
+                "MaxValue": str(number(data["max_value"])),
+                "ScalingType": data.get("scaling_type", "Auto"),
+            }
+        ranges[RANGE_LISTS[data["kind"]]].append(entry)
+    keys: dict[str, Any] = {
+        "HyperParameterTuningJobName": record.name,
+        "HyperParameterTuningJobStatus": record.state,
+        "HyperParameterTuningJobConfig": {
+            "Strategy": spec.strategy,
+            "HyperParameterTuningJobObjective": {
+                "Type": spec.objective_type,
+                "MetricName": spec.objective_metric_name,
+            },
+            "ResourceLimits": {
+                "MaxNumberOfTrainingJobs": spec.max_jobs,
+                "MaxParallelTrainingJobs": spec.max_parallel_jobs,
+            },
+            "ParameterRanges": ranges,
+            "TrainingJobEarlyStoppingType": spec.early_stopping_type,
+        },
+        "TrainingJobStatusCounters": counts,
+        "ObjectiveStatusCounters": objectives,
+        "CreationTime": _time(record.created_at),
+    }
+    if record.ended_at is not None:
+        keys["HyperParameterTuningEndTime"] = _time(record.ended_at)
+    if (best := record.best()) is not None:
+        keys["BestTrainingJob"] = {
+            "TrainingJobName": best.job,
+            "TrainingJobStatus": "Completed",
+            "TunedHyperParameters": {k: str(v) for k, v in best.params.items()},
+            "FinalHyperParameterTuningJobObjectiveMetric": {
+                "MetricName": spec.objective_metric_name,
+                "Value": best.objective,
+            },
+            "TrainingStartTime": _time(best.started_at),
+            "TrainingEndTime": _time(best.ended_at),
+        }
+    if record.failure_reason:
+        keys["FailureReason"] = record.failure_reason
+    return keys
+
+
+def _time(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
