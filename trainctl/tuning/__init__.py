@@ -455,12 +455,16 @@ def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
     from trainctl.record import JobStore
 
     try:
-        record = JobStore(store, job).load()
+        return start_of(JobStore(store, job).load())
     except TrainctlError:
         return None, False
-    if not record.attempts:
+
+
+def start_of(job: Any) -> tuple[float | None, bool]:
+    """trial_start's answer from the trial's job record."""
+    if not job.attempts:
         return None, False
-    first = record.attempts[0]
+    first = job.attempts[0]
     total = (first.startup or {}).get("total")
     return (None if total is None else round(total, 1)), first.warm_pool is not None
 
@@ -575,16 +579,21 @@ def tuning_view(record: Any, store: Any) -> dict[str, Any]:
     best = record.best()
     trials = []
     for trial in record.trials:
-        try:
-            points = JobStore(store, trial.job).metric_history() if trial.started_at else []
-        except TrainctlError:  # not made yet, or unreadable: no curve
-            points = []
+        points: list[dict[str, Any]] = []
+        start_s, warm = None, False
+        if trial.started_at:
+            jobs = JobStore(store, trial.job)
+            try:
+                job = jobs.load()
+                points = jobs.metric_history(job)
+                start_s, warm = start_of(job)
+            except TrainctlError:  # not made yet, or unreadable: no curve
+                pass
         curve = [
             [p["step"] if isinstance(p.get("step"), int) else k, _json_number(p["value"])]
             for k, p in enumerate(q for q in points if q.get("name") == metric)
             if not p.get("redone") and _json_number(p.get("value")) is not None
         ]
-        start_s, warm = trial_start(store, trial.job) if trial.started_at else (None, False)
         trials.append(
             {
                 **trial.model_dump(include={"number", "job", "state", "reason"}),

@@ -72,6 +72,7 @@ class Supervisor:
         # The curves of trials that have ended: read once, not on every look.
         self._ended_curves: dict[int, dict[int, float]] = {}
         self._lease_s = get_settings().lease_seconds
+        self._warm_pools: bool | None = None  # whether the trials' provider keeps warm pools
 
     def run(self) -> TuningRecord:
         """Supervise the tuning job to its end (LeaseHeld if another process does)."""
@@ -163,8 +164,10 @@ class Supervisor:
             trial.number + spec.max_parallel_jobs >= spec.max_jobs
         ):
             return 0
-        provider = get_provider(spec.job.instance_type, spec.job.region)
-        return TRIAL_KEEP_ALIVE_SECONDS if isinstance(provider, WarmPools) else 0
+        if self._warm_pools is None:  # (every trial has the same instance type: asked once)
+            provider = get_provider(spec.job.instance_type, spec.job.region)
+            self._warm_pools = isinstance(provider, WarmPools)
+        return TRIAL_KEEP_ALIVE_SECONDS if self._warm_pools else 0
 
     def release_warm_pools(self, record: TuningRecord) -> None:
         """End the warm pools the trials left that no trial claimed (their idle time billed
