@@ -422,11 +422,18 @@ class Agent:
             self.log(f"could not record the node's status: {exc}")
 
     def heartbeat(self) -> None:
-        """On the controller's pipe, and in the store for a controller that takes over."""
-        self.write_status()
+        """On the controller's pipe, every heartbeat_seconds whatever the store is doing: a
+        status write that the store's retries hold up must not look like a lost node."""
         while not self.stopping and not self.finished:
             time.sleep(self.settings.heartbeat_seconds)
             emit("heartbeat", rank=self.rank)
+
+    def keep_status(self) -> None:
+        """The node's status in the store, for a controller that takes over (its own thread:
+        see heartbeat)."""
+        self.write_status()
+        while not self.stopping and not self.finished:
+            time.sleep(self.settings.heartbeat_seconds)
             self.write_status()
 
     def run(self) -> int:
@@ -439,7 +446,7 @@ class Agent:
         background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
-        background.append((self.heartbeat, "heartbeat"))
+        background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]
         for work, name in background:
             threading.Thread(target=yielding(work), name=name, daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())
