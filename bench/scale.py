@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
+from trainctl.clock import clock
 from trainctl.protocol import split_stamp, stamped_line
 
 STARTUP_ROUND_TRIPS = 4  # SSH connect, auth, agent upload check, exec
@@ -158,15 +159,15 @@ class SimNode:
         self._emit("agent_started", pid=os.getpid())
         self._status_put("starting")
         self._emit("launched", pid=os.getpid())
-        started = time.monotonic()
+        started = clock().monotonic()
         next_beat = next_notice = next_lease = next_line = started
         line_number = step = 0
         notice_key = self.jobs.keys.notice(self.attempt, self.rank)
         code, stopped = 0, False
         while not self._killed.is_set():
-            now = time.monotonic()
+            now = clock().monotonic()
             if self.silenced.is_set():  # a hung machine: nothing at all, and no exit
-                time.sleep(0.1)
+                clock().sleep(0.1)
                 continue
             if self._terminate.is_set():
                 code, stopped = 143, True
@@ -193,7 +194,7 @@ class SimNode:
                 next_notice += 0.5
                 if h.node_store.exists(notice_key) or h.preempting.is_set():
                     # the script's PreemptionFlag agrees on it across ranks: all stop
-                    h.notice_seen(self.rank, time.time())
+                    h.notice_seen(self.rank, clock().time())
                     self._emit("notice")
                     self._emit("checkpoint", step=step)  # the emergency checkpoint
                     self._emit("preempted", step=step)
@@ -202,7 +203,7 @@ class SimNode:
             if now >= next_lease:
                 next_lease += 5.0
                 self.jobs.read_lease()
-            time.sleep(max(0.0, min(next_line, next_beat, next_notice) - time.monotonic()))
+            clock().sleep(max(0.0, min(next_line, next_beat, next_notice) - clock().monotonic()))
         if self._killed.is_set():
             return
         self.logs.close()
@@ -274,10 +275,10 @@ def sim_provider(harness: Harness) -> Any:
             self.cluster, self.rank = cluster, rank
 
         def start(self, argv: list[str], env: dict[str, str]) -> Any:
-            time.sleep(harness.rtt * STARTUP_ROUND_TRIPS)
+            clock().sleep(harness.rtt * STARTUP_ROUND_TRIPS)
             node = SimNode(harness, self.cluster.job, self.cluster.attempt, self.rank)
             harness.nodes[(self.cluster.attempt, self.rank)] = node
-            harness.started_at = time.monotonic()
+            harness.started_at = clock().monotonic()
             return node
 
     class SimProvider(Provider):
@@ -291,7 +292,7 @@ def sim_provider(harness: Harness) -> Any:
                 NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=str(harness.root))
                 for r in range(request.instance_count)
             ]
-            harness.provisioned_at = time.monotonic()
+            harness.provisioned_at = clock().monotonic()
             return ClusterInfo(
                 job=job,
                 attempt=attempt,
@@ -335,7 +336,7 @@ class CountingPrinter:
 
     def info(self, message: str) -> None:
         if message == "training started on every node":
-            self.launched_at = time.monotonic()
+            self.launched_at = clock().monotonic()
 
     def __getattr__(self, name: str) -> Any:  # anything else a printer does: nothing
         return lambda *args, **kwargs: None
@@ -389,16 +390,16 @@ def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
     harness.reset()
     harness.store.counts.clear()
     harness.node_store.counts.clear()
-    rss0, cpu0, t0 = rss_mb(), harness.controller_cpu_seconds(), time.monotonic()
+    rss0, cpu0, t0 = rss_mb(), harness.controller_cpu_seconds(), clock().monotonic()
     peak = {"rss": rss0}
 
     def sample(controller: Any, result: dict[str, Any]) -> None:
         while controller.record.state.value not in ("Completed", "Failed", "Stopped"):
             peak["rss"] = max(peak["rss"], rss_mb())
-            time.sleep(0.5)
+            clock().sleep(0.5)
 
     clean = run_job(harness, nodes, [], sample)
-    wall = time.monotonic() - t0
+    wall = clock().monotonic() - t0
     cpu = harness.controller_cpu_seconds() - cpu0
     requests = sum(harness.store.counts.values())
     node_requests = sum(harness.node_store.counts.values())
@@ -439,7 +440,7 @@ def notice_run(harness: Harness, nodes: int) -> float | None:
 
     def stop_after_notice(controller: Any, result: dict[str, Any]) -> None:
         while not harness.notices and controller.record.state.value != "Completed":
-            time.sleep(0.1)
+            clock().sleep(0.1)
         controller.jobs.request_stop("bench: measured")
 
     notice = run_job(harness, nodes, [f"notice:{nodes - 1}@3"], stop_after_notice)
@@ -458,12 +459,12 @@ def silent_run(harness: Harness, nodes: int) -> dict[str, Any]:
 
     def silence(controller: Any, result: dict[str, Any]) -> None:
         while controller.record.state.value != "Training":
-            time.sleep(0.05)
-        time.sleep(3)
-        timing["silenced"] = time.time()
+            clock().sleep(0.05)
+        clock().sleep(3)
+        timing["silenced"] = clock().time()
         harness.nodes[(1, nodes // 2)].silenced.set()
         while not any(e["type"] == "attempt_end" for e in controller.jobs.events()):
-            time.sleep(0.2)
+            clock().sleep(0.2)
         controller.jobs.request_stop("bench: measured")
 
     silent = run_job(harness, nodes, [], silence)

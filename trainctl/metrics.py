@@ -26,9 +26,10 @@ from an earlier checkpoint) are kept and marked `redone`, never shown twice as c
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainctl.clock import clock
 
 CAP = 10_000  # values of one metric in one attempt before thinning starts
 MAX_DOUBLINGS = 20  # then the history stops growing: at most CAP x 21 values
@@ -61,7 +62,7 @@ class MetricRecorder:
             thin.stride *= 2
         self.pending.append(
             {
-                "time": round(time.time(), 3),
+                "time": round(clock().time(), 3),
                 "name": name,
                 "value": value,
                 "step": step,

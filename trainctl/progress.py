@@ -13,10 +13,11 @@ log file, `-o json`).
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from trainctl.clock import clock
 
 # How often a notebook's progress line is redrawn (each redraw is a message to the browser).
 NOTEBOOK_REDRAW_SECONDS = 0.5
@@ -110,15 +111,15 @@ class _NotebookLine:
     def __init__(self, text: str) -> None:
         from IPython.display import display
 
-        self.started = time.monotonic()
+        self.started = clock().monotonic()
         self._drawn = 0.0
         self.handle: Any = display({"text/plain": text}, raw=True, display_id=True)
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return clock().monotonic() - self.started
 
     def show(self, text: str, *, force: bool = False) -> None:
-        now = time.monotonic()
+        now = clock().monotonic()
         if self.handle is not None and (force or now - self._drawn >= NOTEBOOK_REDRAW_SECONDS):
             self.handle.update({"text/plain": text}, raw=True)
             self._drawn = now

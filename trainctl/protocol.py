@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from trainctl.clock import clock
+
 CONTROL_PREFIX = "@@trainctl@@ "
 
 # Exit codes with a meaning for the controller.
@@ -113,7 +115,7 @@ def stamp(when: float) -> str:
 
 
 def stamped_line(text: str, when: float | None = None) -> str:
-    return f"{stamp(time.time() if when is None else when)} {text}"
+    return f"{stamp(clock().time() if when is None else when)} {text}"
 
 
 def split_stamp(line: str) -> tuple[str | None, str]:

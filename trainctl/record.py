@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainctl.clock import clock
 from trainctl.errors import JobNotFoundError, NotFoundError
 from trainctl.spec.job import JobSpec
 from trainctl.state import JobState, can_transition
@@ -23,7 +23,8 @@ from trainctl.store import Store, open_store
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    moment = datetime.fromtimestamp(clock().time(), timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_iso(value: str) -> float:
@@ -301,7 +302,7 @@ class JobRecord(BaseModel):
     def duration_s(self) -> float | None:
         if not self.started_at:
             return None
-        end = parse_iso(self.ended_at) if self.ended_at else time.time()
+        end = parse_iso(self.ended_at) if self.ended_at else clock().time()
         return round(end - parse_iso(self.started_at), 3)
 
     def describe(self) -> dict[str, Any]:
@@ -415,9 +416,8 @@ class JobStore:
         if not points:
             return
         import os
-        import time
 
-        part = f"{self.keys.metrics}{int(time.time() * 1000):015d}-{os.getpid()}.jsonl"
+        part = f"{self.keys.metrics}{int(clock().time() * 1000):015d}-{os.getpid()}.jsonl"
         self.store.put_text(part, "".join(json.dumps(p) + "\n" for p in points))
 
     def metric_history(self, record: JobRecord | None = None) -> list[dict[str, Any]]:

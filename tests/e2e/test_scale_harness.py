@@ -41,3 +41,41 @@ def test_a_silent_node_ends_the_attempt(harness):
     result = silent_run(harness, NODES)
     assert "no heartbeat" in result["cause"], result
     assert result["cause"].startswith(f"algo-{NODES // 2 + 1} lost")
+
+
+@pytest.mark.timeout(120)
+def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
+    """What a spot-trace replay stands on (trainctl.clock): the real controller and 8
+    simulated nodes under a clock 20 times the wall clock. Two simulated minutes of training
+    pass in seconds, and the record, its events and the lease count them as two minutes; a
+    node gone silent is found after the heartbeat timeout in the clock's seconds."""
+    import time
+
+    from bench.scale import run_job
+    from trainctl.clock import ScaledClock, clock, use_clock
+    from trainctl.record import parse_iso
+
+    monkeypatch.setenv("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS))
+    monkeypatch.setenv("TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS", str(HEARTBEAT_TIMEOUT_SECONDS))
+    before = set(threading.enumerate())
+    harness = Harness(tmp_path / "fast", duration=120.0, lines_per_second=0.5, rtt=0.005)
+    with use_clock(ScaledClock(20.0)):
+        wall = time.monotonic()
+        done = run_job(harness, 8, [])
+        wall = time.monotonic() - wall
+        ahead = clock().time() - time.time()  # how far the simulated time ran ahead
+        silent = silent_run(harness, 8)
+    record = done["final"]
+    assert record.state.value == "Completed"
+    assert wall < 40, wall  # 120 s of training: only a faster clock ends it this soon
+    assert 115 <= record.duration_s <= 200, record.duration_s  # in the clock's seconds
+    attempt = record.attempts[0]
+    assert 115 <= parse_iso(attempt.ended_at) - parse_iso(attempt.started_at) <= 200
+    last_event = done["events"][-1]["time"]
+    assert parse_iso(last_event) > time.time() + 60 and ahead > 60  # events: simulated time
+    assert "no heartbeat" in silent["cause"], silent
+    # found after the timeout (5 simulated s), not after 5 s of the wall clock (100 here)
+    assert HEARTBEAT_TIMEOUT_SECONDS <= silent["detect_s"] <= 4 * HEARTBEAT_TIMEOUT_SECONDS
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), thread

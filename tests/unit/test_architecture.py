@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "trainctl"
 # its own layer's siblings only where listed in SAME_LAYER, and any layer below. A module
 # that is in no layer fails test_every_package_has_a_layer: place it before it lands.
 LAYERS: list[tuple[str, ...]] = [
+    # the time the controller lives by (trainctl.clock): below everything that reads it
+    ("trainctl.clock",),
     # shared small modules: no trainctl imports but each other's
     (
         "trainctl.errors",
@@ -63,7 +65,7 @@ SAME_LAYER: dict[str, tuple[str, ...]] = {
 ONLY: dict[str, tuple[str, ...]] = {
     "trainctl.train": ("trainctl.protocol",),
     "trainctl.toolkit": ("trainctl.version",),
-    "trainctl.metrics": (),
+    "trainctl.metrics": ("trainctl.clock",),  # (the recorder's timestamps; stdlib only)
     "trainctl.spec": (
         "trainctl.errors",
         "trainctl.version",

@@ -8,9 +8,9 @@ relaunch at a larger one. The provider only ever sees a `CapacityRequest` of one
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
+from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
 from trainctl.record import JobRecord, JobStore
@@ -62,19 +62,19 @@ class CapacitySizer:
         full = spec.instance_count
         before = len(self.record.attempts[-1].nodes) if self.record.attempts else full
         wait = self.settings.elastic_wait_seconds
-        deadline = time.monotonic() + wait
+        deadline = clock().monotonic() + wait
         last: Exception | None = None
         while True:  # the full size, for as long as elastic_wait_seconds allows
             try:
                 cluster = self._provision(
-                    request.with_max_wait(deadline - time.monotonic()), attempt
+                    request.with_max_wait(deadline - clock().monotonic()), attempt
                 )
                 return cluster, self._resized(full, before, "capacity is back")
             except NoCapacityError as exc:
                 last = exc
-            if time.monotonic() >= deadline or self.jobs.stop_requested():
+            if clock().monotonic() >= deadline or self.jobs.stop_requested():
                 break
-            time.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+            clock().sleep(min(RETRY_SECONDS, max(0.0, deadline - clock().monotonic())))
         why = f"no capacity for {full} node(s) within {wait:.0f} s ({last})"
         for size in range(full - 1, spec.min_nodes - 1, -1):
             try:
@@ -106,7 +106,7 @@ class CapacitySizer:
                     waiting = True
                     self.jobs.event("waiting_for_capacity", why=str(exc))
                     self.info(f"waiting for capacity: {exc}")
-                time.sleep(RETRY_SECONDS)
+                clock().sleep(RETRY_SECONDS)
 
     def _resized(self, nodes: int, before: int, why: str) -> str | None:
         full = self.record.spec.instance_count

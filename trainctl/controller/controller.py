@@ -12,11 +12,11 @@ import queue
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import (
@@ -147,7 +147,7 @@ class Controller:
         # This process's attempt start-up (None for an attempt taken over: not seen whole).
         self._startup: dict[str, float] | None = None
         self._attempt_started = 0.0
-        self._job_started = time.monotonic()
+        self._job_started = clock().monotonic()
         self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
         self._notices: dict[int, float] = {}
         # Earlier attempts whose loss was counted from a resume guessed (rank 0 stepped
@@ -331,9 +331,9 @@ class Controller:
         spec = self.record.spec
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
-        self._attempt_started = time.monotonic()
+        self._attempt_started = clock().monotonic()
         cluster, resized = self.capacity.provision(attempt)
-        self._startup = {"capacity": time.monotonic() - self._attempt_started}
+        self._startup = {"capacity": clock().monotonic() - self._attempt_started}
         self.store.put_text(self.jobs.keys.cluster(attempt), cluster.model_dump_json(indent=2))
         self.record.attempts.append(
             Attempt(
@@ -382,7 +382,7 @@ class Controller:
         current.cause = end.cause
         current.exit_code = end.exit_code
         if self._training_started is not None:
-            current.training_seconds = round(time.monotonic() - self._training_started, 3)
+            current.training_seconds = round(clock().monotonic() - self._training_started, 3)
             self._trained_before += current.training_seconds
         self.jobs.save(self.record)
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
@@ -436,7 +436,7 @@ class Controller:
         """Follow the nodes of an attempt: a pump per node, and the provider's machines."""
         nodes: dict[int, LiveNode] = {}
         for rank, proc in procs.items():
-            nodes[rank] = LiveNode(rank, proc, last_seen=time.monotonic())
+            nodes[rank] = LiveNode(rank, proc, last_seen=clock().monotonic())
             threading.Thread(
                 target=self._pump,
                 args=(cluster.attempt, rank, proc),
@@ -471,7 +471,7 @@ class Controller:
                     self._info(f"algo-{rank + 1}: {why}")
             if all(n.exit_code is not None for n in nodes.values()):
                 return
-            time.sleep(MACHINE_CHECK_SECONDS)
+            clock().sleep(MACHINE_CHECK_SECONDS)
 
     def _pump(self, attempt: int, rank: int, proc: RunningProcess) -> None:
         try:
@@ -501,7 +501,7 @@ class Controller:
         """Follow one attempt until it ends, and say how it ended: take each line (or a
         poll's silence), then, at most every POLL_SECONDS, look at every node and decide."""
         self._growing = None
-        now = time.monotonic()
+        now = clock().monotonic()
         watch = WatchState(
             next_capacity_check=now + ELASTIC_CHECK_SECONDS,
             next_save=now + RECORD_SAVE_SECONDS,
@@ -538,13 +538,13 @@ class Controller:
         """One line from a node (a log line, a control message, or its end), or a poll's
         silence; returns (the line, now)."""
         try:
-            attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
+            attempt, rank, line = self._lines.get(timeout=clock().real_seconds(POLL_SECONDS))
         except queue.Empty:
             attempt, rank, line = cluster.attempt, -1, None
         if attempt != cluster.attempt:
             self._late_line(attempt, rank, line)
             rank, line = -1, None
-        now = time.monotonic()
+        now = clock().monotonic()
         if rank < 0:
             return line, now
         node = nodes[rank]
@@ -663,7 +663,7 @@ class Controller:
     def _time_limit_reached(self) -> str | None:
         """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
         spec = self.record.spec
-        now = time.monotonic()
+        now = clock().monotonic()
         trained = self._trained_before + (
             now - self._training_started if self._training_started else 0.0
         )
@@ -740,7 +740,7 @@ class Controller:
             if isinstance(msg.get("startup"), dict):
                 node.startup.update(msg["startup"])
             if all(n.launched for n in nodes.values()) and self._training_started is None:
-                self._training_started = time.monotonic()
+                self._training_started = clock().monotonic()
                 # Without a launcher that waits for its peers (plain python), a quick node
                 # can be uploading its results before a slow one has launched.
                 if self.record.state is JobState.STARTING:
@@ -758,15 +758,15 @@ class Controller:
                 # another stream and can overtake it (seen under load over SSH).
                 self._resumed(attempt, 0, guessed=True)
             if self._first_step_at is None:
-                self._first_step_at = time.monotonic()
+                self._first_step_at = clock().monotonic()
             self._started_up(attempt, nodes)
         elif event == "resumed" and isinstance(msg.get("step"), int):
             self._resumed(attempt, int(msg["step"]))
             if self._first_step_at is None:  # training is under way, if only to resume
-                self._first_step_at = time.monotonic()
+                self._first_step_at = clock().monotonic()
             self._started_up(attempt, nodes)
         elif event == "notice":
-            self._notices.setdefault(node.rank, time.monotonic())
+            self._notices.setdefault(node.rank, clock().monotonic())
         elif event == "uploading":
             if self.record.state in (JobState.TRAINING, JobState.STARTING):
                 self.jobs.transition(self.record, JobState.UPLOADING)
@@ -856,11 +856,11 @@ class Controller:
         for node in nodes.values():
             if node.exit_code is None:
                 node.proc.terminate()
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+        deadline = clock().monotonic() + grace
+        while clock().monotonic() < deadline:
             if all(n.lost or n.proc.poll() is not None for n in nodes.values()):
                 break
-            time.sleep(0.1)
+            clock().sleep(0.1)
         self._drain_lines(nodes)
 
     def _drain_lines(self, nodes: dict[int, LiveNode]) -> None:

@@ -16,10 +16,10 @@ import json
 import os
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.clock import clock
 from trainctl.errors import NotFoundError, TrainctlError
 from trainctl.store import Store
 
@@ -43,8 +43,8 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     if not lease or "renewed_at" not in lease:
         return LeaseView(lease, False, None)
     if "released_at" in lease:  # its controller let go of the job: nobody holds it now
-        return LeaseView(lease, False, max(0.0, time.time() - float(lease["renewed_at"])))
-    silent = max(0.0, time.time() - float(lease["renewed_at"]))
+        return LeaseView(lease, False, max(0.0, clock().time() - float(lease["renewed_at"])))
+    silent = max(0.0, clock().time() - float(lease["renewed_at"]))
     if silent > seconds:
         return LeaseView(lease, False, silent)
     if same_machine(lease):
@@ -96,7 +96,7 @@ class Lease:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "boot_id": boot_id(),
-            "started": time.time(),
+            "started": clock().time(),
         }
         self.lost = threading.Event()  # another process took the job over
         self._version: str | None = None
@@ -104,7 +104,7 @@ class Lease:
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
 
     def _payload(self) -> bytes:
-        return json.dumps({**self.holder, "renewed_at": time.time()}).encode()
+        return json.dumps({**self.holder, "renewed_at": clock().time()}).encode()
 
     def acquire(self) -> None:
         """Take the lease if nobody holds it (missing, released or stale); else LeaseHeld."""
@@ -135,7 +135,7 @@ class Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.seconds / 3):
+        while not self._stop.wait(clock().real_seconds(self.seconds / 3)):
             try:
                 written = self.store.put_if(self.key, self._payload(), version=self._version)
             except Exception:  # a missed renewal is survivable; the next one retries
@@ -152,7 +152,7 @@ class Lease:
             self._thread.join(timeout=5)
         if self.lost.is_set() or self._version is None:
             return
-        released = json.dumps({**self.holder, "released_at": time.time()}).encode()
+        released = json.dumps({**self.holder, "released_at": clock().time()}).encode()
         try:
             self.store.put_if(self.key, released, version=self._version)
         except Exception:

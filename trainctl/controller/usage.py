@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
+from trainctl.clock import clock
 from trainctl.errors import NotFoundError
 from trainctl.provisioning.base import InstanceUsage
 from trainctl.record import InstanceCost, JobStore
@@ -13,7 +12,7 @@ from trainctl.store import Store
 def instance_costs(usage: list[InstanceUsage], now: float | None = None) -> list[InstanceCost]:
     from trainctl.spec.catalog import CATALOG
 
-    now = time.time() if now is None else now
+    now = clock().time() if now is None else now
     return [
         InstanceCost(
             attempt=u.attempt,
