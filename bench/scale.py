@@ -41,7 +41,9 @@ from typing import Any
 
 from bench.common import BENCH_DIR, log
 from trainctl.clock import clock
+from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.protocol import split_stamp, stamped_line
+from trainctl.provisioning.base import FaultInjection, NodeRunner, Provider
 
 STARTUP_ROUND_TRIPS = 4  # SSH connect, auth, agent upload check, exec
 HEARTBEAT_SECONDS = 1.0
@@ -192,9 +194,9 @@ class SimNode:
                         self._emit("checkpoint", step=step)
             if now >= next_notice:
                 next_notice += 0.5
-                if h.node_store.exists(notice_key) or h.preempting.is_set():
+                if h.node_store.exists(notice_key) or self.attempt in h.preempting:
                     # the script's PreemptionFlag agrees on it across ranks: all stop
-                    h.notice_seen(self.rank, clock().time())
+                    h.notice_seen(self.attempt, self.rank, clock().time())
                     self._emit("notice")
                     self._emit("checkpoint", step=step)  # the emergency checkpoint
                     self._emit("preempted", step=step)
@@ -237,15 +239,16 @@ class Harness:
         self.log_sync_seconds = 2.0
         self.nodes: dict[tuple[int, int], SimNode] = {}
         self.notices: dict[int, float] = {}  # rank -> wall clock its notice was seen
-        self.preempting = threading.Event()
+        # attempts whose nodes saw a notice: the script's PreemptionFlag stops all of them
+        self.preempting: set[int] = set()
         self.provisioned_at: float | None = None
         self.started_at: float | None = None
         self._sim_cpu = 0.0
         self._lock = threading.Lock()
 
-    def notice_seen(self, rank: int, at: float) -> None:
+    def notice_seen(self, attempt: int, rank: int, at: float) -> None:
         self.notices.setdefault(rank, at)
-        self.preempting.set()
+        self.preempting.add(attempt)
 
     def add_sim_cpu(self, seconds: float) -> None:
         with self._lock:
@@ -262,59 +265,66 @@ class Harness:
         return usage.ru_utime + usage.ru_stime - self._sim_cpu
 
 
-def sim_provider(harness: Harness) -> Any:
-    from trainctl.cluster import ClusterInfo, NodeInfo, host_name
-    from trainctl.provisioning.base import NodeRunner, Provider
+class SimRunner(NodeRunner):
+    """A stand-in node, after the SSH round trips a real start costs."""
 
-    class SimRunner(NodeRunner):
-        """A stand-in node, after the SSH round trips a real start costs."""
+    python = "python3"
 
-        python = "python3"
+    def __init__(self, harness: Harness, cluster: ClusterInfo, rank: int) -> None:
+        self.harness, self.cluster, self.rank = harness, cluster, rank
 
-        def __init__(self, cluster: ClusterInfo, rank: int) -> None:
-            self.cluster, self.rank = cluster, rank
+    def start(self, argv: list[str], env: dict[str, str]) -> Any:
+        harness = self.harness
+        clock().sleep(harness.rtt * STARTUP_ROUND_TRIPS)
+        node = SimNode(harness, self.cluster.job, self.cluster.attempt, self.rank)
+        harness.nodes[(self.cluster.attempt, self.rank)] = node
+        harness.started_at = clock().monotonic()
+        return node
 
-        def start(self, argv: list[str], env: dict[str, str]) -> Any:
-            clock().sleep(harness.rtt * STARTUP_ROUND_TRIPS)
-            node = SimNode(harness, self.cluster.job, self.cluster.attempt, self.rank)
-            harness.nodes[(self.cluster.attempt, self.rank)] = node
-            harness.started_at = clock().monotonic()
-            return node
 
-    class SimProvider(Provider):
-        name = "sim"
+class SimProvider(Provider, FaultInjection):
+    """Capacity that is always there, run by stand-in nodes (SimRunner); faults (a notice,
+    a node killed) on demand."""
 
-        def dry_run(self, request: Any, job: str, attempt: int) -> list[dict[str, Any]]:
-            return []
+    name = "sim"
 
-        def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
-            nodes = [
-                NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=str(harness.root))
-                for r in range(request.instance_count)
-            ]
-            harness.provisioned_at = clock().monotonic()
-            return ClusterInfo(
-                job=job,
-                attempt=attempt,
-                provider="sim",
-                instance_type=request.instance_type,
-                nodes=nodes,
-                master_port=29500,
-                processes_per_host=1,
-            )
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
 
-        def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
-            return SimRunner(cluster, rank)
+    def dry_run(self, request: Any, job: str, attempt: int) -> list[dict[str, Any]]:
+        return []
 
-        def terminate(self, job: str, *, grace: float) -> None:
-            for node in list(harness.nodes.values()):
-                if node.poll() is None:
-                    node.kill()
+    def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
+        root = str(self.harness.root)
+        nodes = [
+            NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=root)
+            for r in range(request.instance_count)
+        ]
+        self.harness.provisioned_at = clock().monotonic()
+        return ClusterInfo(
+            job=job,
+            attempt=attempt,
+            provider=self.name,
+            instance_type=request.instance_type,
+            nodes=nodes,
+            master_port=29500,
+            processes_per_host=1,
+        )
 
-        def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
-            harness.nodes[(cluster.attempt, rank)].kill()
+    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
+        return SimRunner(self.harness, cluster, rank)
 
-    return SimProvider()
+    def terminate(self, job: str, *, grace: float) -> None:
+        for node in list(self.harness.nodes.values()):
+            if node.poll() is None:
+                node.kill()
+
+    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
+        self.harness.nodes[(cluster.attempt, rank)].kill()
+
+
+def sim_provider(harness: Harness) -> SimProvider:
+    return SimProvider(harness)
 
 
 class CountingPrinter:
@@ -349,7 +359,17 @@ def rss_mb() -> float:
     return 0.0
 
 
-def run_job(harness: Harness, nodes: int, faults: list[str], act: Any = None) -> dict[str, Any]:
+def run_job(
+    harness: Harness,
+    nodes: int,
+    faults: list[str],
+    act: Any = None,
+    *,
+    provider: Any = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A job of `nodes` simulated nodes under the real controller; `provider`: the capacity
+    (default: always there), `fields`: more of the job's fields."""
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job
     from trainctl.estimator import build_spec
@@ -358,12 +378,16 @@ def run_job(harness: Harness, nodes: int, faults: list[str], act: Any = None) ->
     source.mkdir(exist_ok=True)
     (source / "train.py").write_text("print('simulated')\n")
     spec = build_spec(
-        entry_point="train.py", source_dir=str(source), instance_count=nodes, faults=faults
+        entry_point="train.py",
+        source_dir=str(source),
+        instance_count=nodes,
+        faults=faults,
+        **fields,
     )
     record = create_job(spec, harness.store)
     printer = CountingPrinter()
     controller = Controller(
-        harness.store, record.name, printer=printer, provider=sim_provider(harness)
+        harness.store, record.name, printer=printer, provider=provider or sim_provider(harness)
     )
     result: dict[str, Any] = {"job": record.name}
     done = threading.Event()

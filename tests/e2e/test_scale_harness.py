@@ -79,3 +79,53 @@ def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
     for thread in set(threading.enumerate()) - before:
         thread.join(timeout=10)
         assert not thread.is_alive(), thread
+
+
+@pytest.mark.timeout(120)
+def test_the_controller_follows_a_traces_capacity(home, tmp_path, monkeypatch):
+    """A spot market that follows a trace (bench/spotmarket.py) under the real controller,
+    at 20x: a 4-node elastic job loses 2 nodes when its zone drops to 2, goes on with 2
+    (no capacity for 4), grows back to 4 when the trace has them again, and is billed at the
+    trace's spot price for the node-time it held."""
+    from bench.scale import run_job
+    from bench.spotmarket import TraceMarket, TraceProvider
+    from trainctl.clock import ScaledClock, use_clock
+    from trainctl.spec.trace import parse_trace
+
+    monkeypatch.setenv("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS))
+    monkeypatch.setenv("TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS", str(HEARTBEAT_TIMEOUT_SECONDS))
+    monkeypatch.setenv("TRAINCTL_ELASTIC_WAIT_SECONDS", "10")
+    monkeypatch.setenv("TRAINCTL_ELASTIC_PROBE_SECONDS", "20")
+    trace = parse_trace(
+        {
+            "name": "drop-and-back",
+            "source": "made for this test",
+            "instance_type": "p3.2xlarge",
+            "pool_size": 4,
+            "prices": {"spot_usd_per_hour": 1.0, "on_demand_usd_per_hour": 3.0, "source": "t"},
+            "capacity": [
+                {"zone": "z", "start_s": 0, "end_s": 40, "available": 4},
+                {"zone": "z", "start_s": 40, "end_s": 100, "available": 2},
+                {"zone": "z", "start_s": 100, "end_s": 100_000, "available": 4},
+            ],
+        }
+    )
+    before = set(threading.enumerate())
+    harness = Harness(tmp_path / "trace", duration=120.0, lines_per_second=0.2, rtt=0.005)
+    with use_clock(ScaledClock(20.0)):
+        provider = TraceProvider(harness, TraceMarket(trace))
+        done = run_job(harness, 4, [], provider=provider, min_instance_count=2)
+    record = done["final"]
+    assert record.state.value == "Completed", [a.cause for a in record.attempts]
+    sizes = [len(a.nodes) for a in record.attempts]
+    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4, sizes
+    assert "spot capacity reclaimed: z has 2 of 4" in (record.attempts[0].cause or "")
+    shrunk = next(a for a in record.attempts if len(a.nodes) == 2)
+    assert shrunk.resized and shrunk.resized.startswith("shrunk to 2 of 4")
+    billed = provider.usage(record.name)
+    assert {u.usd_per_hour for u in billed} == {1.0} and all(u.ended for u in billed)
+    node_seconds = sum(u.ended - u.started for u in billed)
+    assert 4 * 30 < node_seconds < 4 * 400, node_seconds  # simulated seconds, not wall
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), thread
