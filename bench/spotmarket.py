@@ -4,7 +4,7 @@
 trace says a zone had at the clock's time (trainctl.clock: a ScaledClock for a replay):
 `provision` takes the job's nodes from the zone with the most, or raises NoCapacityError;
 when that zone's capacity falls below what the job holds, `lost_nodes` reports the highest
-ranks as reclaimed and their stand-in nodes (bench/scale.py) die with their machines; the
+ranks as reclaimed, and their stand-in nodes (bench/scale.py) die with their machines; the
 bill is each node's time at the trace's spot price. The controller's decisions (relaunch,
 shrink, grow, wait) are its own: nothing here makes them.
 
@@ -56,6 +56,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
         self._lock = threading.Lock()
         # job -> attempt -> (zone, nodes held, started, ended)
         self._held: dict[str, dict[int, list[Any]]] = {}
+        self._reported: set[tuple[int, int]] = set()  # (attempt, rank) reported reclaimed
 
     def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
         zone, free = self.market.best_zone()
@@ -85,10 +86,13 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
             return {}
         why = f"spot capacity reclaimed: {zone} has {capacity} of {count} node(s)"
         gone = {rank: why for rank in range(capacity, count)}
-        for rank in gone:  # the machine is gone: its node stops, without a word
+        for rank in gone:
+            # The machine is gone, and its stand-in with it from the next look on (the
+            # controller hears of the reclaim first, as from EC2's instance state)
             node = self.harness.nodes.get((cluster.attempt, rank))
-            if node is not None:
+            if node is not None and (cluster.attempt, rank) in self._reported:
                 node.kill()
+            self._reported.add((cluster.attempt, rank))
         return gone
 
     def terminate(self, job: str, *, grace: float) -> None:
