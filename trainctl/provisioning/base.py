@@ -20,10 +20,27 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 LOOPBACK = "127.0.0.1"
 
 
+# Master ports are picked below Linux's default ephemeral range (32768-60999): the kernel
+# hands ports from that range to every outgoing connection and bind(0) on the machine, so a
+# port picked there can be taken by someone's connection in the seconds before torchrun
+# binds it (EADDRINUSE, seen with many jobs and servers on one machine).
+MASTER_PORT_RANGE = (20000, 32767)
+
+
 def free_port(address: str = LOOPBACK) -> int:
-    """A TCP port free on `address` now (for nodes that share this machine's addresses)."""
+    """A TCP port free on `address` now (for nodes that share this machine's addresses),
+    outside the ephemeral range when one there is free (MASTER_PORT_RANGE)."""
+    import random
     import socket
 
+    for _ in range(64):
+        port = random.randint(*MASTER_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
