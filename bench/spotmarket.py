@@ -16,6 +16,7 @@ stands for `nodes_per_instance` of the job's nodes (a 64-node job on a 16-instan
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from bench.scale import Harness, SimProvider
@@ -47,6 +48,16 @@ class TraceMarket:
         return max(((z, self.capacity(z)) for z in self.trace.zones), key=lambda zc: zc[1])
 
 
+@dataclass
+class _Held:
+    """What one attempt of a job holds: its zone, its nodes, since when (until when)."""
+
+    zone: str
+    nodes: int
+    started: float
+    ended: float | None = None
+
+
 class TraceProvider(SimProvider, Billing, CapacityProbe):
     name = "trace"
 
@@ -54,8 +65,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
         super().__init__(harness)
         self.market = market
         self._lock = threading.Lock()
-        # job -> attempt -> (zone, nodes held, started, ended)
-        self._held: dict[str, dict[int, list[Any]]] = {}
+        self._held: dict[str, dict[int, _Held]] = {}  # job -> attempt -> what it holds
         self._reported: set[tuple[int, int]] = set()  # (attempt, rank) reported reclaimed
 
     def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
@@ -67,20 +77,17 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
             )
         cluster = super().provision(request, job, attempt)
         with self._lock:
-            self._held.setdefault(job, {})[attempt] = [
-                zone,
-                request.instance_count,
-                clock().time(),
-                None,
-            ]
+            self._held.setdefault(job, {})[attempt] = _Held(
+                zone, request.instance_count, clock().time()
+            )
         return cluster
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         with self._lock:
             held = self._held.get(cluster.job, {}).get(cluster.attempt)
-        if held is None or held[3] is not None:
+        if held is None or held.ended is not None:
             return {}
-        zone, count = held[0], held[1]
+        zone, count = held.zone, held.nodes
         capacity = self.market.capacity(zone)
         if capacity >= count:
             return {}
@@ -99,8 +106,8 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
         super().terminate(job, grace=grace)
         with self._lock:
             for held in self._held.get(job, {}).values():
-                if held[3] is None:
-                    held[3] = clock().time()
+                if held.ended is None:
+                    held.ended = clock().time()
 
     def available_nodes(self, request: Any, job: str) -> int | None:
         return self.market.best_zone()[1]
@@ -116,13 +123,13 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
                 instance_id=f"{job}-{attempt}-{rank}",
                 instance_type=self.market.trace.instance_type,
                 market="spot",
-                zone=zone,
-                started=started,
-                ended=ended,
+                zone=one.zone,
+                started=one.started,
+                ended=one.ended,
                 usd_per_hour=price,
             )
-            for attempt, (zone, count, started, ended) in sorted(held.items())
-            for rank in range(count)
+            for attempt, one in sorted(held.items())
+            for rank in range(one.nodes)
         ]
 
     def hourly_cost(self, request: Any) -> float | None:

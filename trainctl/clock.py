@@ -2,9 +2,9 @@
 
 The controller (its attempt loop, capacity waits, lease, progress watch, billing and the
 record's timestamps) reads time and waits only through `clock()`. A process that replays a
-long job against a spot trace (bench/spot.py) installs a `ScaledClock` with `use_clock`, and
-the same controller code then lives through days of simulated time in minutes: every
-timeout, interval and duration it has is in the clock's seconds.
+long job against a spot trace (bench/spotmarket.py) installs a `ScaledClock` with
+`use_clock`, and the same controller code then lives through days of simulated time in
+minutes: every timeout, interval and duration it has is in the clock's seconds.
 
 Waits on a queue or an event (which take a timeout in real seconds) convert through
 `real_seconds`.
