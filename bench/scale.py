@@ -81,12 +81,13 @@ class SimNode:
 
         self.harness, self.rank, self.attempt = harness, rank, attempt
         self.jobs = JobStore(harness.node_store, job)
-        self._out: queue.Queue[str | None] = queue.Queue()
+        # the clock's own queue and events: a simulated clock knows a wait on them
+        self._out: queue.Queue[str | None] = clock().queue()
         self._code: int | None = None
-        self._ended = threading.Event()
+        self._ended = clock().event()
         self.silenced = threading.Event()
-        self._terminate = threading.Event()
-        self._killed = threading.Event()
+        self._terminate = clock().event()
+        self._killed = clock().event()
         self.sent = 0
         log_path = harness.root / f"{job}-{attempt}-{rank}.log"
 
@@ -101,11 +102,15 @@ class SimNode:
                 finally:
                     harness.add_sim_cpu(time.thread_time())
 
-        self.logs = QuietShipper(
-            log_path,
-            harness.node_store,
-            self.jobs.keys.log(attempt, rank),
-            harness.log_sync_seconds,
+        self.logs = (
+            QuietShipper(
+                log_path,
+                harness.node_store,
+                self.jobs.keys.log(attempt, rank),
+                harness.log_sync_seconds,
+            )
+            if harness.lines_per_second
+            else None  # a node that writes no log lines ships none
         )
         self.thread = threading.Thread(target=self._run, name=f"sim-{rank}", daemon=True)
         self.thread.start()
@@ -113,7 +118,8 @@ class SimNode:
     # -- RunningProcess --------------------------------------------------------------------
     def lines(self) -> Iterator[str]:
         while (line := self._out.get()) is not None:
-            yield line
+            with clock().hold():  # time stands until the controller's pump takes it on
+                yield line
 
     def poll(self) -> int | None:
         return self._code
@@ -127,10 +133,14 @@ class SimNode:
     def terminate(self) -> None:
         self._terminate.set()
 
+    def notice(self) -> None:
+        """An interruption notice (this stand-in looks for one every 0.5 s)."""
+
     def kill(self) -> None:
         self._killed.set()
         self.silenced.set()
-        self.logs._stop.set()  # a killed machine ships nothing more
+        if self.logs is not None:
+            self.logs._stop.set()  # a killed machine ships nothing more
         self._end(-9)
 
     # -- the agent's behaviour --------------------------------------------------------------
@@ -180,7 +190,8 @@ class SimNode:
                 line_number += 1
                 line = f"node {self.rank} line {line_number}"
                 self._out.put(line)
-                self.logs.write(line)
+                if self.logs is not None:
+                    self.logs.write(line)
                 self.sent += 1
                 next_line += 1.0 / h.lines_per_second
             if now >= next_beat:
@@ -208,7 +219,8 @@ class SimNode:
             clock().sleep(max(0.0, min(next_line, next_beat, next_notice) - clock().monotonic()))
         if self._killed.is_set():
             return
-        self.logs.close()
+        if self.logs is not None:
+            self.logs.close()
         result = {
             "rank": self.rank,
             "exit_code": code,
@@ -237,7 +249,9 @@ class Harness:
         self.node_store = CountingStore(inner)
         self.duration, self.lines_per_second, self.rtt = duration, lines_per_second, rtt
         self.log_sync_seconds = 2.0
+        self.node_class: type[SimNode] = SimNode  # what a started node runs
         self.nodes: dict[tuple[int, int], SimNode] = {}
+        self.sizes: dict[int, int] = {}  # attempt -> its nodes
         self.notices: dict[int, float] = {}  # rank -> wall clock its notice was seen
         # attempts whose nodes saw a notice: the script's PreemptionFlag stops all of them
         self.preempting: set[int] = set()
@@ -245,6 +259,15 @@ class Harness:
         self.started_at: float | None = None
         self._sim_cpu = 0.0
         self._lock = threading.Lock()
+
+    def notify(self, attempt: int, ranks: Any) -> None:
+        """The provider's interruption notice to these nodes of `attempt` (EC2's 2 minutes'
+        warning): the script's PreemptionFlag stops every node of the attempt."""
+        self.preempting.add(attempt)
+        for rank in ranks:
+            node = self.nodes.get((attempt, rank))
+            if node is not None:
+                node.notice()
 
     def notice_seen(self, attempt: int, rank: int, at: float) -> None:
         self.notices.setdefault(rank, at)
@@ -276,7 +299,7 @@ class SimRunner(NodeRunner):
     def start(self, argv: list[str], env: dict[str, str]) -> Any:
         harness = self.harness
         clock().sleep(harness.rtt * STARTUP_ROUND_TRIPS)
-        node = SimNode(harness, self.cluster.job, self.cluster.attempt, self.rank)
+        node = harness.node_class(harness, self.cluster.job, self.cluster.attempt, self.rank)
         harness.nodes[(self.cluster.attempt, self.rank)] = node
         harness.started_at = clock().monotonic()
         return node
@@ -301,6 +324,7 @@ class SimProvider(Provider, FaultInjection):
             for r in range(request.instance_count)
         ]
         self.harness.provisioned_at = clock().monotonic()
+        self.harness.sizes[attempt] = request.instance_count
         return ClusterInfo(
             job=job,
             attempt=attempt,
@@ -366,10 +390,13 @@ def run_job(
     act: Any = None,
     *,
     provider: Any = None,
+    recorded_as: dict[str, Any] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """A job of `nodes` simulated nodes under the real controller; `provider`: the capacity
-    (default: always there), `fields`: more of the job's fields."""
+    (default: always there), `fields`: more of the job's fields; `recorded_as`: fields the
+    record gets after create_job, which would refuse them here (an EC2 instance type and
+    its market: create_job's checks call AWS, which a replay has none of)."""
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job
     from trainctl.estimator import build_spec
@@ -385,6 +412,13 @@ def run_job(
         **fields,
     )
     record = create_job(spec, harness.store)
+    if recorded_as:
+        from trainctl.record import JobStore
+        from trainctl.spec.job import RECORDED, JobSpec
+
+        fields = {**record.spec.model_dump(), **recorded_as}
+        record.spec = JobSpec.model_validate(fields, context={RECORDED: True})
+        JobStore(harness.store, record.name).save(record)
     printer = CountingPrinter()
     controller = Controller(
         harness.store, record.name, printer=printer, provider=provider or sim_provider(harness)

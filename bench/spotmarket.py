@@ -1,12 +1,21 @@
 """A spot market that follows a trace (trainctl.spec.trace), for the real controller.
 
 `TraceProvider` is a provider (with Billing and CapacityProbe) whose capacity is what the
-trace says a zone had at the clock's time (trainctl.clock: a ScaledClock for a replay):
-`provision` takes the job's nodes from the zone with the most, or raises NoCapacityError;
-when that zone's capacity falls below what the job holds, `lost_nodes` reports the highest
-ranks as reclaimed, and their stand-in nodes (bench/scale.py) die with their machines; the
-bill is each node's time at the trace's spot price. The controller's decisions (relaunch,
-shrink, grow, wait) are its own: nothing here makes them.
+trace says a zone had at the clock's time (trainctl.clock: a VirtualClock for a replay), and
+which behaves as trainctl's EC2 provider does where the trace is silent:
+- `provision` takes the job's nodes from the zone with the most; with none, it waits one
+  capacity round (EC2's backoff, 15 s doubling to 300 s) and raises NoCapacityError, or,
+  with `on_demand_fallback`, launches on demand (always there, never reclaimed); a job that
+  is not on spot gets on-demand nodes; the instances take `boot_seconds` to boot, billed;
+- `notice_seconds` before a zone's capacity falls below what an attempt holds, the nodes to
+  be reclaimed (the highest ranks) get an interruption notice (AWS: 120 s);
+- when it falls, `lost_nodes` reports them reclaimed, and their stand-in nodes
+  (bench/scale.py, bench/spot.py) die with their machines;
+- the bill is each node's time from launch at the trace's spot or on-demand price;
+- `available_nodes` answers only with `probe`: EC2 cannot tell its capacity without
+  launching, so a replay of what trainctl does on EC2 leaves it off and the controller
+  probes by relaunching, as it does there.
+The controller's decisions (relaunch, shrink, grow, wait, fall back) are its own.
 
 A trace of `pool_size` instances drives a job of any size: each instance the trace saw
 stands for `nodes_per_instance` of the job's nodes (a 64-node job on a 16-instance trace:
@@ -24,6 +33,10 @@ from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.provisioning.base import Billing, CapacityProbe, InstanceUsage, NoCapacityError
 from trainctl.spec.trace import SpotTrace
+
+SPOT, ON_DEMAND = "spot", "on-demand"
+# EC2's capacity rounds (trainctl.provisioning.aws.capacity.Backoff): 15 s, doubling to 300 s
+BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS = 15.0, 300.0
 
 
 class TraceMarket:
@@ -47,47 +60,92 @@ class TraceMarket:
         """The zone with the most capacity now (the first such, by name), and how much."""
         return max(((z, self.capacity(z)) for z in self.trace.zones), key=lambda zc: zc[1])
 
+    def lowest(self, zone: str, ahead_s: float) -> int:
+        """The least `zone` will have in the next `ahead_s` seconds (what a notice foresees)."""
+        now = self.now_s()
+        lowest = self.trace.lowest(zone, now, now + ahead_s)
+        return int(lowest * self.nodes_per_instance)
+
 
 @dataclass
 class _Held:
-    """What one attempt of a job holds: its zone, its nodes, since when (until when)."""
+    """What one attempt of a job holds: its zone and market, its nodes, since when (until
+    when), and whether they were given notice."""
 
     zone: str
+    market: str
     nodes: int
     started: float
     ended: float | None = None
+    noticed: bool = False
 
 
 class TraceProvider(SimProvider, Billing, CapacityProbe):
     name = "trace"
 
-    def __init__(self, harness: Harness, market: TraceMarket) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        market: TraceMarket,
+        *,
+        boot_seconds: float = 0.0,
+        notice_seconds: float = 120.0,
+        probe: bool = True,
+        backoff: bool = False,
+    ) -> None:
         super().__init__(harness)
         self.market = market
+        self.boot_seconds = boot_seconds
+        self.notice_seconds = notice_seconds
+        self.probe = probe
+        self.backoff = backoff
+        self._failed_rounds = 0
         self._lock = threading.Lock()
         self._held: dict[str, dict[int, _Held]] = {}  # job -> attempt -> what it holds
         self._reported: set[tuple[int, int]] = set()  # (attempt, rank) reported reclaimed
 
     def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
+        count = request.instance_count
         zone, free = self.market.best_zone()
-        if free < request.instance_count:
+        if not request.use_spot_instances:
+            market = ON_DEMAND
+        elif free >= count:
+            market = SPOT
+        elif request.on_demand_fallback:
+            market = ON_DEMAND
+        else:
+            self._no_capacity_round(request)
             raise NoCapacityError(
-                f"{zone} has {free} of the {request.instance_count} node(s) asked for "
+                f"{zone} has {free} of the {count} node(s) asked for "
                 f"({self.market.now_s():.0f} s into trace {self.market.trace.name})"
             )
-        cluster = super().provision(request, job, attempt)
+        self._failed_rounds = 0
         with self._lock:
-            self._held.setdefault(job, {})[attempt] = _Held(
-                zone, request.instance_count, clock().time()
-            )
-        return cluster
+            self._held.setdefault(job, {})[attempt] = _Held(zone, market, count, clock().time())
+        clock().sleep(self.boot_seconds)  # launched: billed while the instances boot
+        return super().provision(request, job, attempt)
+
+    def _no_capacity_round(self, request: Any) -> None:
+        """One EC2 capacity round without capacity, and its backoff (at most max_wait)."""
+        if not self.backoff:
+            return
+        self._failed_rounds += 1
+        delay = min(BACKOFF_INITIAL_SECONDS * 2 ** (self._failed_rounds - 1), BACKOFF_MAX_SECONDS)
+        if request.max_wait is not None:
+            delay = min(delay, float(request.max_wait))
+        clock().sleep(delay)
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         with self._lock:
             held = self._held.get(cluster.job, {}).get(cluster.attempt)
-        if held is None or held.ended is not None:
+        if held is None or held.ended is not None or held.market != SPOT:
             return {}
         zone, count = held.zone, held.nodes
+        if not held.noticed and self.notice_seconds > 0:
+            soon = self.market.lowest(zone, self.notice_seconds)
+            if soon < count:  # EC2's interruption notice, to the instances to be reclaimed
+                held.noticed = True
+                self.harness.notify(cluster.attempt, range(soon, count))
         capacity = self.market.capacity(zone)
         if capacity >= count:
             return {}
@@ -110,10 +168,13 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
                     held.ended = clock().time()
 
     def available_nodes(self, request: Any, job: str) -> int | None:
-        return self.market.best_zone()[1]
+        return self.market.best_zone()[1] if self.probe else None
+
+    def _price(self, market: str) -> float:
+        prices = self.market.trace.prices
+        return prices.spot_usd_per_hour if market == SPOT else prices.on_demand_usd_per_hour
 
     def usage(self, job: str) -> list[InstanceUsage]:
-        price = self.market.trace.prices.spot_usd_per_hour
         with self._lock:
             held = dict(self._held.get(job, {}))
         return [
@@ -122,15 +183,16 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
                 rank=rank,
                 instance_id=f"{job}-{attempt}-{rank}",
                 instance_type=self.market.trace.instance_type,
-                market="spot",
+                market=one.market,
                 zone=one.zone,
                 started=one.started,
                 ended=one.ended,
-                usd_per_hour=price,
+                usd_per_hour=self._price(one.market),
             )
             for attempt, one in sorted(held.items())
             for rank in range(one.nodes)
         ]
 
     def hourly_cost(self, request: Any) -> float | None:
-        return request.instance_count * self.market.trace.prices.spot_usd_per_hour
+        market = SPOT if request.use_spot_instances else ON_DEMAND
+        return request.instance_count * self._price(market)

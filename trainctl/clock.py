@@ -1,21 +1,24 @@
-"""The time the controller lives by: the wall clock, or a faster one for a replay.
+"""The time the controller lives by: the wall clock, or a simulated one for a replay.
 
 The controller (its attempt loop, capacity waits, lease, progress watch, billing and the
-record's timestamps) reads time and waits only through `clock()`. A process that replays a
-long job against a spot trace (bench/spotmarket.py) installs a `ScaledClock` with
-`use_clock`, and the same controller code then lives through days of simulated time in
-minutes: every timeout, interval and duration it has is in the clock's seconds.
-
-Waits on a queue or an event (which take a timeout in real seconds) convert through
-`real_seconds`.
+record's timestamps) reads time and waits only through `clock()`: `sleep`, and waits on the
+clock's own queues and events (`clock().queue()`, `clock().event()`), whose timeouts are in
+the clock's seconds. A process that replays a long job against a spot trace
+(bench/spotmarket.py, bench/spot.py) installs a `VirtualClock` with `use_clock`, and the same
+controller code lives through days of simulated time in seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
+import math
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class Clock:
@@ -32,41 +35,262 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def real_seconds(self, seconds: float) -> float:
-        """How many wall-clock seconds `seconds` of this clock take (a queue's timeout)."""
-        return seconds
+    def queue(self) -> queue.Queue[Any]:
+        """A queue whose `get(timeout=)` waits in this clock's seconds."""
+        return queue.Queue()
+
+    def event(self) -> threading.Event:
+        """An event whose `wait(timeout)` waits in this clock's seconds."""
+        return threading.Event()
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Time stands still in the block (the wall clock's does not: nothing to do)."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Nothing to end (a simulated clock ends its driver)."""
 
 
-class ScaledClock(Clock):
-    """A clock `speed` times faster than the wall clock, starting at `epoch` (default: now).
+class _Waiter:
+    """One thread's wait on a VirtualClock: until `deadline`, or until `ready()`."""
 
-    Its time is the wall clock's elapsed time times `speed`, so whatever the code under it
-    spends (a store write, a thread switch) passes `speed` times faster too: at 1000x, a
-    millisecond of work is a simulated second. A replay picks a speed at which that is small
-    next to what it measures.
+    __slots__ = ("deadline", "done", "ready", "woken")
+
+    def __init__(self, deadline: float, ready: Callable[[], bool]) -> None:
+        self.deadline = deadline
+        self.ready = ready
+        self.woken = threading.Event()
+        self.done = False
+
+
+class VirtualClock(Clock):
+    """Simulated time that moves only while every thread that lives by it waits.
+
+    A waiting thread (a `sleep`, a `get` on the clock's queue, a `wait` on its event) says
+    until when. The clock jumps to the earliest deadline (rounded up to a multiple of
+    `quantum`, so that waits due close together wake together) and wakes the threads due
+    then, once every thread is waiting: no woken waiter is still to run, no thread that came
+    out of a wait (or read the clock) has run in the last `blocked_after` wall seconds
+    without waiting again, and nothing touched the clock for `settle` wall seconds. Work
+    takes no simulated time: a replay puts what things cost (a boot, a checkpoint) in as
+    sleeps, and a loaded machine changes how long a replay takes, not what it finds.
+
+    `blocked_after` is how the clock tells a thread at work (which a busy machine may not
+    schedule for milliseconds: the interpreter's switch interval is 5 ms) from one blocked
+    outside the clock (a thread pool's join, a plain lock). Bench code that hands work
+    between threads outside the clock holds it (`hold`) until the work is taken.
     """
 
-    def __init__(self, speed: float, epoch: float | None = None) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed must be positive, not {speed}")
-        self.speed = speed
-        self._wall0 = time.monotonic()
+    def __init__(
+        self,
+        *,
+        epoch: float | None = None,
+        quantum: float = 0.0,
+        settle: float = 0.0005,
+        blocked_after: float = 0.05,
+    ) -> None:
         self._epoch0 = time.time() if epoch is None else epoch
+        self._now = 0.0
+        self.quantum = quantum
+        self.settle = settle
+        self.blocked_after = blocked_after
+        # thread -> when (wall) it last came out of a wait or read the clock
+        self._running: dict[int, float] = {}
+        self.advances = 0
+        self._lock = threading.Lock()
+        self._due: list[tuple[float, int, _Waiter]] = []  # a heap of deadlines
+        self._on: dict[int, set[_Waiter]] = {}  # id(queue or event) -> its waiters
+        self._waiting = 0  # waiters not yet woken
+        self._woken = 0  # waiters woken, not yet running
+        self._holds = 0
+        self._touched = 0
+        self._ids = itertools.count()
+        self._closed = False
+        self._driver: threading.Thread | None = None
 
-    def _elapsed(self) -> float:
-        return (time.monotonic() - self._wall0) * self.speed
+    # -- reading ---------------------------------------------------------------------------
+    def _touch(self) -> None:
+        self._touched += 1
+        self._running[threading.get_ident()] = time.monotonic()
 
     def time(self) -> float:
-        return self._epoch0 + self._elapsed()
+        self._touch()
+        return self._epoch0 + self._now
 
     def monotonic(self) -> float:
-        return self._elapsed()
+        self._touch()
+        return self._now
 
+    # -- waiting ---------------------------------------------------------------------------
     def sleep(self, seconds: float) -> None:
-        time.sleep(max(0.0, seconds) / self.speed)
+        self.wait_until(self._now + max(0.0, seconds))
 
-    def real_seconds(self, seconds: float) -> float:
-        return seconds / self.speed
+    def wait_until(
+        self, deadline: float, ready: Callable[[], bool] | None = None, on: object = None
+    ) -> bool:
+        """Wait until `deadline` (clock seconds; inf: no deadline) or until `ready()`, which
+        is checked when `on` (a queue or event of this clock) is notified; True if ready."""
+        ready = ready or (lambda: False)
+        waiter = _Waiter(deadline, ready)
+        with self._lock:
+            if self._closed or ready():
+                return ready()
+            if self._now >= deadline:
+                return False
+            self._start_driver()
+            self._running.pop(threading.get_ident(), None)
+            self._waiting += 1
+            if deadline < math.inf:
+                heapq.heappush(self._due, (deadline, next(self._ids), waiter))
+            if on is not None:
+                self._on.setdefault(id(on), set()).add(waiter)
+            self._touched += 1
+        waiter.woken.wait()
+        with self._lock:
+            waiter.done = True
+            self._woken -= 1
+            self._running[threading.get_ident()] = time.monotonic()  # at work until it waits
+            if on is not None:
+                self._on.get(id(on), set()).discard(waiter)
+            self._touched += 1
+        return ready()
+
+    def _wake(self, waiter: _Waiter) -> None:
+        """Under the lock."""
+        if not waiter.woken.is_set() and not waiter.done:
+            waiter.woken.set()
+            self._waiting -= 1
+            self._woken += 1
+
+    def notify(self, on: object) -> None:
+        """`on` (a queue or event of this clock) changed: its waiters check again."""
+        with self._lock:
+            for waiter in list(self._on.get(id(on), ())):
+                self._wake(waiter)
+            self._touched += 1
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                self._touched += 1
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Time stands still in the block: work handed to a thread outside the clock, until
+        that thread takes it."""
+        return self._holding()
+
+    def queue(self) -> queue.Queue[Any]:
+        return _ClockQueue(self)
+
+    def event(self) -> threading.Event:
+        return _ClockEvent(self)
+
+    # -- moving ----------------------------------------------------------------------------
+    def _start_driver(self) -> None:
+        if self._driver is None:
+            self._driver = threading.Thread(target=self._drive, name="virtual-clock", daemon=True)
+            self._driver.start()
+
+    def _drive(self) -> None:
+        while True:
+            seen = self._touched
+            time.sleep(self.settle)
+            with self._lock:
+                if self._closed:
+                    return
+                if self._touched != seen or self._holds or self._woken or not self._due:
+                    continue
+                if self._any_running():
+                    continue
+                while self._due and (self._due[0][2].done or self._due[0][2].woken.is_set()):
+                    heapq.heappop(self._due)
+                if not self._due:
+                    continue
+                deadline = self._due[0][0]
+                if self.quantum:  # never short of the deadline by a rounding error
+                    deadline = max(deadline, math.ceil(deadline / self.quantum) * self.quantum)
+                self._now = max(self._now, deadline)
+                self.advances += 1
+                while self._due and self._due[0][0] <= self._now:
+                    self._wake(heapq.heappop(self._due)[2])
+
+    def _any_running(self) -> bool:
+        """Whether a thread is at work (ran lately without waiting); forgets the threads
+        that have not touched the clock for blocked_after (blocked elsewhere, or ended)."""
+        wall = time.monotonic()
+        alive: set[int | None] | None = None
+        running = False
+        for ident, last in list(self._running.items()):
+            if wall - last < self.blocked_after:
+                if alive is None:
+                    alive = {t.ident for t in threading.enumerate()}
+                if ident in alive:
+                    running = True
+                    continue
+            self._running.pop(ident, None)
+        return running
+
+    def close(self) -> None:
+        """End the driver and every wait (a replay is over)."""
+        with self._lock:
+            self._closed = True
+            for _, _, waiter in self._due:
+                self._wake(waiter)
+            for waiters in self._on.values():
+                for waiter in waiters:
+                    self._wake(waiter)
+        if self._driver is not None and self._driver is not threading.current_thread():
+            self._driver.join()
+
+
+class _ClockQueue(queue.Queue[Any]):
+    """A queue whose get waits in a VirtualClock's seconds."""
+
+    def __init__(self, virtual: VirtualClock) -> None:
+        super().__init__()
+        self._clock = virtual
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self._clock.notify(self)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        deadline = math.inf if timeout is None else self._clock.monotonic() + timeout
+        while True:
+            try:
+                return super().get(block=False)
+            except queue.Empty:
+                if not block:
+                    raise
+            if self._clock._closed:  # the replay is over: the wall clock's wait
+                return super().get(block, None if timeout is None else 0)
+            if not self._clock.wait_until(deadline, lambda: self.qsize() > 0, on=self):
+                if self._clock.monotonic() >= deadline:
+                    raise queue.Empty from None
+
+
+class _ClockEvent(threading.Event):
+    """An event whose wait waits in a VirtualClock's seconds."""
+
+    def __init__(self, virtual: VirtualClock) -> None:
+        super().__init__()
+        self._clock = virtual
+
+    def set(self) -> None:
+        super().set()
+        self._clock.notify(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.is_set():
+            return True
+        deadline = math.inf if timeout is None else self._clock.monotonic() + timeout
+        return self._clock.wait_until(deadline, self.is_set, on=self)
 
 
 _WALL = Clock()
@@ -81,7 +305,8 @@ def clock() -> Clock:
 
 @contextlib.contextmanager
 def use_clock(new: Clock) -> Iterator[Clock]:
-    """Live by `new` for the block: every thread of this process, the controller's too."""
+    """Live by `new` for the block: every thread of this process, the controller's too; a
+    simulated clock ends with the block."""
     global _current
     with _lock:
         before, _current = _current, new
@@ -90,3 +315,4 @@ def use_clock(new: Clock) -> Iterator[Clock]:
     finally:
         with _lock:
             _current = before
+        new.close()

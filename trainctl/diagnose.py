@@ -457,6 +457,12 @@ def _analyse(
     return out
 
 
+def young_daly_seconds(save_seconds: float, interruptions_per_hour: float) -> float:
+    """The checkpoint interval that loses least to interruptions at this rate (the whole
+    job's), each save holding training `save_seconds`: sqrt(2 * C * MTBF)."""
+    return math.sqrt(2 * save_seconds * 3600.0 / interruptions_per_hour)
+
+
 def _young_daly(
     run: RunMeasurement, rate_per_hour: float, step_seconds: float, job_steps: int | None = None
 ) -> dict[str, float]:
@@ -468,7 +474,7 @@ def _young_daly(
     cost = run.checkpoint_stall / run.saves
     write = (run.checkpoint_write or 0.0) / run.saves
     mtbf = 3600.0 / rate_per_hour
-    optimum = max(math.sqrt(2 * cost * mtbf), write, step_seconds)
+    optimum = max(young_daly_seconds(cost, rate_per_hour), write, step_seconds)
     figures = {
         "save_seconds": round(cost, 6),
         "write_seconds": round(write, 6),

@@ -4,6 +4,11 @@ A job asks for its full size and waits while there is none. An elastic job
 (`min_instance_count`) asks for its full size for `elastic_wait_seconds`, then for fewer,
 down to its minimum; while it runs below its full size, `growth` says when to checkpoint and
 relaunch at a larger one. The provider only ever sees a `CapacityRequest` of one size.
+
+A spot job with `on_demand_fallback` and a `max_wait` waits for spot capacity for as long as
+its deadline allows, and only then lets the provider fall back to on-demand: while the time
+left before max_wait exceeds what is left of max_run (the most training it can still need)
+and a start-up, it asks for spot alone. Without a max_wait, the provider falls back at once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from trainctl.spec.settings import Settings
 # How long to wait between asks while a provider has no capacity (EC2 waits in its own
 # capacity rounds before it says so; this machine and SSH hosts answer at once).
 RETRY_SECONDS = 2.0
+# What a relaunch takes before it trains (an EC2 GPU instance's boot, the rendezvous, the
+# restore), kept in hand when deciding that the deadline leaves no more time to wait for spot.
+STARTUP_ALLOWANCE_SECONDS = 600.0
 
 
 class StoppedWaiting(Exception):
@@ -38,15 +46,38 @@ class CapacitySizer:
         *,
         should_stop: Callable[[], str | None],
         info: Callable[[str], None],
+        deadline_slack: Callable[[], float | None] = lambda: None,
     ) -> None:
         """`should_stop()`: why the job must stop now (a stop request, a time limit), else
-        None; `info(message)`: a line for the submitter."""
+        None; `info(message)`: a line for the submitter; `deadline_slack()`: seconds the job
+        can still spend not training and finish by its max_wait (None: no deadline)."""
         self.provider = provider
         self.jobs = jobs
         self.record = record
         self.settings = settings
         self.should_stop = should_stop
         self.info = info
+        self.deadline_slack = deadline_slack
+        self._fell_back = False
+
+    def _market(self, request: CapacityRequest) -> CapacityRequest:
+        """`request`, asking for spot alone while the deadline leaves time to wait for it;
+        once it does not, the job's full size with the on-demand fallback."""
+        if not (request.use_spot_instances and request.on_demand_fallback):
+            return request
+        slack = self.deadline_slack()
+        if slack is None:
+            return request  # no deadline: the provider falls back at once
+        if slack > STARTUP_ALLOWANCE_SECONDS:
+            return request.spot_only()
+        if not self._fell_back:
+            self._fell_back = True
+            self.jobs.event("on_demand_fallback", slack_seconds=round(slack))
+            self.info(
+                f"falling back to on-demand capacity if spot is short: {max(0.0, slack):.0f} s "
+                "of slack left before max_wait"
+            )
+        return self.request
 
     @property
     def request(self) -> CapacityRequest:
@@ -58,7 +89,8 @@ class CapacitySizer:
         spec = self.record.spec
         request = self.request
         if not spec.elastic:
-            return self._until_capacity(lambda: self._provision(request, attempt)), None
+            cluster = self._until_capacity(lambda: self._provision(self._market(request), attempt))
+            return cluster, None
         full = spec.instance_count
         before = len(self.record.attempts[-1].nodes) if self.record.attempts else full
         wait = self.settings.elastic_wait_seconds
@@ -67,7 +99,7 @@ class CapacitySizer:
         while True:  # the full size, for as long as elastic_wait_seconds allows
             try:
                 cluster = self._provision(
-                    request.with_max_wait(deadline - clock().monotonic()), attempt
+                    self._market(request).with_max_wait(deadline - clock().monotonic()), attempt
                 )
                 return cluster, self._resized(full, before, "capacity is back")
             except NoCapacityError as exc:
@@ -77,16 +109,20 @@ class CapacitySizer:
             clock().sleep(min(RETRY_SECONDS, max(0.0, deadline - clock().monotonic())))
         why = f"no capacity for {full} node(s) within {wait:.0f} s ({last})"
         for size in range(full - 1, spec.min_nodes - 1, -1):
+            smaller = request.with_count(size).with_max_wait(1)
+            if smaller.use_spot_instances and smaller.on_demand_fallback:
+                smaller = smaller.spot_only()  # on demand, the full size is as easy
             try:
-                cluster = self._provision(request.with_count(size).with_max_wait(1), attempt)
+                cluster = self._provision(smaller, attempt)
             except NoCapacityError as exc:
                 last = exc
                 continue
             return cluster, self._resized(size, before, why)
-        # At its minimum an elastic job waits for capacity as any job does.
+        # At its minimum an elastic job waits for capacity as any job does (and falls back
+        # to on-demand, at its full size, once its deadline says so).
         smallest = request.with_count(spec.min_nodes).with_max_wait(wait)
-        cluster = self._until_capacity(lambda: self._provision(smallest, attempt))
-        return cluster, self._resized(spec.min_nodes, before, why)
+        cluster = self._until_capacity(lambda: self._provision(self._market(smallest), attempt))
+        return cluster, self._resized(len(cluster.nodes), before, why)
 
     def _provision(self, request: CapacityRequest, attempt: int) -> ClusterInfo:
         return self.provider.provision(request, self.record.name, attempt)

@@ -138,7 +138,7 @@ class Controller:
         self._nodes: dict[int, LiveNode] = {}
         # (attempt, rank, line or None at the end of a node's stream), from every attempt's
         # pumps: one that still drains after its attempt ended is told apart by its number.
-        self._lines: queue.Queue[tuple[int, int, str | None]] = queue.Queue()
+        self._lines: queue.Queue[tuple[int, int, str | None]] = clock().queue()
         self._signal: int | None = None
         self._hung_up = False  # the terminal closed: hand the job to a detached controller
         self.handed_off = False
@@ -165,6 +165,7 @@ class Controller:
             self.settings,
             should_stop=lambda: self.jobs.stop_requested() or self._time_limit_reached(),
             info=self._info,
+            deadline_slack=self._deadline_slack,
         )
 
     # -- signals ------------------------------------------------------------------------
@@ -538,7 +539,7 @@ class Controller:
         """One line from a node (a log line, a control message, or its end), or a poll's
         silence; returns (the line, now)."""
         try:
-            attempt, rank, line = self._lines.get(timeout=clock().real_seconds(POLL_SECONDS))
+            attempt, rank, line = self._lines.get(timeout=POLL_SECONDS)
         except queue.Empty:
             attempt, rank, line = cluster.attempt, -1, None
         if attempt != cluster.attempt:
@@ -660,13 +661,27 @@ class Controller:
             )
             self._notices.setdefault(rank, now)
 
+    def _deadline_slack(self) -> float | None:
+        """Seconds the job can still spend not training and end by its max_wait, if all of
+        max_run's training is still to come (None: no max_wait)."""
+        spec = self.record.spec
+        if spec.max_wait is None:
+            return None
+        left = spec.max_wait - (clock().monotonic() - self._job_started)
+        return left - max(0.0, spec.max_run - self._trained_before)
+
     def _time_limit_reached(self) -> str | None:
         """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
         spec = self.record.spec
         now = clock().monotonic()
-        trained = self._trained_before + (
-            now - self._training_started if self._training_started else 0.0
+        # The attempt under way trains; an ended one is in _trained_before already (a
+        # wait for capacity after it is not training).
+        training = (
+            self._training_started is not None
+            and bool(self.record.attempts)
+            and self.record.attempts[-1].ended_at is None
         )
+        trained = self._trained_before + (now - self._training_started if training else 0.0)
         # Wall time is never less than training time: when both are past, the wait binds.
         if spec.max_wait is not None and now - self._job_started > spec.max_wait:
             attempts = len(self.record.attempts)

@@ -100,7 +100,7 @@ class Lease:
         }
         self.lost = threading.Event()  # another process took the job over
         self._version: str | None = None
-        self._stop = threading.Event()
+        self._stop = clock().event()
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
 
     def _payload(self) -> bytes:
@@ -135,7 +135,7 @@ class Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(clock().real_seconds(self.seconds / 3)):
+        while not self._stop.wait(self.seconds / 3):
             try:
                 written = self.store.put_if(self.key, self._payload(), version=self._version)
             except Exception:  # a missed renewal is survivable; the next one retries

@@ -311,7 +311,12 @@ class JobSpec(StrictModel):
         ),
     ] = Field(default=False, strict=True)
     on_demand_fallback: Annotated[
-        bool, Door("Spot capacity short: fall back to on-demand.", cli="flag")
+        bool,
+        Door(
+            "Spot capacity short: fall back to on-demand (with max_wait: once waiting longer "
+            "for spot would miss it, max_run's training still to come).",
+            cli="flag",
+        ),
     ] = Field(default=False, strict=True)
     fallback_instance_types: Annotated[
         list[str],

@@ -88,6 +88,10 @@ class CapacityRequest(_View):
         """The same capacity at another size (an elastic resize)."""
         return self.model_copy(update={"instance_count": count})
 
+    def spot_only(self) -> CapacityRequest:
+        """The same capacity without the on-demand fallback."""
+        return self.model_copy(update={"on_demand_fallback": False})
+
     def with_max_wait(self, seconds: float) -> CapacityRequest:
         """The same capacity, the provider's own capacity retries bounded by `seconds`."""
         return self.model_copy(update={"max_wait": max(1, int(seconds))})

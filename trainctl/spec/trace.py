@@ -19,11 +19,12 @@ row.
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from trainctl.errors import SpecError
 
@@ -76,6 +77,7 @@ class SpotTrace(BaseModel):
     prices: TracePrices
     capacity: list[CapacityRow] = Field(min_length=1)
     preemptions: list[PreemptionRow] = []
+    _index: dict[str, tuple[list[float], list[CapacityRow]]] | None = PrivateAttr(default=None)
 
     @field_validator("instance_type")
     @classmethod
@@ -100,10 +102,37 @@ class SpotTrace(BaseModel):
 
     def available(self, zone: str, at_s: float) -> int:
         """The instances `zone` could give at `at_s` (0 past the trace's end)."""
-        for row in self.capacity:
-            if row.zone == zone and row.start_s <= at_s < row.end_s:
-                return min(row.available, self.pool_size)
-        return 0
+        starts, rows = self._by_zone().get(zone, ([], []))
+        i = bisect.bisect_right(starts, at_s) - 1
+        if i < 0 or not rows[i].start_s <= at_s < rows[i].end_s:
+            return 0
+        return min(rows[i].available, self.pool_size)
+
+    def lowest(self, zone: str, from_s: float, to_s: float) -> int:
+        """The least `zone` could give at any time in [from_s, to_s]."""
+        starts, rows = self._by_zone().get(zone, ([], []))
+        if not rows:
+            return 0
+        lowest = self.available(zone, from_s)
+        i = bisect.bisect_right(starts, from_s)
+        while i < len(rows) and rows[i].start_s <= to_s:
+            lowest = min(lowest, rows[i].available, self.pool_size)
+            i += 1
+        if to_s >= rows[-1].end_s:  # past the trace's end: nothing
+            lowest = 0
+        return lowest
+
+    def _by_zone(self) -> dict[str, tuple[list[float], list[CapacityRow]]]:
+        """Each zone's rows in time order, and their starts (a replay asks every few
+        simulated seconds, of traces with thousands of rows)."""
+        if self._index is None:
+            index: dict[str, tuple[list[float], list[CapacityRow]]] = {}
+            for row in sorted(self.capacity, key=lambda r: (r.zone, r.start_s)):
+                starts, rows = index.setdefault(row.zone, ([], []))
+                starts.append(row.start_s)
+                rows.append(row)
+            self._index = index
+        return self._index
 
 
 def check_trace(trace: SpotTrace) -> SpotTrace:
