@@ -164,6 +164,8 @@ class TrainingNode(SimNode):
         self.training: Training = harness.training  # type: ignore[attr-defined]
         self.run = self.training.run(attempt, harness.sizes[attempt])
         self.run.nodes.append(self)
+        if attempt in harness.preempting:  # a notice that came while the machine booted
+            self.run.noticed = True
         super().__init__(harness, job, attempt, rank)
 
     def wake(self) -> None:

@@ -56,9 +56,14 @@ class TraceMarket:
         """How many of the job's nodes `zone` could give now."""
         return int(self.trace.available(zone, self.now_s()) * self.nodes_per_instance)
 
-    def best_zone(self) -> tuple[str, int]:
-        """The zone with the most capacity now (the first such, by name), and how much."""
-        return max(((z, self.capacity(z)) for z in self.trace.zones), key=lambda zc: zc[1])
+    def best_zone(self, ahead_s: float = 0.0) -> tuple[str, int]:
+        """The zone with the most capacity now (the first such, by name), and how much; with
+        `ahead_s`, the least it will have in that time (capacity about to be reclaimed, whose
+        notices are out, is not offered)."""
+        return max(
+            ((z, self.lowest(z, ahead_s) if ahead_s else self.capacity(z)) for z in self.trace.zones),
+            key=lambda zc: zc[1],
+        )
 
     def lowest(self, zone: str, ahead_s: float) -> int:
         """The least `zone` will have in the next `ahead_s` seconds (what a notice foresees)."""
@@ -106,7 +111,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
 
     def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
         count = request.instance_count
-        zone, free = self.market.best_zone()
+        zone, free = self.market.best_zone(self.notice_seconds)
         if not request.use_spot_instances:
             market = ON_DEMAND
         elif free >= count:

@@ -1,0 +1,117 @@
+"""trainctl.clock: the VirtualClock moves only while every thread that lives by it waits,
+and its queue and event wait in its seconds."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from trainctl.clock import Clock, VirtualClock, clock, use_clock
+
+
+def _threads_then_join(*targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+        assert not t.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_sleeps_wake_in_order_at_their_deadlines_and_take_no_wall_time():
+    woke: list[tuple[str, float]] = []
+    began = time.monotonic()
+    with use_clock(VirtualClock()) as virtual:
+
+        def sleeper(name: str, seconds: float) -> None:
+            clock().sleep(seconds)
+            woke.append((name, clock().monotonic()))
+
+        _threads_then_join(
+            lambda: sleeper("day", 86400), lambda: sleeper("hour", 3600), lambda: sleeper("s", 1)
+        )
+        assert virtual.time() == pytest.approx(virtual._epoch0 + 86400)
+    assert woke == [("s", 1.0), ("hour", 3600.0), ("day", 86400.0)]
+    assert time.monotonic() - began < 10  # a simulated day, not a real one
+    assert clock() is not virtual and isinstance(clock(), Clock)
+
+
+@pytest.mark.timeout(30)
+def test_a_quantum_wakes_waits_due_close_together_at_once():
+    woke: list[float] = []
+    with use_clock(VirtualClock(quantum=10.0)):
+
+        def sleeper(seconds: float) -> None:
+            clock().sleep(seconds)
+            woke.append(clock().monotonic())
+
+        _threads_then_join(lambda: sleeper(1.0), lambda: sleeper(7.5), lambda: sleeper(12.0))
+    assert woke == [10.0, 10.0, 20.0]
+
+
+@pytest.mark.timeout(30)
+def test_the_clocks_queue_and_event_wait_in_simulated_seconds():
+    got: dict[str, object] = {}
+    with use_clock(VirtualClock()):
+        lines = clock().queue()
+        stop = clock().event()
+
+        def consumer() -> None:
+            try:
+                lines.get(timeout=5.0)
+            except queue.Empty:
+                got["empty_at"] = clock().monotonic()
+            got["item"] = lines.get(timeout=100.0)
+            got["item_at"] = clock().monotonic()
+            got["set"] = stop.wait(1000.0)
+            got["set_at"] = clock().monotonic()
+            got["unset"] = stop.wait(0) and not stop.is_set()
+
+        def producer() -> None:
+            clock().sleep(30.0)
+            lines.put("line")
+            clock().sleep(60.0)
+            stop.set()
+
+        _threads_then_join(consumer, producer)
+    assert got["empty_at"] == 5.0  # the timeout, in the clock's seconds
+    assert (got["item"], got["item_at"]) == ("line", 30.0)
+    assert (got["set"], got["set_at"]) == (True, 90.0)
+
+
+@pytest.mark.timeout(30)
+def test_time_stands_while_held_and_while_a_thread_works():
+    """A thread at work (it came out of a wait and has not waited again) holds the clock:
+    its peer's deadline does not pass under it."""
+    seen: dict[str, float] = {}
+    with use_clock(VirtualClock()) as virtual:
+
+        def worker() -> None:
+            clock().sleep(1.0)
+            began = clock().monotonic()
+            time.sleep(0.005)  # work: no simulated time passes
+            seen["worked"] = clock().monotonic() - began
+            with virtual.hold():
+                time.sleep(0.1)  # work handed elsewhere, held
+                seen["held"] = clock().monotonic() - began
+
+        def sleeper() -> None:
+            clock().sleep(2.0)
+
+        _threads_then_join(worker, sleeper)
+    assert seen == {"worked": 0.0, "held": 0.0}
+
+
+@pytest.mark.timeout(30)
+def test_the_wall_clock_is_the_default_and_its_waits_are_plain():
+    assert type(clock()) is Clock
+    assert type(clock().queue()) is queue.Queue
+    assert type(clock().event()) is threading.Event
+    began = time.monotonic()
+    with pytest.raises(queue.Empty):
+        clock().queue().get(timeout=0.05)
+    assert time.monotonic() - began >= 0.05
