@@ -60,10 +60,11 @@ class TraceMarket:
         """The zone with the most capacity now (the first such, by name), and how much; with
         `ahead_s`, the least it will have in that time (capacity about to be reclaimed, whose
         notices are out, is not offered)."""
-        return max(
-            ((z, self.lowest(z, ahead_s) if ahead_s else self.capacity(z)) for z in self.trace.zones),
-            key=lambda zc: zc[1],
+        offers = (
+            (zone, self.lowest(zone, ahead_s) if ahead_s else self.capacity(zone))
+            for zone in self.trace.zones
         )
+        return max(offers, key=lambda zc: zc[1])
 
     def lowest(self, zone: str, ahead_s: float) -> int:
         """The least `zone` will have in the next `ahead_s` seconds (what a notice foresees)."""

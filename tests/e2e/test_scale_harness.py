@@ -46,7 +46,7 @@ def test_a_silent_node_ends_the_attempt(harness):
 @pytest.mark.timeout(120)
 def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
     """What a spot-trace replay stands on (trainctl.clock): the real controller and 8
-    simulated nodes under a simulated clock (trainctl.clock.VirtualClock). Two simulated minutes of training
+    simulated nodes under a simulated clock (VirtualClock). Two simulated minutes of training
     pass in seconds, and the record, its events and the lease count them as two minutes; a
     node gone silent is found after the heartbeat timeout in the clock's seconds."""
     import time
@@ -84,9 +84,9 @@ def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 def test_the_controller_follows_a_traces_capacity(home, tmp_path, monkeypatch):
     """A spot market that follows a trace (bench/spotmarket.py) under the real controller,
-    on a simulated clock: a 4-node elastic job loses 2 nodes when its zone drops to 2, goes on with 2
-    (no capacity for 4), grows back to 4 when the trace has them again, and is billed at the
-    trace's spot price for the node-time it held."""
+    on a simulated clock: a 4-node elastic job loses 2 nodes when its zone drops to 2, goes
+    on with 2 (no capacity for 4), grows back to 4 when the trace has them again, and is
+    billed at the trace's spot price for the node-time it held."""
     from bench.scale import run_job
     from bench.spotmarket import TraceMarket, TraceProvider
     from trainctl.clock import VirtualClock, use_clock

@@ -123,5 +123,4 @@ def test_on_demand_fallback_waits_for_spot_while_the_deadline_allows():
     assert long["state"] == "Completed", long
     assert long["spot_node_hours"] > 0 and long["on_demand_node_hours"] > 0
     assert long["hours"] < 1.6, long  # within max_wait
-    on_demand_share = long["on_demand_node_hours"] / (long["spot_node_hours"] + long["on_demand_node_hours"])
-    assert on_demand_share > 0.5, long
+    assert long["on_demand_node_hours"] > long["spot_node_hours"], long
