@@ -78,11 +78,25 @@ def run(mode: str, trace: dict[str, Any]) -> dict[str, Any]:
             len(a["nodes"]) * (parse_iso(a["ended_at"]) - parse_iso(a["started_at"]))
             for a in attempts
         )
+        created = parse_iso(info["created_at"])
         return {
-            "seconds": parse_iso(info["ended_at"]) - parse_iso(info["created_at"]),
+            "seconds": parse_iso(info["ended_at"]) - created,
             "node_seconds": node_seconds,
             "sizes": [len(a["nodes"]) for a in attempts],
             "causes": [a.get("resized") or a.get("cause") for a in attempts],
+            # what a model of the run is calibrated from (bench/spot.py --check-elastic)
+            "attempts": [
+                {
+                    "nodes": len(a["nodes"]),
+                    "started_s": parse_iso(a["started_at"]) - created,
+                    "ended_s": parse_iso(a["ended_at"]) - created,
+                    "training_seconds": a.get("training_seconds"),
+                    "resumed_from_step": a.get("resumed_from_step"),
+                    "last_step": a.get("last_step"),
+                    "last_checkpoint_step": a.get("last_checkpoint_step"),
+                }
+                for a in attempts
+            ],
         }
 
 

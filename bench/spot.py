@@ -26,6 +26,7 @@ checkpoint stalls, idle), relaunches; ratios against on-demand.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -34,13 +35,15 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
-from bench.scale import Harness, SimNode, run_job
+from bench.scale import Harness, SimNode, SimProvider, run_job
 from trainctl.clock import VirtualClock, clock, use_clock
+from trainctl.provisioning.base import CapacityProbe, NoCapacityError
 
 TRACES_DIR = BENCH_DIR / "traces"
 REAL_TRACES = ("aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08")
@@ -57,6 +60,7 @@ REPLAY_SETTINGS = {
 }
 FIXED_INTERVAL_SECONDS = 1800.0  # "save every 30 minutes"
 GOAL_COST, GOAL_TIME = 0.35, 1.15  # of on-demand, for the 64-node job
+ELASTIC_TRAIN_SAMPLES = 1536  # the elastic benchmark's epoch (tests/fixtures/elastic)
 
 
 @dataclass(frozen=True)
@@ -357,6 +361,79 @@ def recommended_interval(workload: Workload, trace: Any) -> float:
     return young_daly_seconds(workload.save_seconds, interruptions_per_hour(trace))
 
 
+class PoolProvider(SimProvider, CapacityProbe):
+    """`size` machines that are always there but for what an injected `nocapacity` fault
+    withholds, and for how long: the local provider's capacity in the 4-node elastic
+    benchmark (bench/elastic.py), for checking the model against its real run."""
+
+    name = "pool"
+
+    def __init__(self, harness: Harness, size: int, boot_seconds: float = 0.0) -> None:
+        super().__init__(harness)
+        self.size, self.boot_seconds = size, boot_seconds
+        self._withheld: list[tuple[int, float]] = []  # (nodes, until)
+
+    def _free(self) -> int:
+        now = clock().monotonic()
+        return self.size - sum(n for n, until in self._withheld if until > now)
+
+    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
+        until = math.inf if seconds is None else clock().monotonic() + seconds
+        self._withheld.append((nodes, until))
+
+    def provision(self, request: Any, job: str, attempt: int) -> Any:
+        if request.instance_count > self._free():
+            raise NoCapacityError(f"{self._free()} of {request.instance_count} node(s) free")
+        clock().sleep(self.boot_seconds)
+        return super().provision(request, job, attempt)
+
+    def available_nodes(self, request: Any, job: str) -> int | None:
+        return self._free()
+
+
+def simulate(
+    workload: Workload,
+    interval_seconds: float,
+    provider_for: Callable[[Harness], Any],
+    *,
+    faults: list[str] | None = None,
+    fields: dict[str, Any] | None = None,
+    recorded_as: dict[str, Any] | None = None,
+    settings: dict[str, str] | None = None,
+    quantum: float = QUANTUM_SECONDS,
+) -> tuple[Any, Training, int]:
+    """One job of `workload` under the real controller on a simulated clock, its nodes
+    training stand-ins, its capacity `provider_for(harness)`; its record, its training's
+    account, and how often the clock moved."""
+    env = {**REPLAY_SETTINGS, **(settings or {})}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="trainctl-bench-spot-") as tmp,
+            use_clock(VirtualClock(quantum=quantum)) as virtual,
+        ):
+            harness = Harness(Path(tmp), duration=900.0, lines_per_second=0, rtt=0.0)
+            harness.node_class = TrainingNode
+            training = Training(workload, interval_seconds)
+            harness.training = training  # type: ignore[attr-defined]
+            done = run_job(
+                harness,
+                workload.nodes,
+                faults or [],
+                provider=provider_for(harness),
+                recorded_as=recorded_as,
+                **(fields or {}),
+            )
+            return done["final"], training, virtual.advances
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def replay(
     trace: Any,
     workload: Workload,
@@ -371,37 +448,23 @@ def replay(
     """One job, one strategy, from `start_s` into the trace; what it took and cost."""
     from bench.spotmarket import TraceMarket, TraceProvider
 
-    saved = {key: os.environ.get(key) for key in REPLAY_SETTINGS}
-    os.environ.update(REPLAY_SETTINGS)
     wall = time.monotonic()
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="trainctl-bench-spot-") as tmp,
-            use_clock(VirtualClock(quantum=quantum)) as virtual,
-        ):
-            harness = Harness(Path(tmp), duration=900.0, lines_per_second=0, rtt=0.0)
-            harness.node_class = TrainingNode
-            training = Training(workload, interval_seconds)
-            harness.training = training  # type: ignore[attr-defined]
-            market = TraceMarket(trace, workload.nodes / trace.pool_size, start_s=start_s)
-            provider = TraceProvider(
-                harness,
-                market,
-                boot_seconds=workload.boot_seconds,
-                notice_seconds=notice_seconds,
-                probe=probe,
-                backoff=True,
-            )
-            ec2 = {"instance_type": trace.instance_type, **strategy.fields}
-            done = run_job(harness, workload.nodes, [], provider=provider, recorded_as=ec2)
-            advances = virtual.advances
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    record = done["final"]
+
+    def provider_for(harness: Harness) -> Any:
+        market = TraceMarket(trace, workload.nodes / trace.pool_size, start_s=start_s)
+        return TraceProvider(
+            harness,
+            market,
+            boot_seconds=workload.boot_seconds,
+            notice_seconds=notice_seconds,
+            probe=probe,
+            backoff=True,
+        )
+
+    ec2 = {"instance_type": trace.instance_type, **strategy.fields}
+    record, training, advances = simulate(
+        workload, interval_seconds, provider_for, recorded_as=ec2, quantum=quantum
+    )
     spot_h = sum(c.seconds for c in record.instances if c.market == "spot") / 3600
     od_h = sum(c.seconds for c in record.instances if c.market != "spot") / 3600
     cost = sum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
@@ -431,12 +494,92 @@ def replay(
         "sizes": [len(a.nodes) for a in record.attempts],
         "causes": [a.resized or a.cause for a in record.attempts],
         "stop_reason": record.stop_reason,
-        "completed_samples": training.saved
-        if record.state.value != "Completed"
-        else workload.total_samples,
         "wall_s": time.monotonic() - wall,
         "clock_advances": advances,
     }
+
+
+def attempt_node_seconds(record: Any) -> float:
+    from trainctl.record import parse_iso
+
+    return sum(
+        len(a.nodes) * (parse_iso(a.ended_at) - parse_iso(a.started_at)) for a in record.attempts
+    )
+
+
+def calibrate(waiting: dict[str, Any], total_steps: int, fault_at: float) -> dict[str, float]:
+    """The model's figures from a real waiting run of the elastic benchmark (4 nodes, two
+    attempts): the step time on 4 nodes and the script's start-up, from the steps the first
+    attempt reached by the fault (`fault_at` s into its training) and the time the second
+    took for the rest; the start before training (provision, agents) from the attempts."""
+    first, second = waiting["attempts"][0], waiting["attempts"][-1]
+    reached = first["last_step"] or 0
+    rest = total_steps - (second["resumed_from_step"] or 0)
+    step = (second["training_seconds"] - fault_at) / max(1, rest - reached)
+    startup = max(0.0, fault_at - reached * step)
+    before = [a["ended_s"] - a["started_s"] - a["training_seconds"] for a in waiting["attempts"]]
+    return {"step_seconds": step, "startup_seconds": startup, "boot_seconds": min(before)}
+
+
+def check_elastic(path: Path) -> dict[str, Any]:
+    """The model against bench/elastic.py's real run (its results at `path`): calibrated on
+    each real waiting run, the simulated replay of the same trace (the same injected
+    fault) for the waiting job and the elastic one; time to Completed and node-seconds,
+    simulated over real, per repetition."""
+    from bench.elastic import ELASTIC_WAIT_SECONDS, HYPERPARAMETERS, faults
+
+    real = json.loads(path.read_text())
+    trace = real["trace"]
+    steps_per_epoch = ELASTIC_TRAIN_SAMPLES // HYPERPARAMETERS["global-batch"]
+    total_steps = steps_per_epoch * HYPERPARAMETERS["epochs"]
+    fault_at = float(trace["events"][0]["at"])
+    rows = []
+    for rep, waiting in enumerate(real["runs"]["waiting"]):
+        figures = calibrate(waiting, total_steps, fault_at)
+        nodes = trace["nodes"]
+        workload = Workload(
+            name="elastic-bench",
+            nodes=nodes,
+            on_demand_hours=total_steps * figures["step_seconds"] / 3600,
+            compute_seconds=figures["step_seconds"],
+            allreduce_seconds=0.0,
+            samples_per_node_step=HYPERPARAMETERS["global-batch"] // nodes,
+            save_seconds=0.0,
+            restore_seconds=0.0,
+            bootstrap_seconds=figures["startup_seconds"],
+            boot_seconds=figures["boot_seconds"],
+        )
+        interval = HYPERPARAMETERS["checkpoint-every"] * figures["step_seconds"]
+        for mode in ("waiting", "elastic"):
+            fields = {"min_instance_count": trace["min_nodes"]} if mode == "elastic" else {}
+            record, _, _ = simulate(
+                workload,
+                interval,
+                functools.partial(PoolProvider, size=nodes, boot_seconds=figures["boot_seconds"]),
+                faults=faults(trace),
+                fields=fields,
+                settings={
+                    "TRAINCTL_ELASTIC_WAIT_SECONDS": str(ELASTIC_WAIT_SECONDS),
+                    "TRAINCTL_HEARTBEAT_SECONDS": "1",
+                    "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "10",
+                },
+                quantum=0.0,
+            )
+            measured = real["runs"][mode][rep]
+            rows.append(
+                {
+                    "rep": rep,
+                    "mode": mode,
+                    "calibration": figures,
+                    "real_seconds": measured["seconds"],
+                    "sim_seconds": record.duration_s,
+                    "real_node_seconds": measured["node_seconds"],
+                    "sim_node_seconds": attempt_node_seconds(record),
+                    "real_sizes": measured["sizes"],
+                    "sim_sizes": [len(a.nodes) for a in record.attempts],
+                }
+            )
+    return {"source": str(path), "rows": rows}
 
 
 @dataclass(frozen=True)
