@@ -29,23 +29,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import resource
 import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
 from trainctl.clock import clock
-from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.protocol import split_stamp, stamped_line
-from trainctl.provisioning.base import FaultInjection, NodeRunner, Provider
+from trainctl.replay.fleet import Fleet, FleetProvider, FleetRunner, StandInNode
 
-STARTUP_ROUND_TRIPS = 4  # SSH connect, auth, agent upload check, exec
+STARTUP_ROUND_TRIPS = FleetRunner.round_trips  # SSH connect, auth, agent upload check, exec
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT_SECONDS = 5.0
 GOALS = {"detect_s": 10.0, "bootstrap_s": 120.0, "mb_per_node": 5.0}
@@ -72,22 +69,15 @@ class CountingStore:
         return counted
 
 
-class SimNode:
-    """One node agent's stand-in (a trainctl.transport.RunningProcess)."""
+class SimNode(StandInNode):
+    """One node agent's stand-in that logs at the harness's rate and does the agent's
+    store traffic at its intervals (status, notice poll, lease check, log shipping)."""
 
     def __init__(self, harness: Harness, job: str, attempt: int, rank: int) -> None:
         from trainctl.node.output import LogShipper
-        from trainctl.record import JobStore
 
-        self.harness, self.rank, self.attempt = harness, rank, attempt
-        self.jobs = JobStore(harness.node_store, job)
-        # the clock's own queue and events: a simulated clock knows a wait on them
-        self._out: queue.Queue[str | None] = clock().queue()
-        self._code: int | None = None
-        self._ended = clock().event()
-        self.silenced = threading.Event()
-        self._terminate = clock().event()
-        self._killed = clock().event()
+        super().__init__(harness, job, attempt, rank)
+        self.harness = harness
         self.sent = 0
         log_path = harness.root / f"{job}-{attempt}-{rank}.log"
 
@@ -102,63 +92,20 @@ class SimNode:
                 finally:
                     harness.add_sim_cpu(time.thread_time())
 
-        self.logs = (
-            QuietShipper(
-                log_path,
-                harness.node_store,
-                self.jobs.keys.log(attempt, rank),
-                harness.log_sync_seconds,
-            )
-            if harness.lines_per_second
-            else None  # a node that writes no log lines ships none
+        self.logs = QuietShipper(
+            log_path,
+            harness.node_store,
+            self.jobs.keys.log(attempt, rank),
+            harness.log_sync_seconds,
         )
-        self.thread = threading.Thread(target=self._run, name=f"sim-{rank}", daemon=True)
-        self.thread.start()
-
-    # -- RunningProcess --------------------------------------------------------------------
-    def lines(self) -> Iterator[str]:
-        while (line := self._out.get()) is not None:
-            with clock().hold():  # time stands until the controller's pump takes it on
-                yield line
-
-    def poll(self) -> int | None:
-        return self._code
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._ended.wait(timeout):
-            raise TimeoutError
-        assert self._code is not None
-        return self._code
-
-    def terminate(self) -> None:
-        self._terminate.set()
-
-    def notice(self) -> None:
-        """An interruption notice (this stand-in looks for one every 0.5 s)."""
 
     def kill(self) -> None:
-        self._killed.set()
-        self.silenced.set()
-        if self.logs is not None:
-            self.logs._stop.set()  # a killed machine ships nothing more
-        self._end(-9)
-
-    # -- the agent's behaviour --------------------------------------------------------------
-    def _emit(self, event: str, **fields: Any) -> None:
-        from trainctl.protocol import message
-
-        if not self.silenced.is_set():
-            self._out.put(message(event, **{"rank": self.rank, **fields}))
+        self.logs._stop.set()  # a killed machine ships nothing more
+        super().kill()
 
     def _status_put(self, state: str) -> None:
         key = self.jobs.keys.node_status(self.attempt, self.rank)
         self.harness.node_store.put_text(key, json.dumps({"rank": self.rank, "state": state}))
-
-    def _end(self, code: int) -> None:
-        if self._code is None:
-            self._code = code
-            self._out.put(None)
-            self._ended.set()
 
     def _run(self) -> None:
         try:
@@ -175,23 +122,22 @@ class SimNode:
         next_beat = next_notice = next_lease = next_line = started
         line_number = step = 0
         notice_key = self.jobs.keys.notice(self.attempt, self.rank)
-        code, stopped = 0, False
+        code = 0
         while not self._killed.is_set():
             now = clock().monotonic()
             if self.silenced.is_set():  # a hung machine: nothing at all, and no exit
                 clock().sleep(0.1)
                 continue
             if self._terminate.is_set():
-                code, stopped = 143, True
+                code = 143
                 break
             if now - started >= h.duration:
                 break
             if now >= next_line:
                 line_number += 1
                 line = f"node {self.rank} line {line_number}"
-                self._out.put(line)
-                if self.logs is not None:
-                    self.logs.write(line)
+                self._say(line)
+                self.logs.write(line)
                 self.sent += 1
                 next_line += 1.0 / h.lines_per_second
             if now >= next_beat:
@@ -219,55 +165,24 @@ class SimNode:
             clock().sleep(max(0.0, min(next_line, next_beat, next_notice) - clock().monotonic()))
         if self._killed.is_set():
             return
-        if self.logs is not None:
-            self.logs.close()
-        result = {
-            "rank": self.rank,
-            "exit_code": code,
-            "reason": None,
-            "detail": None,
-            "stopped": stopped,
-            "preempted": code == 85,
-            "notice": None,
-        }
-        self.jobs.store.put_text(
-            self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
-        )
-        self._emit("result", **result)
-        self._end(code)
+        self.logs.close()
+        self._exit(code)
 
 
-class Harness:
+class Harness(Fleet):
     def __init__(self, root: Path, duration: float, lines_per_second: float, rtt: float):
         from trainctl.store import open_store
 
-        self.root = root
         root.mkdir(parents=True, exist_ok=True)
         inner = open_store(f"file://{root / 'store'}")
         # the controller's requests and the (simulated) agents', counted apart
-        self.store = CountingStore(inner)
-        self.node_store = CountingStore(inner)
+        super().__init__(root, CountingStore(inner), CountingStore(inner))
         self.duration, self.lines_per_second, self.rtt = duration, lines_per_second, rtt
         self.log_sync_seconds = 2.0
-        self.node_class: type[SimNode] = SimNode  # what a started node runs
-        self.nodes: dict[tuple[int, int], SimNode] = {}
-        self.sizes: dict[int, int] = {}  # attempt -> its nodes
+        self.node_class = SimNode
         self.notices: dict[int, float] = {}  # rank -> wall clock its notice was seen
-        # attempts whose nodes saw a notice: the script's PreemptionFlag stops all of them
-        self.preempting: set[int] = set()
-        self.provisioned_at: float | None = None
-        self.started_at: float | None = None
         self._sim_cpu = 0.0
         self._lock = threading.Lock()
-
-    def notify(self, attempt: int, ranks: Any) -> None:
-        """The provider's interruption notice to these nodes of `attempt` (EC2's 2 minutes'
-        warning): the script's PreemptionFlag stops every node of the attempt."""
-        self.preempting.add(attempt)
-        for rank in ranks:
-            node = self.nodes.get((attempt, rank))
-            if node is not None:
-                node.notice()
 
     def notice_seen(self, attempt: int, rank: int, at: float) -> None:
         self.notices.setdefault(rank, at)
@@ -288,67 +203,9 @@ class Harness:
         return usage.ru_utime + usage.ru_stime - self._sim_cpu
 
 
-class SimRunner(NodeRunner):
-    """A stand-in node, after the SSH round trips a real start costs."""
-
-    python = "python3"
-
-    def __init__(self, harness: Harness, cluster: ClusterInfo, rank: int) -> None:
-        self.harness, self.cluster, self.rank = harness, cluster, rank
-
-    def start(self, argv: list[str], env: dict[str, str]) -> Any:
-        harness = self.harness
-        clock().sleep(harness.rtt * STARTUP_ROUND_TRIPS)
-        node = harness.node_class(harness, self.cluster.job, self.cluster.attempt, self.rank)
-        harness.nodes[(self.cluster.attempt, self.rank)] = node
-        harness.started_at = clock().monotonic()
-        return node
-
-
-class SimProvider(Provider, FaultInjection):
-    """Capacity that is always there, run by stand-in nodes (SimRunner); faults (a notice,
-    a node killed) on demand."""
-
-    name = "sim"
-
-    def __init__(self, harness: Harness) -> None:
-        self.harness = harness
-
-    def dry_run(self, request: Any, job: str, attempt: int) -> list[dict[str, Any]]:
-        return []
-
-    def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
-        root = str(self.harness.root)
-        nodes = [
-            NodeInfo(rank=r, host=host_name(r), address="127.0.0.1", root=root)
-            for r in range(request.instance_count)
-        ]
-        self.harness.provisioned_at = clock().monotonic()
-        self.harness.sizes[attempt] = request.instance_count
-        return ClusterInfo(
-            job=job,
-            attempt=attempt,
-            provider=self.name,
-            instance_type=request.instance_type,
-            nodes=nodes,
-            master_port=29500,
-            processes_per_host=1,
-        )
-
-    def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
-        return SimRunner(self.harness, cluster, rank)
-
-    def terminate(self, job: str, *, grace: float) -> None:
-        for node in list(self.harness.nodes.values()):
-            if node.poll() is None:
-                node.kill()
-
-    def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
-        self.harness.nodes[(cluster.attempt, rank)].kill()
-
-
-def sim_provider(harness: Harness) -> SimProvider:
-    return SimProvider(harness)
+def sim_provider(harness: Harness) -> FleetProvider:
+    """Capacity that is always there; a start costs STARTUP_ROUND_TRIPS of the RTT."""
+    return FleetProvider(harness, rtt=harness.rtt)
 
 
 class CountingPrinter:
@@ -390,56 +247,24 @@ def run_job(
     act: Any = None,
     *,
     provider: Any = None,
-    recorded_as: dict[str, Any] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """A job of `nodes` simulated nodes under the real controller; `provider`: the capacity
-    (default: always there), `fields`: more of the job's fields; `recorded_as`: fields the
-    record gets after create_job, which would refuse them here (an EC2 instance type and
-    its market: create_job's checks call AWS, which a replay has none of)."""
-    from trainctl.controller.controller import Controller
-    from trainctl.controller.submit import create_job
-    from trainctl.estimator import build_spec
+    """A job of `nodes` simulated nodes under the real controller (trainctl.replay.fleet);
+    `provider`: the capacity (default: always there), `fields`: more of the job's fields."""
+    from trainctl.replay.fleet import run_job as run_fleet_job
 
-    source = harness.root / "src"
-    source.mkdir(exist_ok=True)
-    (source / "train.py").write_text("print('simulated')\n")
-    spec = build_spec(
-        entry_point="train.py",
-        source_dir=str(source),
-        instance_count=nodes,
+    printer = CountingPrinter()
+    result = run_fleet_job(
+        harness,
+        nodes,
+        provider=provider or sim_provider(harness),
+        printer=printer,
+        act=act,
+        timeout=harness.duration * 4 + 120,
         faults=faults,
         **fields,
     )
-    record = create_job(spec, harness.store)
-    if recorded_as:
-        from trainctl.record import JobStore
-        from trainctl.spec.job import RECORDED, JobSpec
-
-        fields = {**record.spec.model_dump(), **recorded_as}
-        record.spec = JobSpec.model_validate(fields, context={RECORDED: True})
-        JobStore(harness.store, record.name).save(record)
-    printer = CountingPrinter()
-    controller = Controller(
-        harness.store, record.name, printer=printer, provider=provider or sim_provider(harness)
-    )
-    result: dict[str, Any] = {"job": record.name}
-    done = threading.Event()
-
-    def control() -> None:
-        try:
-            result["final"] = controller.run()
-        finally:
-            done.set()
-
-    threading.Thread(target=control, name="controller", daemon=True).start()
-    if act is not None:
-        act(controller, result)
-    done.wait(timeout=harness.duration * 4 + 120)
-    if not done.is_set():
-        raise RuntimeError(f"job {record.name} did not end")
     result["printer"] = printer
-    result["events"] = controller.jobs.events()
     return result
 
 

@@ -4,8 +4,8 @@ The controller (its attempt loop, capacity waits, lease, progress watch, billing
 record's timestamps) reads time and waits only through `clock()`: `sleep`, and waits on the
 clock's own queues and events (`clock().queue()`, `clock().event()`), whose timeouts are in
 the clock's seconds. A process that replays a long job against a spot trace
-(bench/spotmarket.py, bench/spot.py) installs a `VirtualClock` with `use_clock`, and the same
-controller code lives through days of simulated time in seconds.
+(trainctl.replay: `trainctl estimate`, bench/spot.py) installs a `VirtualClock` with
+`use_clock`, and the same controller code lives through days of simulated time in seconds.
 """
 
 from __future__ import annotations

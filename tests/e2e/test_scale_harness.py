@@ -83,13 +83,13 @@ def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_the_controller_follows_a_traces_capacity(home, tmp_path, monkeypatch):
-    """A spot market that follows a trace (bench/spotmarket.py) under the real controller,
+    """A spot market that follows a trace (trainctl.replay.market) under the real controller,
     on a simulated clock: a 4-node elastic job loses 2 nodes when its zone drops to 2, goes
     on with 2 (no capacity for 4), grows back to 4 when the trace has them again, and is
     billed at the trace's spot price for the node-time it held."""
     from bench.scale import run_job
-    from bench.spotmarket import TraceMarket, TraceProvider
     from trainctl.clock import VirtualClock, use_clock
+    from trainctl.replay.market import TraceMarket, TraceProvider
     from trainctl.spec.trace import parse_trace
 
     monkeypatch.setenv("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS))

@@ -1,4 +1,4 @@
-"""Spot replays (bench/spot.py): the real controller against a trace's market, on a
+"""Spot replays (trainctl.replay): the real controller against a trace's market, on a
 simulated clock, with stand-in nodes that train by a throughput model. Each job here is
 hours of simulated time and about a second of wall time; what is asserted is what the
 controller did and recorded (attempts, causes, steps lost, cost rows), never a duration of
@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from bench.spot import Strategy, Workload, replay
+from trainctl.replay.strategies import Strategy, replay
+from trainctl.replay.training import Workload
 from trainctl.spec.trace import parse_trace
 
 HOUR = 3600.0

@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainctl.provisioning",),
     ("trainctl.controller",),
     # the front doors, over the controller
-    ("trainctl.notebook", "trainctl.diagnose"),
+    ("trainctl.notebook", "trainctl.diagnose", "trainctl.replay"),
     ("trainctl.estimator",),
     ("trainctl.tuning",),
     # the dashboard shows tuning jobs too
@@ -60,6 +60,7 @@ SAME_LAYER: dict[str, tuple[str, ...]] = {
     "trainctl.launcher": ("trainctl.protocol",),
     "trainctl.notebook": ("trainctl.metrics",),
     "trainctl.diagnose": ("trainctl.train",),
+    "trainctl.replay": ("trainctl.diagnose",),
 }
 # Narrower than their layer: imported by training scripts, or pure leaves.
 ONLY: dict[str, tuple[str, ...]] = {

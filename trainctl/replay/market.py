@@ -1,4 +1,5 @@
-"""A spot market that follows a trace (trainctl.spec.trace), for the real controller.
+"""Capacity for a replay: a spot market that follows a trace (trainctl.spec.trace), or a
+pool with faults.
 
 `TraceProvider` is a provider (with Billing and CapacityProbe) whose capacity is what the
 trace says a zone had at the clock's time (trainctl.clock: a VirtualClock for a replay), and
@@ -10,7 +11,7 @@ which behaves as trainctl's EC2 provider does where the trace is silent:
 - `notice_seconds` before a zone's capacity falls below what an attempt holds, the nodes to
   be reclaimed (the highest ranks) get an interruption notice (AWS: 120 s);
 - when it falls, `lost_nodes` reports them reclaimed, and their stand-in nodes
-  (bench/scale.py, bench/spot.py) die with their machines;
+  (trainctl.replay.fleet) die with their machines;
 - the bill is each node's time from launch at the trace's spot or on-demand price;
 - `available_nodes` answers only with `probe`: EC2 cannot tell its capacity without
   launching, so a replay of what trainctl does on EC2 leaves it off and the controller
@@ -24,14 +25,15 @@ stands for `nodes_per_instance` of the job's nodes (a 64-node job on a 16-instan
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from bench.scale import Harness, SimProvider
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.provisioning.base import Billing, CapacityProbe, InstanceUsage, NoCapacityError
+from trainctl.replay.fleet import Fleet, FleetProvider
 from trainctl.spec.trace import SpotTrace
 
 SPOT, ON_DEMAND = "spot", "on-demand"
@@ -86,12 +88,12 @@ class _Held:
     noticed: bool = False
 
 
-class TraceProvider(SimProvider, Billing, CapacityProbe):
+class TraceProvider(FleetProvider, Billing, CapacityProbe):
     name = "trace"
 
     def __init__(
         self,
-        harness: Harness,
+        fleet: Fleet,
         market: TraceMarket,
         *,
         boot_seconds: float = 0.0,
@@ -99,7 +101,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
         probe: bool = True,
         backoff: bool = False,
     ) -> None:
-        super().__init__(harness)
+        super().__init__(fleet)
         self.market = market
         self.boot_seconds = boot_seconds
         self.notice_seconds = notice_seconds
@@ -151,7 +153,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
             soon = self.market.lowest(zone, self.notice_seconds)
             if soon < count:  # EC2's interruption notice, to the instances to be reclaimed
                 held.noticed = True
-                self.harness.notify(cluster.attempt, range(soon, count))
+                self.fleet.notify(cluster.attempt, range(soon, count))
         capacity = self.market.capacity(zone)
         if capacity >= count:
             return {}
@@ -160,7 +162,7 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
         for rank in gone:
             # The machine is gone, and its stand-in with it from the next look on (the
             # controller hears of the reclaim first, as from EC2's instance state)
-            node = self.harness.nodes.get((cluster.attempt, rank))
+            node = self.fleet.nodes.get((cluster.attempt, rank))
             if node is not None and (cluster.attempt, rank) in self._reported:
                 node.kill()
             self._reported.add((cluster.attempt, rank))
@@ -202,3 +204,33 @@ class TraceProvider(SimProvider, Billing, CapacityProbe):
     def hourly_cost(self, request: Any) -> float | None:
         market = SPOT if request.use_spot_instances else ON_DEMAND
         return request.instance_count * self._price(market)
+
+
+class PoolProvider(FleetProvider, CapacityProbe):
+    """`size` machines that are always there but for what an injected `nocapacity` fault
+    withholds, and for how long: the local provider's capacity, for checking the model
+    against a real run of the elastic benchmark (bench/elastic.py)."""
+
+    name = "pool"
+
+    def __init__(self, fleet: Fleet, size: int, boot_seconds: float = 0.0) -> None:
+        super().__init__(fleet)
+        self.size, self.boot_seconds = size, boot_seconds
+        self._withheld: list[tuple[int, float]] = []  # (nodes, until)
+
+    def _free(self) -> int:
+        now = clock().monotonic()
+        return self.size - sum(n for n, until in self._withheld if until > now)
+
+    def hold_capacity(self, job: str, nodes: int, seconds: float | None) -> None:
+        until = math.inf if seconds is None else clock().monotonic() + seconds
+        self._withheld.append((nodes, until))
+
+    def provision(self, request: Any, job: str, attempt: int) -> ClusterInfo:
+        if request.instance_count > self._free():
+            raise NoCapacityError(f"{self._free()} of {request.instance_count} node(s) free")
+        clock().sleep(self.boot_seconds)
+        return super().provision(request, job, attempt)
+
+    def available_nodes(self, request: Any, job: str) -> int | None:
+        return self._free()

@@ -1,0 +1,281 @@
+"""A job under trainctl's spot strategies, side by side, against a trace's market.
+
+Each strategy is a set of job fields (on-demand; spot relaunched at full size; spot +
+elastic; spot + on-demand fallback at the deadline; both), replayed through the real
+controller (`simulate`) on a simulated clock, its nodes training stand-ins
+(trainctl.replay.training), its capacity the trace's market (trainctl.replay.market).
+`replay` measures one from the job record and the training's account: time to
+completion, cost (spot and on-demand hours at the trace's prices), node-hours wasted,
+relaunches; `summarize` sets each against on-demand over the starts; `table` prints them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainctl.clock import VirtualClock, use_clock
+from trainctl.replay.fleet import Fleet, run_job
+from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
+from trainctl.store import open_store
+
+# Controller settings for a replay: heartbeats at the stand-ins' cadence, lost well after.
+REPLAY_SETTINGS = {
+    "TRAINCTL_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+    "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(4 * HEARTBEAT_SECONDS),
+    "TRAINCTL_LOG_SYNC_SECONDS": "60",
+}
+# Waits due within this many simulated seconds wake together (trainctl.clock.VirtualClock):
+# the controller's 0.25 s poll is one wake per quantum, and hours replay in seconds.
+QUANTUM_SECONDS = 10.0
+FIXED_INTERVAL_SECONDS = 1800.0  # "save every 30 minutes"
+TIME_GOAL = 1.15  # the deadline strategies' max_wait, in multiples of the on-demand time
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    title: str
+    fields: dict[str, Any]
+
+
+def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
+    """The strategies, as job fields. The fallback ones have a deadline: max_wait 1.15x the
+    training on demand (the goal's time), max_run 1.05x (what the training needs, saves
+    included, with room: the sizer keeps the rest of max_run in hand)."""
+    spot = {"use_spot_instances": True, "max_run": 14 * 86400, "max_wait": 28 * 86400}
+    elastic = {"min_instance_count": max(1, nodes // 2)}
+    deadline = {
+        "use_spot_instances": True,
+        "on_demand_fallback": True,
+        "max_run": math.ceil(1.05 * hours * 3600),
+        "max_wait": math.ceil(TIME_GOAL * hours * 3600),
+    }
+    return [
+        Strategy("on-demand", "on-demand only", {"max_run": 14 * 86400}),
+        Strategy("spot", "spot, relaunch at full size", spot),
+        Strategy("elastic", "spot + elastic (down to half)", {**spot, **elastic}),
+        Strategy("fallback", "spot + on-demand fallback at the deadline", deadline),
+        Strategy(
+            "elastic-fallback",
+            "spot + elastic + on-demand fallback at the deadline",
+            {**deadline, **elastic},
+        ),
+    ]
+
+
+def interruptions_per_hour(trace: Any) -> float:
+    """How often the job's zone falls: drops per zone-hour, over the trace's zones."""
+    drops = 0
+    for zone in trace.zones:
+        rows = sorted((r for r in trace.capacity if r.zone == zone), key=lambda r: r.start_s)
+        drops += sum(1 for a, b in itertools.pairwise(rows) if b.available < a.available)
+    return drops / (len(trace.zones) * trace.duration_s / 3600)
+
+
+def recommended_interval(workload: Workload, trace: Any) -> float:
+    """What trainctl diagnose recommends for this save time at the trace's rate."""
+    from trainctl.diagnose import young_daly_seconds
+
+    return young_daly_seconds(workload.save_seconds, interruptions_per_hour(trace))
+
+
+def simulate(
+    workload: Workload,
+    interval_seconds: float,
+    provider_for: Callable[[Fleet], Any],
+    *,
+    faults: list[str] | None = None,
+    fields: dict[str, Any] | None = None,
+    recorded_as: dict[str, Any] | None = None,
+    settings: dict[str, str] | None = None,
+    quantum: float = QUANTUM_SECONDS,
+) -> tuple[Any, Training, int]:
+    """One job of `workload` under the real controller on a simulated clock, its nodes
+    training stand-ins, its capacity `provider_for(harness)`; its record, its training's
+    account, and how often the clock moved."""
+    env = {**REPLAY_SETTINGS, **(settings or {})}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="trainctl-bench-spot-") as tmp,
+            use_clock(VirtualClock(quantum=quantum)) as virtual,
+        ):
+            fleet = Fleet(Path(tmp), open_store(f"file://{Path(tmp) / 'store'}"))
+            fleet.node_class = TrainingNode
+            training = Training(workload, interval_seconds)
+            fleet.training = training  # type: ignore[attr-defined]
+            done = run_job(
+                fleet,
+                workload.nodes,
+                provider=provider_for(fleet),
+                recorded_as=recorded_as,
+                faults=faults or [],
+                **(fields or {}),
+            )
+            return done["final"], training, virtual.advances
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def replay(
+    trace: Any,
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    interval_seconds: float,
+    start_s: float = 0.0,
+    notice_seconds: float = 120.0,
+    quantum: float = QUANTUM_SECONDS,
+    probe: bool = False,
+) -> dict[str, Any]:
+    """One job, one strategy, from `start_s` into the trace; what it took and cost."""
+    from trainctl.replay.market import TraceMarket, TraceProvider
+
+    wall = time.monotonic()
+
+    def provider_for(fleet: Fleet) -> Any:
+        market = TraceMarket(trace, workload.nodes / trace.pool_size, start_s=start_s)
+        return TraceProvider(
+            fleet,
+            market,
+            boot_seconds=workload.boot_seconds,
+            notice_seconds=notice_seconds,
+            probe=probe,
+            backoff=True,
+        )
+
+    ec2 = {"instance_type": trace.instance_type, **strategy.fields}
+    record, training, advances = simulate(
+        workload, interval_seconds, provider_for, recorded_as=ec2, quantum=quantum
+    )
+    spot_h = sum(c.seconds for c in record.instances if c.market == "spot") / 3600
+    od_h = sum(c.seconds for c in record.instances if c.market != "spot") / 3600
+    cost = sum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
+    spent = training.node_seconds
+    kept = spent["training"] - spent["redone"]
+    billed = (spot_h + od_h) * 3600
+    return {
+        "trace": trace.name,
+        "workload": workload.name,
+        "nodes": workload.nodes,
+        "strategy": strategy.name,
+        "interval_s": round(interval_seconds),
+        "start_s": start_s,
+        "state": record.state.value,
+        "hours": (record.duration_s or 0.0) / 3600,
+        "cost_usd": cost,
+        "spot_node_hours": spot_h,
+        "on_demand_node_hours": od_h,
+        "wasted_node_hours": (billed - kept) / 3600,
+        "redone_node_hours": spent["redone"] / 3600,
+        "restart_node_hours": (
+            spent["restart"] + workload.boot_seconds * sum(len(a.nodes) for a in record.attempts)
+        )
+        / 3600,
+        "checkpoint_node_hours": spent["checkpoint"] / 3600,
+        "relaunches": max(0, len(record.attempts) - 1),
+        "sizes": [len(a.nodes) for a in record.attempts],
+        "causes": [a.resized or a.cause for a in record.attempts],
+        "stop_reason": record.stop_reason,
+        "wall_s": time.monotonic() - wall,
+        "clock_advances": advances,
+    }
+
+
+def attempt_node_seconds(record: Any) -> float:
+    from trainctl.record import parse_iso
+
+    return sum(
+        len(a.nodes) * (parse_iso(a.ended_at) - parse_iso(a.started_at)) for a in record.attempts
+    )
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"median": median, "min": ordered[0], "max": ordered[-1]}
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace, size, strategy and interval: time and cost against on-demand (same trace,
+    size and interval), over the starts."""
+    base = {
+        (r["trace"], r["nodes"], r["interval"]): r for r in rows if r["strategy"] == "on-demand"
+    }
+    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["trace"], r["nodes"], r["strategy"], r["interval"]), []).append(r)
+    out = []
+    for (trace, nodes, strategy, interval), runs in groups.items():
+        od = base[(trace, nodes, interval)]
+        out.append(
+            {
+                "trace": trace,
+                "nodes": nodes,
+                "strategy": strategy,
+                "interval": interval,
+                "interval_s": runs[0]["interval_s"],
+                "runs": len(runs),
+                "completed": sum(r["state"] == "Completed" for r in runs),
+                "hours": spread([r["hours"] for r in runs]),
+                "cost_usd": spread([r["cost_usd"] for r in runs]),
+                "time_ratio": spread([r["hours"] / od["hours"] for r in runs]),
+                "cost_ratio": spread([r["cost_usd"] / od["cost_usd"] for r in runs]),
+                "wasted_node_hours": spread([r["wasted_node_hours"] for r in runs]),
+                "redone_node_hours": spread([r["redone_node_hours"] for r in runs]),
+                "relaunches": spread([float(r["relaunches"]) for r in runs]),
+                "on_demand_share": spread(
+                    [
+                        r["on_demand_node_hours"]
+                        / max(1e-9, r["on_demand_node_hours"] + r["spot_node_hours"])
+                        for r in runs
+                    ]
+                ),
+            }
+        )
+    return out
+
+
+def _cell(s: dict[str, float], fmt: str) -> str:
+    if s["min"] == s["max"]:
+        return format(s["median"], fmt)
+    return f"{format(s['median'], fmt)} [{format(s['min'], fmt)}-{format(s['max'], fmt)}]"
+
+
+def table(summary_rows: list[dict[str, Any]]) -> str:
+    """The strategies side by side, per trace and size (markdown: the docs carry it)."""
+    titles = {s.name: s.title for s in strategies(64)}
+    lines = []
+    for trace, nodes in dict.fromkeys((r["trace"], r["nodes"]) for r in summary_rows):
+        lines += [
+            "",
+            f"**{trace}, {nodes} nodes**",
+            "",
+            "| strategy | checkpoint every | hours | time x on-demand | cost x on-demand "
+            "| wasted node-h | relaunches | on-demand share |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in summary_rows:
+            if (r["trace"], r["nodes"]) != (trace, nodes):
+                continue
+            lines.append(
+                f"| {titles[r['strategy']]} | {r['interval_s'] / 60:.0f} min ({r['interval']}) "
+                f"| {_cell(r['hours'], '.2f')} | {_cell(r['time_ratio'], '.2f')} "
+                f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['wasted_node_hours'], '.0f')} "
+                f"| {_cell(r['relaunches'], '.0f')} | {_cell(r['on_demand_share'], '.0%')} |"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""Nodes that train by a throughput model, for a replay (trainctl.replay).
+
+A `Workload` is what a data-parallel job's speed and restart costs are (what trainctl
+diagnose measures of a real run); a `TrainingNode` is a stand-in node (trainctl.replay.fleet)
+that trains by it: steps at the rate its world size allows, a checkpoint at the job's
+interval that holds training for the save time, the steps since the last checkpoint lost
+when killed or stopped without notice (none with one: an emergency checkpoint), and a
+restart cost for every attempt (boot, in the provider; rendezvous and restore, here).
+`Training` is the job's training across attempts: the last checkpoint (in the store, it
+survives an attempt) and where node-time went.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from trainctl.clock import clock
+from trainctl.replay.fleet import Fleet, StandInNode
+
+# A stand-in's cadence, in simulated seconds: heartbeats (with rank 0's step), and how
+# often rank 0 looks for the controller's notice (a growth). A replay sets the controller's
+# heartbeat timeout well above the heartbeat (trainctl.replay.strategies.REPLAY_SETTINGS).
+HEARTBEAT_SECONDS = 300.0
+NOTICE_POLL_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A data-parallel job's speed and restart costs (what trainctl diagnose measures).
+
+    A step on `world` nodes takes `compute_seconds` plus a ring all-reduce of the gradients,
+    2(n-1)/n of `allreduce_seconds` (bandwidth-bound, not overlapped: the pessimistic
+    case); each node does `samples_per_node_step` samples a step, so with adaptive batch
+    (the global batch kept by accumulation) a smaller world trains proportionally slower.
+    The job's work is `on_demand_hours` of training at its full size.
+    """
+
+    name: str
+    nodes: int
+    on_demand_hours: float
+    compute_seconds: float
+    allreduce_seconds: float
+    samples_per_node_step: int
+    save_seconds: float  # a checkpoint holds training this long
+    restore_seconds: float  # a relaunch reads the checkpoint back
+    bootstrap_seconds: float  # rendezvous, NCCL init, data loaders
+    boot_seconds: float  # instance launch to agent start
+
+    def step_seconds(self, world: int) -> float:
+        return self.compute_seconds + self.allreduce_seconds * 2 * (world - 1) / max(1, world)
+
+    def samples_per_second(self, world: int) -> float:
+        return world * self.samples_per_node_step / self.step_seconds(world)
+
+    @property
+    def total_samples(self) -> float:
+        return self.samples_per_second(self.nodes) * self.on_demand_hours * 3600
+
+    @property
+    def global_batch(self) -> int:
+        return self.nodes * self.samples_per_node_step
+
+    def step(self, samples: float) -> int:
+        return int(samples // self.global_batch)
+
+
+@dataclass
+class AttemptRun:
+    """One attempt's training, shared by its nodes: its size, whether it was told to stop
+    (a notice to any node stops all: the script's PreemptionFlag), and whether it is done."""
+
+    world: int
+    noticed: bool = False
+    finished: bool = False
+    nodes: list[TrainingNode] = field(default_factory=list)
+
+    def wake_all(self) -> None:
+        for node in list(self.nodes):
+            node.wake()
+
+
+class Training:
+    """The job's training across attempts, as its nodes do it: the samples in the last
+    checkpoint (in the store, so they survive an attempt), and where node-time went."""
+
+    def __init__(self, workload: Workload, interval_seconds: float) -> None:
+        self.workload = workload
+        self.interval_seconds = interval_seconds
+        self.saved = 0.0
+        self.runs: dict[int, AttemptRun] = {}
+        self.node_seconds: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def run(self, attempt: int, world: int) -> AttemptRun:
+        with self._lock:
+            return self.runs.setdefault(attempt, AttemptRun(world))
+
+    def spend(self, kind: str, node_seconds: float) -> None:
+        with self._lock:
+            self.node_seconds[kind] += node_seconds
+
+
+class TrainingNode(StandInNode):
+    """A node agent's stand-in that trains by the workload's model (rank 0 keeps the
+    progress; the other ranks follow it, as collective steps do)."""
+
+    def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
+        self._wake = clock().event()
+        self.training: Training = fleet.training  # type: ignore[attr-defined]
+        self.run = self.training.run(attempt, fleet.sizes[attempt])
+        self.run.nodes.append(self)
+        if attempt in fleet.preempting:  # a notice that came while the machine booted
+            self.run.noticed = True
+        super().__init__(fleet, job, attempt, rank)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def notice(self) -> None:
+        self.run.noticed = True
+        self.run.wake_all()
+
+    def terminate(self) -> None:
+        super().terminate()
+        self.wake()
+
+    def kill(self) -> None:
+        super().kill()
+        self.wake()
+
+    def _why(self) -> str | None:
+        if self._killed.is_set():
+            return "killed"
+        if self._terminate.is_set():
+            return "terminated"
+        if self.run.finished:
+            return "finished"
+        if self.run.noticed:
+            return "notice"
+        return None
+
+    def _pause(self, seconds: float) -> str | None:
+        """Wait `seconds` of simulated time, unless something stops the node first (what)."""
+        deadline = clock().monotonic() + seconds
+        while True:
+            self._wake.clear()
+            if why := self._why():
+                return why
+            remaining = deadline - clock().monotonic()
+            if remaining <= 0:
+                return None
+            self._wake.wait(remaining)
+
+    def _agent(self) -> None:
+        t, w = self.training, self.training.workload
+        self._emit("agent_started", pid=os.getpid())
+        self._emit("launched", pid=os.getpid())
+        began = clock().monotonic()
+        restoring = t.saved > 0
+        why = self._pause(w.bootstrap_seconds + (w.restore_seconds if restoring else 0.0))
+        if self.rank == 0:
+            t.spend("restart", (clock().monotonic() - began) * self.run.world)
+        if why is None:
+            if restoring and self.rank == 0:
+                self._emit("resumed", step=w.step(t.saved))
+            why = self._train() if self.rank == 0 else self._follow()
+        self._finish(why)
+
+    def _follow(self) -> str:
+        while (why := self._pause(HEARTBEAT_SECONDS)) is None:
+            self._emit("heartbeat")
+        return why
+
+    def _save(self, samples: float) -> str | None:
+        """A checkpoint of `samples`: training holds for the save; None once it is in."""
+        t = self.training
+        began = clock().monotonic()
+        why = self._pause(t.workload.save_seconds)
+        t.spend("checkpoint", (clock().monotonic() - began) * self.run.world)
+        if why in ("killed", "terminated"):
+            return why
+        t.saved = samples
+        self._emit("checkpoint", step=t.workload.step(samples))
+        return None
+
+    def _train(self) -> str:
+        t, w, world = self.training, self.training.workload, self.run.world
+        rate = w.samples_per_second(world)
+        samples = t.saved
+        now = last = clock().monotonic()
+        next_save, next_beat = now + t.interval_seconds, now + HEARTBEAT_SECONDS
+        next_poll = now + NOTICE_POLL_SECONDS
+        notice_key = self.jobs.keys.notice(self.attempt, self.rank)
+        while True:
+            finish_at = now + (w.total_samples - samples) / rate
+            why = self._pause(min(next_save, next_beat, next_poll, finish_at) - now)
+            now = clock().monotonic()
+            samples = min(w.total_samples, samples + rate * (now - last))
+            t.spend("training", (now - last) * world)
+            last = now
+            if why in ("killed", "terminated"):
+                # a collective step cannot go on without its peers: what is not saved is lost
+                t.spend("redone", (samples - t.saved) / rate * world)
+                return why
+            if why == "notice":
+                self._emit("notice")
+                stopped = self._save(samples)  # the emergency checkpoint
+                if stopped is not None:
+                    t.spend("redone", (samples - t.saved) / rate * world)
+                    return stopped
+                return "preempted"
+            if samples >= w.total_samples:
+                self._emit("step", step=w.step(samples))
+                self.run.finished = True
+                self.run.wake_all()
+                return "completed"
+            if now >= next_save:
+                if (stopped := self._save(samples)) is not None:
+                    t.spend("redone", (samples - t.saved) / rate * world)
+                    return stopped
+                now = last = clock().monotonic()
+                next_save = now + t.interval_seconds
+            if now >= next_beat:
+                self._emit("heartbeat")
+                self._emit("step", step=w.step(samples))
+                next_beat = now + HEARTBEAT_SECONDS
+            if now >= next_poll:
+                next_poll = now + NOTICE_POLL_SECONDS
+                if self.fleet.node_store.exists(notice_key):  # the controller's (a growth)
+                    self.run.noticed = True
+                    self.run.wake_all()
+
+    def _finish(self, why: str) -> None:
+        if why == "killed":
+            return
+        code = {"completed": 0, "finished": 0, "terminated": 143}.get(why, 85)
+        if code == 85:
+            if self.rank != 0:
+                self._emit("notice")
+            self._emit("preempted", step=self.training.workload.step(self.training.saved))
+        self._exit(code)
