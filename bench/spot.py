@@ -48,7 +48,7 @@ from trainctl.replay.strategies import (
 )
 from trainctl.replay.training import Workload
 
-TRACES_DIR = BENCH_DIR / "traces"
+TRACES_DIR = BENCH_DIR.parent / "trainctl" / "replay" / "traces"
 REAL_TRACES = ("aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08")
 GOAL_COST, GOAL_TIME = 0.35, TIME_GOAL  # of on-demand, for the 64-node job
 ELASTIC_TRAIN_SAMPLES = 1536  # the elastic benchmark's epoch (tests/fixtures/elastic)

@@ -1,6 +1,6 @@
 """Convert SkyPilot's public spot traces into trainctl's trace format (trainctl.spec.trace).
 
-    python bench/traces/convert_skypilot.py SPOT_TRACES_CHECKOUT [--out bench/traces]
+    python bench/traces/convert_skypilot.py SPOT_TRACES_CHECKOUT [--out trainctl/replay/traces]
 
 SPOT_TRACES_CHECKOUT is a copy of https://github.com/skypilot-org/spot-traces: spot
 availability and preemption of AWS p3.2xlarge (one V100) measured by asking EC2 for N
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# where trainctl reads its named traces (trainctl estimate --trace NAME, bench/spot.py)
+OUT = HERE.parent.parent / "trainctl" / "replay" / "traces"
 REPO = "https://github.com/skypilot-org/spot-traces"
 PRICES = {
     "spot_usd_per_hour": 0.9731,
@@ -97,7 +99,7 @@ def convert(checkout: Path, name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkout", type=Path)
-    p.add_argument("--out", type=Path, default=HERE)
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     from trainctl.spec.trace import parse_trace
 

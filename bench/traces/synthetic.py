@@ -1,6 +1,6 @@
 """Two synthetic spot traces that bound the real ones: rare and frequent outages.
 
-    python bench/traces/synthetic.py [--out bench/traces]
+    python bench/traces/synthetic.py [--out trainctl/replay/traces]
 
 Each is 3 zones of a 16-instance pool over 14 days, in trainctl's trace format
 (trainctl.spec.trace). In each zone, outages start as a Poisson process and last an
@@ -27,6 +27,8 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# where trainctl reads its named traces (trainctl estimate --trace NAME, bench/spot.py)
+OUT = HERE.parent.parent / "trainctl" / "replay" / "traces"
 POOL = 16
 DAYS = 14
 ZONES = ("zone-a", "zone-b", "zone-c")
@@ -72,7 +74,7 @@ def synthetic(name: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(HERE))
+    parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     for name in EXTREMES:
         path = Path(args.out) / f"{name}.json"

@@ -477,6 +477,51 @@ def diagnose(
 
 @app.command()
 @handle_errors
+def estimate(
+    job: str = JobArg,
+    trace: str = typer.Option(
+        ...,
+        help="A spot trace: the name of one shipped with trainctl (aws-p3-16node-2023-08, "
+        "aws-p3-4node-preemption-2023-08, aws-p3-1node-2023-02, synthetic-rare, "
+        "synthetic-frequent) or a trace file (.json).",
+    ),
+    hours: float | None = typer.Option(
+        None, help="Hours of training on demand at full size (default: the job's, once done)."
+    ),
+    nodes: int | None = typer.Option(None, help="Nodes (default: the job's)."),
+    instance_type: str | None = typer.Option(None, help="EC2 type (default: the job's)."),
+    starts: int = typer.Option(3, help="Points of the trace to start the job from."),
+    save_seconds: float = typer.Option(
+        5.0, help="Seconds a checkpoint holds training (trainctl diagnose measures it)."
+    ),
+    output: str = OutputOpt,
+) -> None:
+    """What a job would take and cost on spot: its measured speed replayed through the
+    controller against a spot trace, for each strategy (on-demand; spot; spot + elastic;
+    spot + on-demand fallback at the deadline; both), against on-demand."""
+    from trainctl.progress import status as progress_status
+    from trainctl.replay.estimate import estimate as run_estimate
+
+    check_output(output)
+    with progress_status(f"replaying {job}") as say:
+        result = run_estimate(
+            job,
+            trace,
+            hours=hours,
+            nodes=nodes,
+            instance_type=instance_type,
+            starts=starts,
+            save_seconds=save_seconds,
+            on_replay=say,
+        )
+    if output == "json":
+        print_json(result.model_dump())
+        return
+    sys.stdout.write(result.render() + "\n")
+
+
+@app.command()
+@handle_errors
 def artifacts(
     job: str = JobArg,
     action: str | None = typer.Argument(None, help="'get' to download a file or a folder."),

@@ -1,8 +1,9 @@
 """Spot traces: what a spot market did over time, for replaying a job against it.
 
-A trace is a JSON file (`bench/traces/*.json`; see bench/traces/README.md for each one's
-source): which instance type it watched, its prices, and how many of the instances it asked
-for were available in each zone over time, as rows of non-overlapping intervals per zone::
+A trace is a JSON file (trainctl/replay/traces/*.json; bench/traces/README.md says where
+each comes from): which instance type it watched, its prices, and how many of the instances
+it asked for were available in each zone over time, as rows of non-overlapping intervals per
+zone::
 
     {"name": "...", "description": "...", "source": "https://...",
      "instance_type": "p3.2xlarge", "pool_size": 16,
@@ -219,4 +220,9 @@ def load_trace(path: str | Path) -> SpotTrace:
         raise SpecError("trace", f"{path} is not JSON ({type(exc).__name__})") from None
     except RecursionError:
         raise SpecError("trace", f"{path} is nested too deeply to be a trace") from None
-    return parse_trace(data, origin=str(path))
+    try:
+        return parse_trace(data, origin=str(path))
+    except SpecError as exc:
+        if exc.field == str(path):
+            raise
+        raise SpecError(str(path), str(exc)) from None  # the file, then its row

@@ -1,0 +1,102 @@
+"""`trainctl estimate`, through the installed CLI: a job's measured speed replayed through
+the controller against a shipped trace, strategy by strategy; bad input is one line and
+exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers import FIXTURES, TRAINCTL
+from trainctl import Estimator
+from trainctl.replay.estimate import Estimate
+
+
+def _trainctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TRAINCTL, *args], capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+@pytest.fixture
+def measured_job(home) -> str:
+    """A finished job that reported its steps (1 node, 10 steps of 0.1 s)."""
+    job = Estimator(
+        "train.py",
+        source_dir=str(FIXTURES / "tunable"),
+        hyperparameters={"steps": 10, "step-seconds": 0.1},
+    ).fit(logs=False)
+    assert job.describe()["state"] == "Completed"
+    return job.name
+
+
+def _outage_trace(path) -> str:
+    """8 nodes for 30 minutes, then none for 40, then 8 for a week (one zone)."""
+    rows = [(0, 1800, 8), (1800, 4200, 0), (4200, 4200 + 7 * 86400, 8)]
+    trace = {
+        "name": "outage-at-30-min",
+        "source": "tests/e2e/test_estimate.py",
+        "instance_type": "p3.2xlarge",
+        "pool_size": 8,
+        "prices": {"spot_usd_per_hour": 1.0, "on_demand_usd_per_hour": 4.0, "source": "t"},
+        "capacity": [{"zone": "z", "start_s": a, "end_s": b, "available": n} for a, b, n in rows],
+    }
+    path.write_text(json.dumps(trace))
+    return str(path)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path):
+    done = _trainctl(
+        "estimate", measured_job, "--trace", _outage_trace(tmp_path / "outage.json"),
+        "--instance-type", "p3.2xlarge", "--nodes", "8", "--hours", "1", "--starts", "1",
+        "-o", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    estimate = Estimate.model_validate_json(done.stdout)
+    assert (estimate.nodes, estimate.instance_type, estimate.starts) == (8, "p3.2xlarge", 1)
+    assert 0.1 <= estimate.step_seconds < 0.5  # measured from the job's own steps
+    by_name = {s.strategy: s for s in estimate.strategies}
+    assert list(by_name) == ["on-demand", "spot", "elastic", "fallback", "elastic-fallback"]
+    assert all(s.completed == s.runs == 1 for s in estimate.strategies), estimate
+    on_demand, spot, fallback = by_name["on-demand"], by_name["spot"], by_name["fallback"]
+    assert on_demand.cost_ratio.median == 1.0 and on_demand.relaunches.max == 0
+    # the outage: a notice, a checkpoint, 40 minutes' wait, a relaunch, at a quarter the
+    # price (the trace's) for the node-hours held
+    assert spot.relaunches.median == 1 and spot.time_ratio.median > 1.5
+    assert 0.25 < spot.cost_ratio.median < 0.4
+    # the deadline (max_wait 1.15x the training) bounds the fallback: on-demand in time
+    assert fallback.time_ratio.median <= 1.2 and fallback.on_demand_share.median > 0.3
+
+    table = _trainctl(
+        "estimate", measured_job, "--trace", "synthetic-rare", "--instance-type",
+        "p3.2xlarge", "--nodes", "4", "--hours", "0.5", "--starts", "1",
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "spot, relaunch at full size" in table.stdout and "cost x" in table.stdout
+    assert "synthetic-rare" in table.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_bad_input_is_one_line_and_exit_2(measured_job, tmp_path):
+    not_a_trace = tmp_path / "trace.json"
+    not_a_trace.write_text(json.dumps({"name": "x", "capacity": [{"zone": "z"}]}))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\x00\xff garbage")
+    for args, says in (
+        (["--trace", "no-such-trace", "--instance-type", "p3.2xlarge"], "--trace: no trace"),
+        (["--trace", "synthetic-rare"], "--instance-type: 'local' is not an EC2 instance"),
+        (["--trace", str(not_a_trace), "--instance-type", "p3.2xlarge"], str(not_a_trace)),
+        (["--trace", str(binary), "--instance-type", "p3.2xlarge"], "is not JSON"),
+        (["--trace", "synthetic-rare", "--instance-type", "p3.2xlarge"], "--hours: "),
+        (["--trace", "synthetic-rare", "--nodes", "0"], "--nodes: must be at least 1"),
+    ):
+        done = _trainctl("estimate", measured_job, *args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], (args, done.stderr)
+        assert "Traceback" not in done.stderr

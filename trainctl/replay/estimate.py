@@ -1,0 +1,273 @@
+"""`trainctl estimate`: what a job would take and cost under each spot strategy.
+
+The job's own measured speed (its record: steps over training time, its start-up) becomes
+a throughput model (trainctl.replay.training.Workload), which is replayed through the real
+controller against a spot trace (a named one shipped with trainctl, or a file) from several
+points of the trace, once per strategy; each is set against on-demand. Prices are the
+trace's; for a job of another instance type, its on-demand price (trainctl's catalog) with
+the trace's spot discount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from trainctl.errors import SpecError
+from trainctl.record import JobRecord
+from trainctl.replay.training import Workload
+from trainctl.spec.trace import SpotTrace, load_trace
+from trainctl.store import Store
+
+TRACES_DIR = Path(__file__).resolve().parent / "traces"
+# What the record does not say: an EC2 GPU instance from launch to its agent, and a
+# checkpoint's hold on training (trainctl diagnose measures it: --save-seconds)
+EC2_BOOT_SECONDS = 120.0
+SAVE_SECONDS = 5.0
+DEFAULT_STARTUP_SECONDS = 60.0
+# Shorter than this, a job meets no market: it starts and ends between two of a trace's rows.
+MIN_TRAINING_SECONDS = 600.0
+
+
+def trace_names() -> list[str]:
+    """The traces shipped with trainctl (bench/traces/README.md says what each is)."""
+    return sorted(p.stem for p in TRACES_DIR.glob("*.json"))
+
+
+def open_trace(name: str) -> SpotTrace:
+    """A shipped trace by name, or a trace file (a path, or a name ending in .json)."""
+    if "/" in name or name.endswith(".json"):
+        return load_trace(name)
+    if name not in trace_names():
+        raise SpecError(
+            "--trace",
+            f"no trace named {name!r}: one of {', '.join(trace_names())}, or a trace file "
+            "(.json, see bench/traces/README.md for the format)",
+        )
+    return load_trace(TRACES_DIR / f"{name}.json")
+
+
+class Spread(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    median: float
+    min: float
+    max: float
+
+
+class StrategyEstimate(BaseModel):
+    """One strategy over the trace's starts, against on-demand."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    title: str
+    runs: int
+    completed: int
+    hours: Spread
+    cost_usd: Spread
+    time_ratio: Spread
+    cost_ratio: Spread
+    wasted_node_hours: Spread
+    relaunches: Spread
+    on_demand_share: Spread
+
+
+class Estimate(BaseModel):
+    """A job's strategies side by side, against a trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: str
+    trace: str
+    trace_source: str
+    instance_type: str
+    nodes: int
+    on_demand_hours: float  # training at full size, on demand
+    step_seconds: float
+    checkpoint_interval_seconds: float
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float
+    starts: int
+    strategies: list[StrategyEstimate]
+
+    def render(self) -> str:
+        def cell(s: Spread, fmt: str) -> str:
+            if s.min == s.max:
+                return format(s.median, fmt)
+            return f"{format(s.median, fmt)} [{format(s.min, fmt)}-{format(s.max, fmt)}]"
+
+        lines = [
+            f"{self.job}: {self.nodes} x {self.instance_type}, {self.on_demand_hours:.1f} h of "
+            f"training on demand ({self.step_seconds:.3g} s a step, measured), a checkpoint "
+            f"every {self.checkpoint_interval_seconds / 60:.0f} min",
+            f"against {self.trace} ({self.trace_source}), from {self.starts} point(s) of it; "
+            f"${self.on_demand_usd_per_hour:.4g}/h on demand, ${self.spot_usd_per_hour:.4g}/h "
+            "spot; median [min-max]",
+            "",
+        ]
+        header = ("strategy", "hours", "time x", "cost $", "cost x", "wasted node-h", "relaunch")
+        rows = [
+            (
+                r.title,
+                cell(r.hours, ".2f"),
+                cell(r.time_ratio, ".2f"),
+                cell(r.cost_usd, ",.0f"),
+                cell(r.cost_ratio, ".2f"),
+                cell(r.wasted_node_hours, ".0f"),
+                cell(r.relaunches, ".0f"),
+            )
+            for r in self.strategies
+        ]
+        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
+        unfinished = [r.title for r in self.strategies if r.completed < r.runs]
+        if unfinished:
+            lines.append(f"did not complete every start: {', '.join(unfinished)}")
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def measured_speed(record: JobRecord) -> tuple[float, float]:
+    """Seconds a step and seconds of start-up, from what the job's attempts reported."""
+    steps = seconds = 0.0
+    startups = []
+    for attempt in record.attempts:
+        done = (attempt.last_step or 0) - (attempt.resumed_from_step or 0)
+        if done > 0 and attempt.training_seconds:
+            steps += done
+            seconds += attempt.training_seconds
+        if attempt.startup and "total" in attempt.startup:
+            startups.append(attempt.startup["total"])
+    if steps <= 0:
+        raise SpecError(
+            "job",
+            f"{record.name} reported no training steps to measure a speed from: run it (a "
+            "script that reports steps: trainctl.train.report_step or the Checkpointer) first",
+        )
+    startup = min(startups) if startups else DEFAULT_STARTUP_SECONDS
+    return seconds / steps, startup
+
+
+def estimate(
+    job: str,
+    trace: str,
+    *,
+    hours: float | None = None,
+    nodes: int | None = None,
+    instance_type: str | None = None,
+    starts: int = 3,
+    save_seconds: float = SAVE_SECONDS,
+    store: Store | None = None,
+    on_replay: Callable[[str], None] | None = None,
+) -> Estimate:
+    """The strategies for `job` (a job in the store: its speed is measured from its record)
+    against `trace` (a shipped trace's name, or a trace file): `hours` of training on
+    demand at full size (default: the job's own, once it completed), on `nodes` nodes
+    (default: the job's; the measured step time is taken to hold at any size) of
+    `instance_type` (default: the job's)."""
+    from trainctl.controller.submit import default_store
+    from trainctl.record import JobStore
+    from trainctl.replay.strategies import (
+        recommended_interval,
+        replay,
+        strategies,
+        summarize,
+    )
+    from trainctl.spec.catalog import CATALOG
+
+    for field, value in (("--hours", hours), ("--save-seconds", save_seconds)):
+        if value is not None and not value > 0:
+            raise SpecError(field, f"must be positive, not {value}")
+    if nodes is not None and nodes < 1:
+        raise SpecError("--nodes", f"must be at least 1, not {nodes}")
+    if not 1 <= starts <= 50:
+        raise SpecError("--starts", f"must be 1 to 50, not {starts}")
+    market = open_trace(trace)
+    record = JobStore(store or default_store(), job).load()
+    kind = instance_type or record.spec.instance_type
+    if kind not in CATALOG or not CATALOG[kind].on_demand_usd_per_hour:
+        raise SpecError(
+            "--instance-type",
+            f"{kind!r} is not an EC2 instance type with a price in trainctl's catalog (a spot "
+            f"estimate needs one): pass one, e.g. --instance-type {market.instance_type}",
+        )
+    step_seconds, startup = measured_speed(record)
+    size = nodes or record.spec.instance_count
+    if hours is None:
+        trained = sum(a.training_seconds or 0.0 for a in record.attempts)
+        if record.state.value != "Completed" or trained <= 0:
+            raise SpecError("--hours", f"{record.name} has not completed: say how long it trains")
+        hours = trained / 3600
+    if hours * 3600 < MIN_TRAINING_SECONDS:
+        raise SpecError(
+            "--hours",
+            f"{hours * 60:.1f} minutes of training is too short to replay against a trace (at "
+            f"least {MIN_TRAINING_SECONDS / 60:.0f}): say how long the job trains on demand",
+        )
+    workload = Workload(
+        name=record.name,
+        nodes=size,
+        on_demand_hours=hours,
+        compute_seconds=step_seconds,
+        allreduce_seconds=0.0,
+        samples_per_node_step=1,
+        save_seconds=save_seconds,
+        restore_seconds=0.0,  # in the measured start-up of a resumed attempt
+        bootstrap_seconds=startup,
+        boot_seconds=EC2_BOOT_SECONDS,
+    )
+    interval = recommended_interval(workload, market)
+    span = market.duration_s
+    offsets = [round(i * span / starts) for i in range(starts)]
+    rows = []
+    for strategy in strategies(size, hours):
+        for start in offsets if strategy.name != "on-demand" else offsets[:1]:
+            if on_replay:
+                on_replay(f"{strategy.title}, {start / 86400:.1f} days into {market.name}")
+            row = replay(market, workload, strategy, interval_seconds=interval, start_s=start)
+            rows.append({**row, "interval": "recommended"})
+    # a job of another type: its own on-demand price, the trace's spot discount
+    trace_prices = market.prices
+    scale = 1.0
+    if kind != market.instance_type and CATALOG[kind].on_demand_usd_per_hour:
+        scale = CATALOG[kind].on_demand_usd_per_hour / trace_prices.on_demand_usd_per_hour
+    for row in rows:
+        row["cost_usd"] *= scale
+    titles = {s.name: s.title for s in strategies(size, hours)}
+    return Estimate(
+        job=record.name,
+        trace=market.name,
+        trace_source=market.source,
+        instance_type=kind,
+        nodes=size,
+        on_demand_hours=hours,
+        step_seconds=step_seconds,
+        checkpoint_interval_seconds=interval,
+        on_demand_usd_per_hour=trace_prices.on_demand_usd_per_hour * scale,
+        spot_usd_per_hour=trace_prices.spot_usd_per_hour * scale,
+        starts=starts,
+        strategies=[_strategy_row(r, titles) for r in summarize(rows)],
+    )
+
+
+def _strategy_row(summary: dict[str, Any], titles: dict[str, str]) -> StrategyEstimate:
+    keys = (
+        "hours",
+        "cost_usd",
+        "time_ratio",
+        "cost_ratio",
+        "wasted_node_hours",
+        "relaunches",
+        "on_demand_share",
+    )
+    return StrategyEstimate(
+        strategy=summary["strategy"],
+        title=titles[summary["strategy"]],
+        runs=summary["runs"],
+        completed=summary["completed"],
+        **{k: Spread(**summary[k]) for k in keys},
+    )
