@@ -74,18 +74,28 @@ def albert_like(nodes: int, hours: float = 6.0) -> Workload:
     )
 
 
-def calibrate(waiting: dict[str, Any], total_steps: int, fault_at: float) -> dict[str, float]:
+def calibrate(
+    waiting: dict[str, Any], total_steps: int, fault_at: float, compute_seconds: float
+) -> dict[str, float]:
     """The model's figures from a real waiting run of the elastic benchmark (4 nodes, two
-    attempts): the step time on 4 nodes and the script's start-up, from the steps the first
-    attempt reached by the fault (`fault_at` s into its training) and the time the second
-    took for the rest; the start before training (provision, agents) from the attempts."""
+    attempts; its simulated compute per step is known: `compute_seconds`): the step time on
+    4 nodes and the script's start-up, from the steps the first attempt reached by the
+    fault (`fault_at` s into its training) and the time the second took for the rest; the
+    rest of a step (all-reduce, checkpoints) is the all-reduce's share; the start before
+    training (provision, agents), from the attempts."""
     first, second = waiting["attempts"][0], waiting["attempts"][-1]
     reached = first["last_step"] or 0
     rest = total_steps - (second["resumed_from_step"] or 0)
     step = (second["training_seconds"] - fault_at) / max(1, rest - reached)
     startup = max(0.0, fault_at - reached * step)
     before = [a["ended_s"] - a["started_s"] - a["training_seconds"] for a in waiting["attempts"]]
-    return {"step_seconds": step, "startup_seconds": startup, "boot_seconds": min(before)}
+    nodes = first["nodes"]
+    return {
+        "step_seconds": step,
+        "allreduce_seconds": max(0.0, step - compute_seconds) / (2 * (nodes - 1) / nodes),
+        "startup_seconds": startup,
+        "boot_seconds": min(before),
+    }
 
 
 def check_elastic(path: Path) -> dict[str, Any]:
@@ -101,15 +111,17 @@ def check_elastic(path: Path) -> dict[str, Any]:
     total_steps = steps_per_epoch * HYPERPARAMETERS["epochs"]
     fault_at = float(trace["events"][0]["at"])
     rows = []
+    nodes = trace["nodes"]
+    batch = HYPERPARAMETERS["global-batch"]
+    compute = HYPERPARAMETERS["sample-delay"] * batch / nodes  # the script's, by design
     for rep, waiting in enumerate(real["runs"]["waiting"]):
-        figures = calibrate(waiting, total_steps, fault_at)
-        nodes = trace["nodes"]
+        figures = calibrate(waiting, total_steps, fault_at, compute)
         workload = Workload(
             name="elastic-bench",
             nodes=nodes,
             on_demand_hours=total_steps * figures["step_seconds"] / 3600,
-            compute_seconds=figures["step_seconds"],
-            allreduce_seconds=0.0,
+            compute_seconds=compute,
+            allreduce_seconds=figures["allreduce_seconds"],
             samples_per_node_step=HYPERPARAMETERS["global-batch"] // nodes,
             save_seconds=0.0,
             restore_seconds=0.0,
@@ -147,6 +159,29 @@ def check_elastic(path: Path) -> dict[str, Any]:
                 }
             )
     return {"source": str(path), "rows": rows}
+
+
+def render_check(check: dict[str, Any]) -> str:
+    """The model against the real 4-node run: simulated over real, per repetition."""
+    lines = [
+        "model check: bench/elastic.py's real 4-node run, replayed (calibrated on each "
+        f"waiting run; {check['source']})"
+    ]
+    worst = 0.0
+    for r in check["rows"]:
+        time_ratio = r["sim_seconds"] / r["real_seconds"]
+        node_ratio = r["sim_node_seconds"] / r["real_node_seconds"]
+        if r["mode"] == "elastic":
+            worst = max(worst, abs(time_ratio - 1), abs(node_ratio - 1))
+        lines.append(
+            f"  rep {r['rep']} {r['mode']:8s} time {r['real_seconds']:.1f} s real, "
+            f"{r['sim_seconds']:.1f} s simulated ({time_ratio:.2f}x); node-seconds "
+            f"{r['real_node_seconds']:.0f} real, {r['sim_node_seconds']:.0f} simulated "
+            f"({node_ratio:.2f}x); sizes {r['real_sizes']} real, {r['sim_sizes']} simulated"
+        )
+    verdict = "within" if worst <= 0.10 else "NOT within"
+    lines.append(f"  the elastic job's prediction is {verdict} 10 % (worst {worst:.0%})")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -242,8 +277,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=4, help="start points per trace")
     parser.add_argument("--strategies", default="on-demand,spot,elastic,fallback,elastic-fallback")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--check-elastic",
+        metavar="RESULTS",
+        nargs="?",
+        const=str(BENCH_DIR / "elastic-results.json"),
+        help="also check the model against bench/elastic.py's real run (its results file)",
+    )
     args = parser.parse_args(argv)
     wall = time.monotonic()
+    check = None
+    if args.check_elastic:
+        check = check_elastic(Path(args.check_elastic))
+        print(render_check(check))
     tasks = plan(
         args.traces.split(","),
         [int(n) for n in args.nodes.split(",")],
@@ -259,7 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     print(goal(summary_rows))
     elapsed = time.monotonic() - wall
     print(f"\n{len(rows)} replays through the real controller in {elapsed:.0f} s")
-    out = {"args": vars(args), "wall_s": elapsed, "summary": summary_rows, "runs": rows}
+    out = {
+        "args": vars(args),
+        "wall_s": elapsed,
+        "summary": summary_rows,
+        "runs": rows,
+        "check_elastic": check,
+    }
     (BENCH_DIR / "spot-results.json").write_text(json.dumps(out, indent=1))
     return 0
 

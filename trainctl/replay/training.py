@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from trainctl.clock import clock
 from trainctl.replay.fleet import Fleet, StandInNode
 
-# A stand-in's cadence, in simulated seconds: heartbeats (with rank 0's step), and how
-# often rank 0 looks for the controller's notice (a growth). A replay sets the controller's
-# heartbeat timeout well above the heartbeat (trainctl.replay.strategies.REPLAY_SETTINGS).
+# A replay's heartbeat (with rank 0's step), in simulated seconds: the agent's setting
+# (heartbeat_seconds), which a replay sets to this (trainctl.replay.strategies), its timeout
+# well above. How often rank 0 looks for the controller's notice (a growth).
 HEARTBEAT_SECONDS = 300.0
 NOTICE_POLL_SECONDS = 10.0
 
@@ -31,10 +31,11 @@ NOTICE_POLL_SECONDS = 10.0
 class Workload:
     """A data-parallel job's speed and restart costs (what trainctl diagnose measures).
 
-    A step on `world` nodes takes `compute_seconds` plus a ring all-reduce of the gradients,
-    2(n-1)/n of `allreduce_seconds` (bandwidth-bound, not overlapped: the pessimistic
-    case); each node does `samples_per_node_step` samples a step, so with adaptive batch
-    (the global batch kept by accumulation) a smaller world trains proportionally slower.
+    The global batch is the job's (`nodes` x `samples_per_node_step`) at every size: adaptive
+    batch keeps it by accumulation when the world shrinks (trainctl.train.AdaptiveBatch). A
+    step on `world` nodes takes the full size's `compute_seconds` scaled by nodes / world
+    (each node computes its share of the batch), plus a ring all-reduce of the gradients,
+    2(n-1)/n of `allreduce_seconds` (bandwidth-bound, not overlapped: the pessimistic case).
     The job's work is `on_demand_hours` of training at its full size.
     """
 
@@ -50,10 +51,12 @@ class Workload:
     boot_seconds: float  # instance launch to agent start
 
     def step_seconds(self, world: int) -> float:
-        return self.compute_seconds + self.allreduce_seconds * 2 * (world - 1) / max(1, world)
+        world = max(1, world)
+        compute = self.compute_seconds * self.nodes / world
+        return compute + self.allreduce_seconds * 2 * (world - 1) / world
 
     def samples_per_second(self, world: int) -> float:
-        return world * self.samples_per_node_step / self.step_seconds(world)
+        return self.global_batch / self.step_seconds(world)
 
     @property
     def total_samples(self) -> float:
@@ -108,6 +111,9 @@ class TrainingNode(StandInNode):
     progress; the other ranks follow it, as collective steps do)."""
 
     def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
+        from trainctl.spec.settings import get_settings
+
+        self.heartbeat = get_settings().heartbeat_seconds  # as the agent reads it
         self._wake = clock().event()
         self.training: Training = fleet.training  # type: ignore[attr-defined]
         self.run = self.training.run(attempt, fleet.sizes[attempt])
@@ -150,7 +156,7 @@ class TrainingNode(StandInNode):
             if why := self._why():
                 return why
             remaining = deadline - clock().monotonic()
-            if remaining <= 0:
+            if remaining <= 1e-9:
                 return None
             self._wake.wait(remaining)
 
@@ -170,7 +176,7 @@ class TrainingNode(StandInNode):
         self._finish(why)
 
     def _follow(self) -> str:
-        while (why := self._pause(HEARTBEAT_SECONDS)) is None:
+        while (why := self._pause(self.heartbeat)) is None:
             self._emit("heartbeat")
         return why
 
@@ -191,7 +197,7 @@ class TrainingNode(StandInNode):
         rate = w.samples_per_second(world)
         samples = t.saved
         now = last = clock().monotonic()
-        next_save, next_beat = now + t.interval_seconds, now + HEARTBEAT_SECONDS
+        next_save, next_beat = now + t.interval_seconds, now + self.heartbeat
         next_poll = now + NOTICE_POLL_SECONDS
         notice_key = self.jobs.keys.notice(self.attempt, self.rank)
         while True:
@@ -199,6 +205,8 @@ class TrainingNode(StandInNode):
             why = self._pause(min(next_save, next_beat, next_poll, finish_at) - now)
             now = clock().monotonic()
             samples = min(w.total_samples, samples + rate * (now - last))
+            if w.total_samples - samples < 1e-9 * w.total_samples:
+                samples = w.total_samples  # done, but for a rounding error
             t.spend("training", (now - last) * world)
             last = now
             if why in ("killed", "terminated"):
@@ -226,7 +234,7 @@ class TrainingNode(StandInNode):
             if now >= next_beat:
                 self._emit("heartbeat")
                 self._emit("step", step=w.step(samples))
-                next_beat = now + HEARTBEAT_SECONDS
+                next_beat = now + self.heartbeat
             if now >= next_poll:
                 next_poll = now + NOTICE_POLL_SECONDS
                 if self.fleet.node_store.exists(notice_key):  # the controller's (a growth)
