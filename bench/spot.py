@@ -257,6 +257,12 @@ def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
         ]
         if not rows:
             continue
+        if any(r["completed"] < r["runs"] for r in rows):
+            stopped = sum(r["runs"] - r["completed"] for r in rows)
+            verdicts.append(
+                f"{strategy} ({interval} interval): {stopped} job(s) did not complete: not met"
+            )
+            continue
         cost = max(r["cost_ratio"]["median"] for r in rows)
         slow = max(r["time_ratio"]["median"] for r in rows)
         met = cost <= GOAL_COST and slow <= GOAL_TIME

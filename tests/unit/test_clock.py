@@ -13,9 +13,24 @@ from trainctl.clock import Clock, VirtualClock, clock, use_clock
 
 
 def _threads_then_join(*targets):
-    threads = [threading.Thread(target=t) for t in targets]
-    for t in threads:
-        t.start()
+    """Run `targets` in threads that all live by the clock before any of its time passes:
+    each reads the clock (it is at work from then on, to the clock) and meets the others
+    before its first wait."""
+    ready = threading.Barrier(len(targets) + 1)
+
+    def started(target):
+        def run():
+            clock().monotonic()
+            ready.wait(timeout=10)
+            target()
+
+        return run
+
+    threads = [threading.Thread(target=started(t)) for t in targets]
+    with clock().hold():
+        for t in threads:
+            t.start()
+        ready.wait(timeout=10)
     for t in threads:
         t.join(timeout=20)
         assert not t.is_alive()

@@ -66,14 +66,15 @@ class StrategyEstimate(BaseModel):
     strategy: str
     title: str
     runs: int
-    completed: int
-    hours: Spread
-    cost_usd: Spread
-    time_ratio: Spread
-    cost_ratio: Spread
-    wasted_node_hours: Spread
-    relaunches: Spread
-    on_demand_share: Spread
+    completed: int  # the figures are over these (None: no start completed)
+    not_completed: list[str]  # why the others ended (max_run, max_wait)
+    hours: Spread | None
+    cost_usd: Spread | None
+    time_ratio: Spread | None
+    cost_ratio: Spread | None
+    wasted_node_hours: Spread | None
+    relaunches: Spread | None
+    on_demand_share: Spread | None
 
 
 class Estimate(BaseModel):
@@ -95,7 +96,9 @@ class Estimate(BaseModel):
     strategies: list[StrategyEstimate]
 
     def render(self) -> str:
-        def cell(s: Spread, fmt: str) -> str:
+        def cell(s: Spread | None, fmt: str) -> str:
+            if s is None:
+                return "-"
             if s.min == s.max:
                 return format(s.median, fmt)
             return f"{format(s.median, fmt)} [{format(s.min, fmt)}-{format(s.max, fmt)}]"
@@ -125,9 +128,13 @@ class Estimate(BaseModel):
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
-        unfinished = [r.title for r in self.strategies if r.completed < r.runs]
-        if unfinished:
-            lines.append(f"did not complete every start: {', '.join(unfinished)}")
+        for r in self.strategies:
+            if r.completed < r.runs:
+                why = "; ".join(sorted(set(r.not_completed)))
+                lines.append(
+                    f"{r.title}: {r.runs - r.completed} of {r.runs} start(s) did not complete "
+                    f"(not in the figures): {why}"
+                )
         return "\n".join(line.rstrip() for line in lines)
 
 
@@ -269,5 +276,6 @@ def _strategy_row(summary: dict[str, Any], titles: dict[str, str]) -> StrategyEs
         title=titles[summary["strategy"]],
         runs=summary["runs"],
         completed=summary["completed"],
-        **{k: Spread(**summary[k]) for k in keys},
+        not_completed=summary["not_completed"],
+        **{k: Spread(**summary[k]) if summary[k] else None for k in keys},
     )

@@ -212,7 +212,8 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per trace, size, strategy and interval: time and cost against on-demand (same trace,
-    size and interval), over the starts."""
+    size and interval), over the starts whose job completed (None: none did); why the others
+    ended."""
     base = {
         (r["trace"], r["nodes"], r["interval"]): r for r in rows if r["strategy"] == "on-demand"
     }
@@ -222,6 +223,28 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (trace, nodes, strategy, interval), runs in groups.items():
         od = base[(trace, nodes, interval)]
+        done = [
+            {
+                **r,
+                "time_ratio": r["hours"] / od["hours"],
+                "cost_ratio": r["cost_usd"] / od["cost_usd"],
+                "relaunches": float(r["relaunches"]),
+                "on_demand_share": r["on_demand_node_hours"]
+                / max(1e-9, r["on_demand_node_hours"] + r["spot_node_hours"]),
+            }
+            for r in runs
+            if r["state"] == "Completed"
+        ]
+        figures = (
+            "hours",
+            "cost_usd",
+            "time_ratio",
+            "cost_ratio",
+            "wasted_node_hours",
+            "redone_node_hours",
+            "relaunches",
+            "on_demand_share",
+        )
         out.append(
             {
                 "trace": trace,
@@ -230,34 +253,27 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "interval": interval,
                 "interval_s": runs[0]["interval_s"],
                 "runs": len(runs),
-                "completed": sum(r["state"] == "Completed" for r in runs),
-                "hours": spread([r["hours"] for r in runs]),
-                "cost_usd": spread([r["cost_usd"] for r in runs]),
-                "time_ratio": spread([r["hours"] / od["hours"] for r in runs]),
-                "cost_ratio": spread([r["cost_usd"] / od["cost_usd"] for r in runs]),
-                "wasted_node_hours": spread([r["wasted_node_hours"] for r in runs]),
-                "redone_node_hours": spread([r["redone_node_hours"] for r in runs]),
-                "relaunches": spread([float(r["relaunches"]) for r in runs]),
-                "on_demand_share": spread(
-                    [
-                        r["on_demand_node_hours"]
-                        / max(1e-9, r["on_demand_node_hours"] + r["spot_node_hours"])
-                        for r in runs
-                    ]
-                ),
+                "completed": len(done),
+                "not_completed": [
+                    r["stop_reason"] or r["state"] for r in runs if r["state"] != "Completed"
+                ],
+                **{k: spread([r[k] for r in done]) if done else None for k in figures},
             }
         )
     return out
 
 
-def _cell(s: dict[str, float], fmt: str) -> str:
+def _cell(s: dict[str, float] | None, fmt: str) -> str:
+    if s is None:
+        return "-"
     if s["min"] == s["max"]:
         return format(s["median"], fmt)
     return f"{format(s['median'], fmt)} [{format(s['min'], fmt)}-{format(s['max'], fmt)}]"
 
 
 def table(summary_rows: list[dict[str, Any]]) -> str:
-    """The strategies side by side, per trace and size (markdown: the docs carry it)."""
+    """The strategies side by side, per trace and size (markdown: the docs carry it); the
+    figures are over the starts whose job completed."""
     titles = {s.name: s.title for s in strategies(64)}
     lines = []
     for trace, nodes in dict.fromkeys((r["trace"], r["nodes"]) for r in summary_rows):
@@ -265,15 +281,16 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
             "",
             f"**{trace}, {nodes} nodes**",
             "",
-            "| strategy | checkpoint every | hours | time x on-demand | cost x on-demand "
-            "| wasted node-h | relaunches | on-demand share |",
-            "|---|---|---|---|---|---|---|---|",
+            "| strategy | checkpoint every | completed | hours | time x on-demand "
+            "| cost x on-demand | wasted node-h | relaunches | on-demand share |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in summary_rows:
             if (r["trace"], r["nodes"]) != (trace, nodes):
                 continue
             lines.append(
                 f"| {titles[r['strategy']]} | {r['interval_s'] / 60:.0f} min ({r['interval']}) "
+                f"| {r['completed']}/{r['runs']} "
                 f"| {_cell(r['hours'], '.2f')} | {_cell(r['time_ratio'], '.2f')} "
                 f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['wasted_node_hours'], '.0f')} "
                 f"| {_cell(r['relaunches'], '.0f')} | {_cell(r['on_demand_share'], '.0%')} |"
