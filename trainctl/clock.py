@@ -100,7 +100,6 @@ class VirtualClock(Clock):
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, _Waiter]] = []  # a heap of deadlines
         self._on: dict[int, set[_Waiter]] = {}  # id(queue or event) -> its waiters
-        self._waiting = 0  # waiters not yet woken
         self._woken = 0  # waiters woken, not yet running
         self._holds = 0
         self._touched = 0
@@ -139,7 +138,6 @@ class VirtualClock(Clock):
                 return False
             self._start_driver()
             self._running.pop(threading.get_ident(), None)
-            self._waiting += 1
             if deadline < math.inf:
                 heapq.heappush(self._due, (deadline, next(self._ids), waiter))
             if on is not None:
@@ -151,7 +149,10 @@ class VirtualClock(Clock):
             self._woken -= 1
             self._running[threading.get_ident()] = time.monotonic()  # at work until it waits
             if on is not None:
-                self._on.get(id(on), set()).discard(waiter)
+                waiters = self._on.get(id(on), set())
+                waiters.discard(waiter)
+                if not waiters:
+                    self._on.pop(id(on), None)
             self._touched += 1
         return ready()
 
@@ -159,7 +160,6 @@ class VirtualClock(Clock):
         """Under the lock."""
         if not waiter.woken.is_set() and not waiter.done:
             waiter.woken.set()
-            self._waiting -= 1
             self._woken += 1
 
     def notify(self, on: object) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from trainctl.clock import VirtualClock, use_clock
 from trainctl.replay.fleet import Fleet, run_job
 from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
+from trainctl.spec.trace import SpotTrace
 from trainctl.store import open_store
 
 # Controller settings for a replay: heartbeats at the stand-ins' cadence, lost well after.
@@ -41,6 +42,8 @@ TIME_GOAL = 1.15  # the deadline strategies' max_wait, in multiples of the on-de
 
 @dataclass(frozen=True)
 class Strategy:
+    """One way to run a job on spot: a name, words for a table, the job's fields."""
+
     name: str
     title: str
     fields: dict[str, Any]
@@ -71,7 +74,7 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
     ]
 
 
-def interruptions_per_hour(trace: Any) -> float:
+def interruptions_per_hour(trace: SpotTrace) -> float:
     """How often the job's zone falls: drops per zone-hour, over the trace's zones."""
     drops = 0
     for zone in trace.zones:
@@ -80,7 +83,7 @@ def interruptions_per_hour(trace: Any) -> float:
     return drops / (len(trace.zones) * trace.duration_s / 3600)
 
 
-def recommended_interval(workload: Workload, trace: Any) -> float:
+def recommended_interval(workload: Workload, trace: SpotTrace) -> float:
     """What trainctl diagnose recommends for this save time at the trace's rate."""
     from trainctl.diagnose import young_daly_seconds
 
@@ -131,7 +134,7 @@ def simulate(
 
 
 def replay(
-    trace: Any,
+    trace: SpotTrace,
     workload: Workload,
     strategy: Strategy,
     *,
