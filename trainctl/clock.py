@@ -87,7 +87,7 @@ class VirtualClock(Clock):
         epoch: float | None = None,
         quantum: float = 0.0,
         settle: float = 0.0005,
-        blocked_after: float = 0.05,
+        blocked_after: float = 0.25,
     ) -> None:
         self._epoch0 = time.time() if epoch is None else epoch
         self._now = 0.0

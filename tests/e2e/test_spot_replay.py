@@ -92,11 +92,11 @@ def test_a_reclaim_without_notice_loses_the_steps_since_the_checkpoint():
 
 @pytest.mark.timeout(120)
 def test_a_wait_for_capacity_is_not_counted_as_training_against_max_run():
-    """An attempt trains 40 minutes, then capacity is gone for 50: max_run (70 minutes of
+    """An attempt trains 40 minutes, then capacity is gone for 50: max_run (80 minutes of
     training) is not reached by the wait (the controller once counted the attempt twice)."""
     market = trace((0, 2700, 8), (2700, 5700, 0))
     job = workload(hours=1.0)
-    strategy = Strategy("spot", "spot", {"use_spot_instances": True, "max_run": 4200})
+    strategy = Strategy("spot", "spot", {"use_spot_instances": True, "max_run": 4800})
     out = replay(market, job, strategy, interval_seconds=600, start_s=0)
     assert out["state"] == "Completed", out
     assert out["stop_reason"] is None
