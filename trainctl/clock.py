@@ -14,7 +14,9 @@ import contextlib
 import heapq
 import itertools
 import math
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,10 +77,14 @@ class VirtualClock(Clock):
     takes no simulated time: a replay puts what things cost (a boot, a checkpoint) in as
     sleeps, and a loaded machine changes how long a replay takes, not what it finds.
 
-    `blocked_after` is how the clock tells a thread at work (which a busy machine may not
-    schedule for milliseconds: the interpreter's switch interval is 5 ms) from one blocked
-    outside the clock (a thread pool's join, a plain lock). Bench code that hands work
-    between threads outside the clock holds it (`hold`) until the work is taken.
+    `blocked_after` bounds how long a thread that came out of a wait counts as at work
+    without touching the clock again: a busy machine may not schedule it for tens of
+    milliseconds (the interpreter's switch interval is 5 ms), and time must not move under
+    it. A thread blocked outside the clock (a thread pool's join, a plain lock or queue)
+    is told apart at once by where it waits; one just released from such a wait looks
+    blocked until it runs, so on a very busy machine time may move by one deadline under
+    it. Bench code that hands work between threads outside the clock holds it (`hold`)
+    until the work is taken.
     """
 
     def __init__(
@@ -87,7 +93,7 @@ class VirtualClock(Clock):
         epoch: float | None = None,
         quantum: float = 0.0,
         settle: float = 0.0005,
-        blocked_after: float = 0.25,
+        blocked_after: float = 2.0,
     ) -> None:
         self._epoch0 = time.time() if epoch is None else epoch
         self._now = 0.0
@@ -221,20 +227,27 @@ class VirtualClock(Clock):
                     self._wake(heapq.heappop(self._due)[2])
 
     def _any_running(self) -> bool:
-        """Whether a thread is at work (ran lately without waiting); forgets the threads
-        that have not touched the clock for blocked_after (blocked elsewhere, or ended)."""
+        """Whether a thread is at work: it came out of a wait (or read the clock) within
+        blocked_after and has not waited again, and is not blocked outside the clock (in a
+        lock, a join, a plain queue: its innermost Python frame says). Forgets the threads
+        past blocked_after, and those that ended."""
         wall = time.monotonic()
-        alive: set[int | None] | None = None
-        running = False
+        recent = []
         for ident, last in list(self._running.items()):
             if wall - last < self.blocked_after:
-                if alive is None:
-                    alive = {t.ident for t in threading.enumerate()}
-                if ident in alive:
-                    running = True
-                    continue
-            self._running.pop(ident, None)
-        return running
+                recent.append(ident)
+            else:
+                self._running.pop(ident, None)
+        if not recent:
+            return False
+        frames = sys._current_frames()
+        for ident in recent:
+            frame = frames.get(ident)
+            if frame is None:  # ended
+                self._running.pop(ident, None)
+            elif not _blocked_outside(frame):
+                return True
+        return False
 
     def close(self) -> None:
         """End the driver and every wait (a replay is over)."""
@@ -247,6 +260,27 @@ class VirtualClock(Clock):
                     self._wake(waiter)
         if self._driver is not None and self._driver is not threading.current_thread():
             self._driver.join()
+
+
+# Where a thread waits outside the clock: a threading wait or join, a plain queue, a thread
+# pool's idle worker (module file name, function).
+_BLOCKING_FRAMES = frozenset(
+    {
+        ("threading.py", "wait"),
+        ("threading.py", "_wait_for_tstate_lock"),
+        ("threading.py", "join"),
+        ("threading.py", "acquire"),
+        ("queue.py", "get"),
+        ("queue.py", "put"),
+        ("thread.py", "_worker"),
+        ("_base.py", "result"),
+    }
+)
+
+
+def _blocked_outside(frame: Any) -> bool:
+    code = frame.f_code
+    return (os.path.basename(code.co_filename), code.co_name) in _BLOCKING_FRAMES
 
 
 class _ClockQueue(queue.Queue[Any]):

@@ -14,23 +14,25 @@ from trainctl.clock import Clock, VirtualClock, clock, use_clock
 
 def _threads_then_join(*targets):
     """Run `targets` in threads that all live by the clock before any of its time passes:
-    each reads the clock (it is at work from then on, to the clock) and meets the others
-    before its first wait."""
-    ready = threading.Barrier(len(targets) + 1)
+    each waits on the clock's event `go` (a wait the clock knows), which is set once they
+    all do."""
+    virtual = clock()
+    assert isinstance(virtual, VirtualClock)
+    go = virtual.event()
 
     def started(target):
         def run():
-            clock().monotonic()
-            ready.wait(timeout=10)
+            go.wait()
             target()
 
         return run
 
     threads = [threading.Thread(target=started(t)) for t in targets]
-    with clock().hold():
-        for t in threads:
-            t.start()
-        ready.wait(timeout=10)
+    for t in threads:
+        t.start()
+    while len(virtual._on.get(id(go), ())) < len(threads):
+        time.sleep(0.001)
+    go.set()
     for t in threads:
         t.join(timeout=20)
         assert not t.is_alive()

@@ -554,7 +554,9 @@ class Controller:
             node.exit_code = node.proc.wait()
             node.exited_at = now
             if not node.result and node.lost is None and not node.idle:
-                node.lost = f"agent ended without a result (exit code {node.exit_code})"
+                # its machine already reported gone (a reclaim) says why better than its end
+                ended = f"agent ended without a result (exit code {node.exit_code})"
+                node.lost = node.machine_lost or ended
             if node.exit_code != 0 or node.lost:
                 watch.abnormal(now)
         elif (msg := parse_control(line)) is not None:
