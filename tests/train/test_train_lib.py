@@ -733,7 +733,7 @@ import json, os, random, sys, time
 from pathlib import Path
 import numpy as np
 import torch
-from trainctl.train import Checkpointer, PreemptionFlag, init_distributed
+from trainctl.train import Checkpointer, PreemptionFlag, finish, init_distributed
 
 mode, out = sys.argv[1], Path(sys.argv[2])
 torch.set_num_threads(1)
@@ -781,10 +781,10 @@ elif mode == "save":
 elif mode == "restore":
     info = ckpt.restore(model=model, optimizer=opt)
     dump("restored", {"step": info and info.step, "extra": info and info.extra, **snapshot()})
-# A barrier before destroying: with torch 2.13's gloo, exiting right after a collective on a
-# Python tensor can abort (the worker thread needs the GIL to drop its last reference).
-torch.distributed.barrier()
-torch.distributed.destroy_process_group()
+# The library's end (a barrier, then an exit without destructors): with torch 2.13's gloo,
+# a process that destroys its group and exits can still abort in a worker thread's
+# destructor ("terminate called without an active exception", seen under load).
+finish(0)
 """
 
 
