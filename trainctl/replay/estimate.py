@@ -99,9 +99,10 @@ class Estimate(BaseModel):
         def cell(s: Spread | None, fmt: str) -> str:
             if s is None:
                 return "-"
-            if s.min == s.max:
+            low, high = format(s.min, fmt), format(s.max, fmt)
+            if low == high:
                 return format(s.median, fmt)
-            return f"{format(s.median, fmt)} [{format(s.min, fmt)}-{format(s.max, fmt)}]"
+            return f"{format(s.median, fmt)} [{low}-{high}]"
 
         lines = [
             f"{self.job}: {self.nodes} x {self.instance_type}, {self.on_demand_hours:.1f} h of "

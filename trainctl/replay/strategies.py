@@ -269,9 +269,10 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _cell(s: dict[str, float] | None, fmt: str) -> str:
     if s is None:
         return "-"
-    if s["min"] == s["max"]:
+    low, high = format(s["min"], fmt), format(s["max"], fmt)
+    if low == high:
         return format(s["median"], fmt)
-    return f"{format(s['median'], fmt)} [{format(s['min'], fmt)}-{format(s['max'], fmt)}]"
+    return f"{format(s['median'], fmt)} [{low}-{high}]"
 
 
 def table(summary_rows: list[dict[str, Any]]) -> str:
