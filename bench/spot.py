@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
+from trainctl.replay.estimate import open_trace
 from trainctl.replay.market import PoolProvider
 from trainctl.replay.strategies import (
     FIXED_INTERVAL_SECONDS,
@@ -48,7 +49,6 @@ from trainctl.replay.strategies import (
 )
 from trainctl.replay.training import Workload
 
-TRACES_DIR = BENCH_DIR.parent / "trainctl" / "replay" / "traces"
 REAL_TRACES = ("aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08")
 GOAL_COST, GOAL_TIME = 0.35, TIME_GOAL  # of on-demand, for the 64-node job
 ELASTIC_TRAIN_SAMPLES = 1536  # the elastic benchmark's epoch (tests/fixtures/elastic)
@@ -197,9 +197,7 @@ class Task:
 
 
 def run_task(task: Task) -> dict[str, Any]:
-    from trainctl.spec.trace import load_trace
-
-    trace = load_trace(TRACES_DIR / f"{task.trace}.json")
+    trace = open_trace(task.trace)
     workload = albert_like(task.nodes, task.hours)
     strategy = next(s for s in strategies(task.nodes, task.hours) if s.name == task.strategy)
     interval = (
@@ -216,11 +214,10 @@ def plan(
 ) -> list[Task]:
     """The matrix: per trace and size, on-demand once (it does not meet the market), each
     spot strategy from `starts` points spread over the trace, each with both intervals."""
-    from trainctl.spec.trace import load_trace
 
     tasks = []
     for name in traces:
-        span = load_trace(TRACES_DIR / f"{name}.json").duration_s
+        span = open_trace(name).duration_s
         offsets = [round(i * span / starts) for i in range(starts)]
         for nodes in sizes:
             for strategy in (s for s in strategies(nodes, hours) if s.name in names):

@@ -232,7 +232,8 @@ def estimate(
     span = market.duration_s
     offsets = [round(i * span / starts) for i in range(starts)]
     rows = []
-    for strategy in strategies(size, hours):
+    tried = strategies(size, hours)
+    for strategy in tried:
         for start in offsets if strategy.name != "on-demand" else offsets[:1]:
             if on_replay:
                 on_replay(f"{strategy.title}, {start / 86400:.1f} days into {market.name}")
@@ -245,7 +246,7 @@ def estimate(
         scale = CATALOG[kind].on_demand_usd_per_hour / trace_prices.on_demand_usd_per_hour
     for row in rows:
         row["cost_usd"] *= scale
-    titles = {s.name: s.title for s in strategies(size, hours)}
+    titles = {s.name: s.title for s in tried}
     return Estimate(
         job=record.name,
         trace=market.name,

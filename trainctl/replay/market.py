@@ -37,8 +37,6 @@ from trainctl.replay.fleet import Fleet, FleetProvider
 from trainctl.spec.trace import SpotTrace
 
 SPOT, ON_DEMAND = "spot", "on-demand"
-# EC2's capacity rounds (trainctl.provisioning.aws.capacity.Backoff): 15 s, doubling to 300 s
-BACKOFF_INITIAL_SECONDS, BACKOFF_MAX_SECONDS = 15.0, 300.0
 
 
 class TraceMarket:
@@ -137,8 +135,10 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
         """One EC2 capacity round without capacity, and its backoff (at most max_wait)."""
         if not self.backoff:
             return
+        from trainctl.provisioning.aws.capacity import Backoff  # EC2's own (no boto3 import)
+
         self._failed_rounds += 1
-        delay = min(BACKOFF_INITIAL_SECONDS * 2 ** (self._failed_rounds - 1), BACKOFF_MAX_SECONDS)
+        delay = Backoff().delay(self._failed_rounds)
         if request.max_wait is not None:
             delay = min(delay, float(request.max_wait))
         clock().sleep(delay)

@@ -192,6 +192,12 @@ class TrainingNode(StandInNode):
         self._emit("checkpoint", step=t.workload.step(samples))
         return None
 
+    def _lose(self, samples: float, rate: float, why: str) -> str:
+        """Stopped before saving: a collective step cannot go on without its peers, and what
+        was trained since the last checkpoint is trained again (node-time counted)."""
+        self.training.spend("redone", (samples - self.training.saved) / rate * self.run.world)
+        return why
+
     def _train(self) -> str:
         t, w, world = self.training, self.training.workload, self.run.world
         rate = w.samples_per_second(world)
@@ -210,16 +216,11 @@ class TrainingNode(StandInNode):
             t.spend("training", (now - last) * world)
             last = now
             if why in ("killed", "terminated"):
-                # a collective step cannot go on without its peers: what is not saved is lost
-                t.spend("redone", (samples - t.saved) / rate * world)
-                return why
+                return self._lose(samples, rate, why)
             if why == "notice":
                 self._emit("notice")
                 stopped = self._save(samples)  # the emergency checkpoint
-                if stopped is not None:
-                    t.spend("redone", (samples - t.saved) / rate * world)
-                    return stopped
-                return "preempted"
+                return "preempted" if stopped is None else self._lose(samples, rate, stopped)
             if samples >= w.total_samples:
                 self._emit("step", step=w.step(samples))
                 self.run.finished = True
@@ -227,8 +228,7 @@ class TrainingNode(StandInNode):
                 return "completed"
             if now >= next_save:
                 if (stopped := self._save(samples)) is not None:
-                    t.spend("redone", (samples - t.saved) / rate * world)
-                    return stopped
+                    return self._lose(samples, rate, stopped)
                 now = last = clock().monotonic()
                 next_save = now + t.interval_seconds
             if now >= next_beat:
