@@ -440,7 +440,7 @@ class Controller:
             nodes[rank] = LiveNode(rank, proc, last_seen=clock().monotonic())
             threading.Thread(
                 target=self._pump,
-                args=(cluster.attempt, rank, proc),
+                args=(cluster.attempt, nodes[rank]),
                 name=f"node-{rank}",
                 daemon=True,
             ).start()
@@ -474,12 +474,16 @@ class Controller:
                 return
             clock().sleep(MACHINE_CHECK_SECONDS)
 
-    def _pump(self, attempt: int, rank: int, proc: RunningProcess) -> None:
+    def _pump(self, attempt: int, node: LiveNode) -> None:
+        """A node's lines onto the controller's queue. A line is heard when it arrives, not
+        when the controller gets to it: a controller held up (a slow store call, a backlog of
+        lines) must not take its own delay for the node's silence."""
         try:
-            for line in proc.lines():
-                self._lines.put((attempt, rank, line))
+            for line in node.proc.lines():
+                node.last_seen = clock().monotonic()
+                self._lines.put((attempt, node.rank, line))
         finally:
-            self._lines.put((attempt, rank, None))
+            self._lines.put((attempt, node.rank, None))
 
     def _late_line(self, attempt: int, rank: int, line: str | None) -> None:
         """A line of an earlier attempt's node, still draining after that attempt ended:
@@ -549,7 +553,6 @@ class Controller:
         if rank < 0:
             return line, now
         node = nodes[rank]
-        node.last_seen = now
         if line is None:
             node.exit_code = node.proc.wait()
             node.exited_at = now
