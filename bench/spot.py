@@ -201,9 +201,7 @@ def run_task(task: Task) -> dict[str, Any]:
     workload = albert_like(task.nodes, task.hours)
     strategy = next(s for s in strategies(task.nodes, task.hours) if s.name == task.strategy)
     interval = (
-        recommended_interval(workload, trace)
-        if task.interval == "recommended"
-        else FIXED_INTERVAL_SECONDS
+        recommended_interval(workload) if task.interval == "recommended" else FIXED_INTERVAL_SECONDS
     )
     row = replay(trace, workload, strategy, interval_seconds=interval, start_s=task.start_s)
     return {**row, "interval": task.interval}

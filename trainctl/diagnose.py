@@ -11,8 +11,10 @@ warm-up (trainctl.train.diagnosis counts them through `report_step` and ends the
 3. on 1 node: with the per-worker batch, the step time N nodes add over 1 is the
    communication share (scaling efficiency = the 1-node rate x N vs. the N-node rate);
 4. the checkpoint share is the time `Checkpointer.save` held the loop in run 1, at the
-   script's own checkpoint interval; with the measured save time and an interruption rate,
-   the Young/Daly interval sqrt(2 * C * MTBF) is the one that loses least.
+   script's own checkpoint interval; with the measured save time and the rate of
+   interruptions that lose work, the Young/Daly interval sqrt(2 * C * MTBF) is the one that
+   loses least. A reclaim whose notice the script checkpoints at (a PreemptionFlag) loses
+   nothing whatever the interval, so only failures without a usable notice count.
 
 A script that does not use the helpers still runs (1 and 3, each to its end or to
 `max_seconds`): their wall times give the scaling efficiency, and the report says what
@@ -67,6 +69,8 @@ class RunMeasurement(BaseModel):
     checkpoint_write: float | None = None
     wall_seconds: float | None = None  # training start to end (scripts without helpers)
     ended_early: bool = False  # the script ended before the steps asked for
+    # who handles SIGTERM (the notice) in the script: trainctl | script | None (nobody)
+    notice_handler: str | None = None
     note: str | None = None
 
     @property
@@ -222,7 +226,7 @@ def diagnose(
     if interruptions_per_hour is not None:
         rate, source = interruptions_per_hour, "given"
     else:
-        rate, source = _interruption_rate(record)
+        rate, source = _interruption_rate(record, _notice_unsaved(runs))
     # An assumed rate is a cloud market's: local and SSH capacity is not reclaimed.
     interruptible = record.spec.provider == "aws" or not source.startswith("assumed")
     result = _analyse(
@@ -310,6 +314,7 @@ def _run(
         measured.saves = int(report.get("saves") or 0)
         measured.checkpoint_stall = report.get("checkpoint_stall")
         measured.checkpoint_write = report.get("checkpoint_write")
+        measured.notice_handler = report.get("notice_handler")
     elif final.state is JobState.COMPLETED and final.training_started_at and final.ended_at:
         measured.wall_seconds = parse_iso(final.ended_at) - parse_iso(final.training_started_at)
     else:
@@ -332,21 +337,66 @@ def _follow(store: Store, record: JobRecord) -> JobRecord:
     return Controller(store, record.name, printer=None).run()
 
 
-def _interruption_rate(record: JobRecord) -> tuple[float, str]:
-    """Interruptions per instance-hour: the job's own (ended attempts interrupted by the
-    provider, over its instance-hours), else the assumed rate of its market."""
-    interrupted = 0
+def _notice_unsaved(runs: list[RunMeasurement]) -> str | None:
+    """Why a spot reclaim's notice would not save the script's work (None: it would: the
+    script checkpoints at it through a PreemptionFlag, within the notice's grace)."""
+    from trainctl.spec.settings import get_settings
+
+    measured = [r for r in runs if not r.synthetic and r.steps]
+    if not measured:
+        return "the script reports no steps, so whether it saves at a notice is unknown"
+    run = measured[0]
+    if run.notice_handler == "script":
+        return (
+            "the script handles SIGTERM itself; if it checkpoints there, "
+            "--interruptions-per-hour sizes the interval for failures without notice"
+        )
+    if run.notice_handler != "trainctl":
+        return "the script does not save at it (trainctl.train.PreemptionFlag would)"
+    grace = get_settings().notice_grace_seconds
+    if run.saves:
+        per_save = ((run.checkpoint_stall or 0.0) + (run.checkpoint_write or 0.0)) / run.saves
+        if per_save >= grace:
+            return f"a save takes {per_save:.0f} s, more than the notice's {grace:.0f} s"
+    return None
+
+
+def _interruption_rate(record: JobRecord, notice_unsaved: str | None) -> tuple[float, str]:
+    """Interruptions per instance-hour that lose work, and where the figure comes from.
+
+    Only those size the checkpoint interval: a reclaim whose notice the script checkpoints
+    at loses nothing whatever the interval (it costs a restart, which no interval changes).
+    The job's own history counts its interrupted attempts that lost steps; with no history,
+    a market's assumed rate, where spot reclaims count only for a script that does not save
+    at their 2-minute notice (failures without notice come on every market)."""
+    interrupted = lossy = 0
     hours = 0.0
     for attempt in record.attempts:
         if attempt.outcome == "interrupted":
             interrupted += 1
+            lossy += attempt.steps_lost != 0  # None: not reported, so not known to be saved
         if attempt.ended_at:
             seconds = parse_iso(attempt.ended_at) - parse_iso(attempt.started_at)
             hours += seconds / 3600 * max(1, len(attempt.nodes))
+    if lossy and hours > 0:
+        return lossy / hours, (
+            f"the job's history: {lossy} of its {interrupted} interruption(s) lost work"
+        )
+    without_notice = "failures without notice assumed as rare as on-demand's"
     if interrupted and hours > 0:
-        return interrupted / hours, "the job's history"
+        return ON_DEMAND_INTERRUPTIONS_PER_HOUR, (
+            f"the job's history: its {interrupted} interruption(s) were saved at their "
+            f"notices; {without_notice}"
+        )
+    if record.spec.use_spot_instances and notice_unsaved is None:
+        return ON_DEMAND_INTERRUPTIONS_PER_HOUR, (
+            "assumed: the script checkpoints at a spot reclaim's notice (PreemptionFlag), "
+            f"so only {without_notice} count"
+        )
     if record.spec.use_spot_instances:
-        return SPOT_INTERRUPTIONS_PER_HOUR, "assumed for spot capacity"
+        return SPOT_INTERRUPTIONS_PER_HOUR, (
+            f"assumed for spot capacity, every reclaim counted: {notice_unsaved}"
+        )
     return ON_DEMAND_INTERRUPTIONS_PER_HOUR, "assumed for on-demand capacity"
 
 
@@ -545,7 +595,8 @@ def _conclude(out: Diagnosis, size: int) -> None:
         out.advice.append(
             f"checkpoint every ~{cp['optimum_steps']:.0f} steps ({cp['optimum_seconds']:.0f} s; "
             f"now every {cp['current_steps']:g}): the Young/Daly optimum for a "
-            f"{cp['save_seconds'] * 1000:.1f} ms save and one interruption every "
-            f"{cp['mtbf_seconds'] / 3600:,.1f} h across the job's nodes ({out.interruptions_from}"
+            f"{cp['save_seconds'] * 1000:.1f} ms save and one interruption that loses work "
+            f"every {cp['mtbf_seconds'] / 3600:,.1f} h across the job's nodes "
+            f"({out.interruptions_from}"
             "; --interruptions-per-hour sets it)"
         )

@@ -12,8 +12,16 @@ import pytest
 
 from tests.helpers import EXAMPLES, FIXTURES, TRAINCTL
 from trainctl import Estimator
-from trainctl.diagnose import Diagnosis, RunMeasurement, _analyse
-from trainctl.record import JobStore
+from trainctl.diagnose import (
+    ON_DEMAND_INTERRUPTIONS_PER_HOUR,
+    SPOT_INTERRUPTIONS_PER_HOUR,
+    Diagnosis,
+    RunMeasurement,
+    _analyse,
+    _interruption_rate,
+    _notice_unsaved,
+)
+from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore
 from trainctl.train import diagnosis
 
 TORCHRUN = {"torch_distributed": {"enabled": True}}
@@ -62,6 +70,7 @@ def test_diagnose_digits_measures_every_share_and_leaves_the_job_alone(home):
     assert main.nodes == synthetic.nodes == 2 and single.nodes == 1
     assert synthetic.synthetic and main.data_wait is not None and main.data_wait > 0
     assert main.saves == 2 and main.checkpoint_stall and main.checkpoint_stall > 0
+    assert main.notice_handler == "trainctl"  # digits checkpoints at a notice (PreemptionFlag)
     for share in (result.communication_share, result.io_share, result.checkpoint_share):
         assert share is not None and 0 <= share < 1
     assert result.scaling_efficiency is not None and result.scaling_efficiency > 0
@@ -217,3 +226,74 @@ def test_checkpoint_advice_is_bounded_by_the_job_and_by_its_capacity():
     local = _analyse("j", 1, runs, 1e-5, "assumed for on-demand capacity", interruptible=False)
     assert local.checkpoint is None
     assert any("not reclaimed by a provider" in n for n in local.not_measured)
+
+
+def _spot_record(*attempts: tuple[str, int | None]) -> JobRecord:
+    """A spot job's record with attempts (outcome, steps lost) of an hour each on 2 nodes."""
+    from trainctl.spec.job import JobSpec
+
+    spec = JobSpec(
+        entry_point="train.py",
+        source_dir=str(FIXTURES / "plainwork"),
+        use_spot_instances=True,
+        max_run=3600,
+        max_wait=7200,
+        instance_type="ml.p3.2xlarge",
+        region="us-east-1",
+    )
+    when = "2026-11-27T00:00:00Z"
+    record = JobRecord.model_validate(
+        {"name": "j", "spec": spec, "store_uri": "file:///s", "source_uri": "file:///s/c",
+         "source_sha256": "0" * 64, "owner": "u", "trainctl_version": "0",
+         "created_at": when, "updated_at": when}
+    )  # fmt: skip
+    nodes = [AttemptNode(rank=r, host="h", address="127.0.0.1") for r in (0, 1)]
+    for number, (outcome, lost) in enumerate(attempts, start=1):
+        record.attempts.append(
+            Attempt(
+                number=number,
+                started_at=f"2026-11-27T{number:02d}:00:00Z",
+                ended_at=f"2026-11-27T{number + 1:02d}:00:00Z",
+                nodes=nodes,
+                outcome=outcome,
+                steps_lost=lost,
+            )
+        )
+    return record
+
+
+def test_the_interval_counts_only_interruptions_that_lose_work():
+    """A reclaim the script checkpoints at (its 2-minute notice, a PreemptionFlag) loses
+    nothing whatever the interval: the Young/Daly rate counts the ones that lost steps."""
+    history = _spot_record(("interrupted", 0), ("interrupted", 40), ("completed", None))
+    rate, source = _interruption_rate(history, None)
+    assert rate == pytest.approx(1 / 6)  # 1 of 2 interruptions lost work, in 6 node-hours
+    assert source.startswith("the job's history: 1 of its 2")
+    saved = _spot_record(("interrupted", 0), ("interrupted", 0), ("completed", None))
+    rate, source = _interruption_rate(saved, None)
+    assert rate == ON_DEMAND_INTERRUPTIONS_PER_HOUR and "saved at their notices" in source
+    unknown = _spot_record(("interrupted", None), ("completed", None))  # no steps reported
+    assert _interruption_rate(unknown, None)[0] == pytest.approx(1 / 4)
+
+    # No history: the market's rate, spot reclaims only where the script loses them.
+    fresh = _spot_record()
+    main = _run("2 nodes", 2, 0.1, saves=2, checkpoint_stall=0.2, checkpoint_write=1.0)
+    flagged = main.model_copy(update={"notice_handler": "trainctl"})
+    assert _notice_unsaved([flagged]) is None
+    rate, source = _interruption_rate(fresh, _notice_unsaved([flagged]))
+    assert rate == ON_DEMAND_INTERRUPTIONS_PER_HOUR and source.startswith("assumed: ")
+    slow = flagged.model_copy(update={"checkpoint_write": 400.0})  # 200 s a save > 120 s
+    for run, why in (
+        (main, "does not save at it"),
+        (main.model_copy(update={"notice_handler": "script"}), "handles SIGTERM itself"),
+        (slow, "a save takes 200 s, more than the notice's 120 s"),
+    ):
+        rate, source = _interruption_rate(fresh, _notice_unsaved([run]))
+        assert rate == SPOT_INTERRUPTIONS_PER_HOUR and why in source, source
+    # the 100x longer MTBF shows in the advice: an interval 10x longer
+    saving = _analyse("j", 2, [flagged], ON_DEMAND_INTERRUPTIONS_PER_HOUR, "assumed: ...")
+    losing = _analyse("j", 2, [main], SPOT_INTERRUPTIONS_PER_HOUR, "assumed for spot ...")
+    assert saving.checkpoint and losing.checkpoint
+    ratio = saving.checkpoint["optimum_seconds"] / losing.checkpoint["optimum_seconds"]
+    assert ratio == pytest.approx(math.sqrt(20), rel=1e-3)
+    assert any("interruption that loses work" in a for a in losing.advice)

@@ -104,10 +104,15 @@ class Estimate(BaseModel):
                 return format(s.median, fmt)
             return f"{format(s.median, fmt)} [{low}-{high}]"
 
+        interval = self.checkpoint_interval_seconds
+        checkpoints = (
+            f"a checkpoint every {interval / 60:.0f} min and at each notice"
+            if interval < self.on_demand_hours * 3600
+            else "checkpoints at notices only (a periodic one is not worth its cost)"
+        )
         lines = [
             f"{self.job}: {self.nodes} x {self.instance_type}, {self.on_demand_hours:.1f} h of "
-            f"training on demand ({self.step_seconds:.3g} s a step, measured), a checkpoint "
-            f"every {self.checkpoint_interval_seconds / 60:.0f} min",
+            f"training on demand ({self.step_seconds:.3g} s a step, measured), {checkpoints}",
             f"against {self.trace} ({self.trace_source}), from {self.starts} point(s) of it; "
             f"${self.on_demand_usd_per_hour:.4g}/h on demand, ${self.spot_usd_per_hour:.4g}/h "
             "spot; median [min-max]",
@@ -228,7 +233,7 @@ def estimate(
         bootstrap_seconds=startup,
         boot_seconds=EC2_BOOT_SECONDS,
     )
-    interval = recommended_interval(workload, market)
+    interval = recommended_interval(workload)
     span = market.duration_s
     offsets = [round(i * span / starts) for i in range(starts)]
     rows = []

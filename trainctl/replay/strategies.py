@@ -11,7 +11,6 @@ relaunches; `summarize` sets each against on-demand over the starts; `table` pri
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import tempfile
@@ -74,20 +73,15 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
     ]
 
 
-def interruptions_per_hour(trace: SpotTrace) -> float:
-    """How often the job's zone falls: drops per zone-hour, over the trace's zones."""
-    drops = 0
-    for zone in trace.zones:
-        rows = sorted((r for r in trace.capacity if r.zone == zone), key=lambda r: r.start_s)
-        drops += sum(1 for a, b in itertools.pairwise(rows) if b.available < a.available)
-    return drops / (len(trace.zones) * trace.duration_s / 3600)
+def recommended_interval(workload: Workload) -> float:
+    """What trainctl diagnose recommends for the stand-in's script, which checkpoints at an
+    interruption notice (a PreemptionFlag): every reclaim of a trace comes with one and
+    loses nothing, so only failures without notice size the interval, at the rate diagnose
+    assumes for them on each of the job's nodes."""
+    from trainctl.diagnose import ON_DEMAND_INTERRUPTIONS_PER_HOUR, young_daly_seconds
 
-
-def recommended_interval(workload: Workload, trace: SpotTrace) -> float:
-    """What trainctl diagnose recommends for this save time at the trace's rate."""
-    from trainctl.diagnose import young_daly_seconds
-
-    return young_daly_seconds(workload.save_seconds, interruptions_per_hour(trace))
+    rate = ON_DEMAND_INTERRUPTIONS_PER_HOUR * workload.nodes
+    return young_daly_seconds(workload.save_seconds, rate)
 
 
 def simulate(

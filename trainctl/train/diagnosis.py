@@ -253,4 +253,22 @@ def _report(meter: _Meter, world: int, *, ended_early: bool = False) -> dict[str
         "saves": meter.saves,
         "checkpoint_stall": round(meter.checkpoint_stall, 6),
         "checkpoint_write": round(meter.checkpoint_write, 6),
+        "notice_handler": _notice_handler(),
     }
+
+
+def _notice_handler() -> str | None:
+    """Who handles SIGTERM, the interruption notice, in this process: "trainctl" (a
+    PreemptionFlag: the script checkpoints at the notice), "script" (a handler of its own,
+    which may or may not save), or None (the notice ends it: work since its last
+    checkpoint is lost)."""
+    import signal
+
+    from trainctl.train.preemption import PreemptionFlag
+
+    handler = signal.getsignal(signal.SIGTERM)
+    if isinstance(getattr(handler, "__self__", None), PreemptionFlag):
+        return "trainctl"
+    if callable(handler):
+        return "script"
+    return None
