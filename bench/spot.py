@@ -29,7 +29,6 @@ import argparse
 import functools
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,10 @@ from trainctl.replay.market import PoolProvider
 from trainctl.replay.strategies import (
     FIXED_INTERVAL_SECONDS,
     TIME_GOAL,
+    Replay,
     attempt_node_seconds,
     recommended_interval,
-    replay,
+    replay_all,
     simulate,
     strategies,
     summarize,
@@ -184,58 +184,27 @@ def render_check(check: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class Task:
-    """One replay of the matrix (picklable: it runs in a worker process)."""
-
-    trace: str
-    nodes: int
-    hours: float
-    strategy: str
-    interval: str  # "recommended" | "fixed"
-    start_s: float
-
-
-def run_task(task: Task) -> dict[str, Any]:
-    trace = open_trace(task.trace)
-    workload = albert_like(task.nodes, task.hours)
-    strategy = next(s for s in strategies(task.nodes, task.hours) if s.name == task.strategy)
-    interval = (
-        recommended_interval(workload) if task.interval == "recommended" else FIXED_INTERVAL_SECONDS
-    )
-    row = replay(trace, workload, strategy, interval_seconds=interval, start_s=task.start_s)
-    return {**row, "interval": task.interval}
-
-
 def plan(
     traces: list[str], sizes: list[int], starts: int, hours: float, names: list[str]
-) -> list[Task]:
+) -> list[Replay]:
     """The matrix: per trace and size, on-demand once (it does not meet the market), each
     spot strategy from `starts` points spread over the trace, each with both intervals."""
 
-    tasks = []
+    jobs = []
     for name in traces:
-        span = open_trace(name).duration_s
-        offsets = [round(i * span / starts) for i in range(starts)]
+        trace = open_trace(name)
+        offsets = [round(i * trace.duration_s / starts) for i in range(starts)]
         for nodes in sizes:
+            workload = albert_like(nodes, hours)
+            intervals = {
+                "recommended": recommended_interval(workload),
+                "fixed": FIXED_INTERVAL_SECONDS,
+            }
             for strategy in (s for s in strategies(nodes, hours) if s.name in names):
-                for interval in ("recommended", "fixed"):
+                for label, interval in intervals.items():
                     for start in offsets if strategy.name != "on-demand" else [0]:
-                        tasks.append(Task(name, nodes, hours, strategy.name, interval, start))
-    return tasks
-
-
-def run_all(tasks: list[Task], workers: int) -> list[dict[str, Any]]:
-    """Every replay, `workers` at a time in processes of their own (each has its own
-    simulated clock: a busy machine slows a replay, it does not change what it finds)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    if workers <= 1:
-        return [run_task(t) for t in tasks]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return list(pool.map(run_task, tasks))
+                        jobs.append(Replay(trace, workload, strategy, interval, start, label))
+    return jobs
 
 
 def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
@@ -299,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         args.strategies.split(","),
     )
     log(f"{len(tasks)} replays, {args.workers} at a time")
-    rows = run_all(tasks, args.workers)
+    rows = replay_all(tasks, args.workers)
     summary_rows = summarize(rows)
     print(table(summary_rows))
     print()

@@ -50,6 +50,7 @@ def _outage_trace(path) -> str:
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path):
+    # (replays side by side, a process each: the default; the table below runs them in turn)
     done = _trainctl(
         "estimate", measured_job, "--trace", _outage_trace(tmp_path / "outage.json"),
         "--instance-type", "p3.2xlarge", "--nodes", "8", "--hours", "1", "--starts", "1",
@@ -73,7 +74,7 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
 
     table = _trainctl(
         "estimate", measured_job, "--trace", "synthetic-rare", "--instance-type",
-        "p3.2xlarge", "--nodes", "4", "--hours", "0.5", "--starts", "1",
+        "p3.2xlarge", "--nodes", "4", "--hours", "0.5", "--starts", "1", "--workers", "1",
     )  # fmt: skip
     assert table.returncode == 0, table.stderr
     assert "spot, relaunch at full size" in table.stdout and "cost x" in table.stdout
@@ -94,6 +95,7 @@ def test_bad_input_is_one_line_and_exit_2(measured_job, tmp_path):
         (["--trace", str(binary), "--instance-type", "p3.2xlarge"], "is not JSON"),
         (["--trace", "synthetic-rare", "--instance-type", "p3.2xlarge"], "--hours: "),
         (["--trace", "synthetic-rare", "--nodes", "0"], "--nodes: must be at least 1"),
+        (["--trace", "synthetic-rare", "--workers", "0"], "--workers: must be at least 1"),
     ):
         done = _trainctl("estimate", measured_job, *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)

@@ -130,3 +130,30 @@ def test_the_controller_follows_a_traces_capacity(home, tmp_path, monkeypatch):
     for thread in set(threading.enumerate()) - before:
         thread.join(timeout=10)
         assert not thread.is_alive(), thread
+
+
+@pytest.mark.timeout(120)
+def test_a_controller_held_up_does_not_take_its_delay_for_a_nodes_silence(harness, monkeypatch):
+    """A store write that holds the controller past the heartbeat timeout (S3 retrying, a
+    loaded machine): the nodes' lines kept arriving meanwhile, so no node is lost."""
+    import time
+
+    from bench.scale import run_job
+    from trainctl.controller.telemetry import Telemetry
+
+    monkeypatch.setenv("TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS", "3")
+    save = Telemetry.save_progress
+    held = []
+
+    def slow_save(self) -> None:
+        if not held and self.record.state.value == "Training":
+            held.append(time.monotonic())
+            time.sleep(5)  # past the 3 s timeout, with every node beating each second
+        save(self)
+
+    monkeypatch.setattr(Telemetry, "save_progress", slow_save)
+    harness.reset()
+    final = run_job(harness, 4, [])["final"]
+    assert held, "the controller was never held up"
+    assert final.state.value == "Completed", final.failure_reason
+    assert len(final.attempts) == 1, [a.cause for a in final.attempts]

@@ -494,6 +494,9 @@ def estimate(
     save_seconds: float = typer.Option(
         5.0, help="Seconds a checkpoint holds training (trainctl diagnose measures it)."
     ),
+    workers: int | None = typer.Option(
+        None, help="Replays run side by side, each in a process (default: one per CPU)."
+    ),
     output: str = OutputOpt,
 ) -> None:
     """What a job would take and cost on spot: its measured speed replayed through the
@@ -512,6 +515,7 @@ def estimate(
             instance_type=instance_type,
             starts=starts,
             save_seconds=save_seconds,
+            workers=workers,
             on_replay=say,
         )
     if output == "json":

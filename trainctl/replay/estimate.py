@@ -10,6 +10,7 @@ the trace's spot discount.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -175,18 +176,21 @@ def estimate(
     starts: int = 3,
     save_seconds: float = SAVE_SECONDS,
     store: Store | None = None,
+    workers: int | None = None,
     on_replay: Callable[[str], None] | None = None,
 ) -> Estimate:
     """The strategies for `job` (a job in the store: its speed is measured from its record)
     against `trace` (a shipped trace's name, or a trace file): `hours` of training on
     demand at full size (default: the job's own, once it completed), on `nodes` nodes
     (default: the job's; the measured step time is taken to hold at any size) of
-    `instance_type` (default: the job's)."""
+    `instance_type` (default: the job's). The replays run `workers` at a time (default: a
+    CPU each); `on_replay` is told of each as it ends."""
     from trainctl.controller.submit import default_store
     from trainctl.record import JobStore
     from trainctl.replay.strategies import (
+        Replay,
         recommended_interval,
-        replay,
+        replay_all,
         strategies,
         summarize,
     )
@@ -199,6 +203,8 @@ def estimate(
         raise SpecError("--nodes", f"must be at least 1, not {nodes}")
     if not 1 <= starts <= 50:
         raise SpecError("--starts", f"must be 1 to 50, not {starts}")
+    if workers is not None and workers < 1:
+        raise SpecError("--workers", f"must be at least 1, not {workers}")
     market = open_trace(trace)
     record = JobStore(store or default_store(), job).load()
     kind = instance_type or record.spec.instance_type
@@ -236,14 +242,19 @@ def estimate(
     interval = recommended_interval(workload)
     span = market.duration_s
     offsets = [round(i * span / starts) for i in range(starts)]
-    rows = []
     tried = strategies(size, hours)
-    for strategy in tried:
-        for start in offsets if strategy.name != "on-demand" else offsets[:1]:
-            if on_replay:
-                on_replay(f"{strategy.title}, {start / 86400:.1f} days into {market.name}")
-            row = replay(market, workload, strategy, interval_seconds=interval, start_s=start)
-            rows.append({**row, "interval": "recommended"})
+    jobs = [
+        Replay(market, workload, strategy, interval, start)
+        for strategy in tried
+        for start in (offsets if strategy.name != "on-demand" else offsets[:1])
+    ]
+    ended = itertools.count(1)
+
+    def done(job: Replay) -> None:
+        if on_replay:
+            on_replay(f"{next(ended)} of {len(jobs)} replays done ({job.describe()})")
+
+    rows = replay_all(jobs, workers, on_done=done)
     # a job of another type: its own on-demand price, the trace's spot discount
     trace_prices = market.prices
     scale = 1.0

@@ -192,6 +192,62 @@ def replay(
     }
 
 
+@dataclass(frozen=True)
+class Replay:
+    """One replay to run (picklable: `replay_all` runs it in a process of its own);
+    `label` goes into its row as "interval" (which interval this is: recommended, fixed)."""
+
+    trace: SpotTrace
+    workload: Workload
+    strategy: Strategy
+    interval_seconds: float
+    start_s: float = 0.0
+    label: str = "recommended"
+
+    def describe(self) -> str:
+        days = self.start_s / 86400
+        return f"{self.strategy.title}, {days:.1f} days into {self.trace.name}"
+
+
+def run_replay(job: Replay) -> dict[str, Any]:
+    row = replay(
+        job.trace,
+        job.workload,
+        job.strategy,
+        interval_seconds=job.interval_seconds,
+        start_s=job.start_s,
+    )
+    return {**row, "interval": job.label}
+
+
+def replay_all(
+    jobs: list[Replay],
+    workers: int | None = None,
+    on_done: Callable[[Replay], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every replay's row, in the order given, `workers` at a time (default: a CPU each) in
+    processes of their own: each has its own simulated clock, so a busy machine slows a
+    replay and does not change what it finds. `on_done` is told as each one ends."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    if workers == 1:
+        rows = []
+        for job in jobs:
+            rows.append(run_replay(job))
+            if on_done:
+                on_done(job)
+        return rows
+    context = multiprocessing.get_context("spawn")  # no state of this process's threads
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {pool.submit(run_replay, job): job for job in jobs}
+        for done in as_completed(futures):
+            if on_done:
+                on_done(futures[done])
+        return [future.result() for future in futures]
+
+
 def attempt_node_seconds(record: Any) -> float:
     from trainctl.record import parse_iso
 
