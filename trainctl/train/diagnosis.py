@@ -264,10 +264,10 @@ def _notice_handler() -> str | None:
     checkpoint is lost)."""
     import signal
 
-    from trainctl.train.preemption import PreemptionFlag
-
     handler = signal.getsignal(signal.SIGTERM)
-    if isinstance(getattr(handler, "__self__", None), PreemptionFlag):
+    # told by its class's module, not imported: preemption reaches this module (finish)
+    owner = type(getattr(handler, "__self__", None))
+    if (owner.__module__, owner.__name__) == ("trainctl.train.preemption", "PreemptionFlag"):
         return "trainctl"
     if callable(handler):
         return "script"
