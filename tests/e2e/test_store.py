@@ -216,6 +216,24 @@ def test_append_bytes(store: Store) -> None:
     assert store.get_range("logs/0.log", 7) == b"line 2\n"
 
 
+def test_appends_from_threads_of_one_process_all_land(store: Store) -> None:
+    """A controller appends events from more than one thread (its main loop, its machine
+    watcher): on S3 an append is a read-modify-write, and none may overwrite another."""
+    import threading
+
+    def append(n: int) -> None:
+        for i in range(5):
+            store.append_bytes("events.jsonl", f"{n}.{i}\n".encode())
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    lines = store.get_text("events.jsonl").splitlines()
+    assert sorted(lines) == sorted(f"{n}.{i}" for n in range(4) for i in range(5))
+
+
 def test_missing_raises_not_found(store: Store, tmp_path: Path) -> None:
     url = store.url("no/such")
     for call in (

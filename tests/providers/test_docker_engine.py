@@ -55,7 +55,8 @@ def in_docker(home, monkeypatch, dockerd: Dockerd, docker_node_image) -> Iterato
     assert not left, f"containers left behind: {left}"
 
 
-@pytest.mark.timeout(300)
+# (65 s on CI's machine; 227 s on a 2-core machine 2.5x slower, where 300 s was too close)
+@pytest.mark.timeout(480)
 def test_build_push_pull_then_a_two_node_job_runs_in_docker(
     in_docker,
     docker_node_image,

@@ -95,7 +95,8 @@ class Store(ABC):
 
     @abstractmethod
     def append_bytes(self, key: str, data: bytes) -> None:
-        """Append to an object (created if missing). One writer per key at a time."""
+        """Append to an object (created if missing). One writing process per key; within
+        it, appends from several threads each land whole (the store serializes them)."""
 
     @abstractmethod
     def get_versioned(self, key: str) -> tuple[bytes, str]:

@@ -30,6 +30,15 @@ BULK_CONCURRENCY = 16
 BULK_PART_SIZE = 16 * 1024 * 1024
 _DELETE_BATCH = 1000  # the DeleteObjects maximum
 _SSE = {"ServerSideEncryption": "AES256"}
+# An append is a read-modify-write: two threads of one process appending to one object (the
+# controller's main thread and its machine watcher both record events) would lose a line.
+_append_locks: dict[str, threading.Lock] = {}
+_append_locks_guard = threading.Lock()
+
+
+def _append_lock(bucket: str, key: str) -> threading.Lock:
+    with _append_locks_guard:
+        return _append_locks.setdefault(f"{bucket}/{key}", threading.Lock())
 
 
 def local_etag(path: Path, size: int) -> str:
@@ -239,13 +248,15 @@ class S3Store(Store):
                     future.result()
 
     def append_bytes(self, key: str, data: bytes) -> None:
-        # S3 has no append: read-modify-write. Safe because the contract is one writer per key;
-        # objects appended to (logs) stay small enough that rewriting them is cheap.
-        try:
-            old = self.get_bytes(key)
-        except NotFoundError:
-            old = b""
-        self.put_bytes(key, old + data)
+        # S3 has no append: read-modify-write. Safe because the contract is one writing
+        # process per key (and, within it, one append at a time); objects appended to (logs,
+        # events) stay small enough that rewriting them is cheap.
+        with _append_lock(self.bucket, self._key(key)):
+            try:
+                old = self.get_bytes(key)
+            except NotFoundError:
+                old = b""
+            self.put_bytes(key, old + data)
 
     # -- compare and swap --------------------------------------------------------------------
 
