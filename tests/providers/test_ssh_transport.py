@@ -453,13 +453,13 @@ def test_ssh_config_proxy_jump_and_host_alias_are_honoured(behind_bastion, tmp_p
         f"  ProxyJump root@{bastion.address}:{bastion.port}\n"
     )
     monkeypatch.setenv("HOME", str(user_home))
-    monkeypatch.setattr(connection, "_CONFIG", None)  # read this HOME's config
+    monkeypatch.setattr(connection, "_SSH_FILES", None)  # read this HOME's config
     conn = SshConnector(target.host(address="gpu-box", port=22)).connect(timeout=10)
     try:
         assert conn.run(["sh", "-c", "echo $HOME"]).stdout.strip() == str(target.home)
     finally:
         conn.close()
-        connection._CONFIG = None
+        connection._SSH_FILES = None
 
 
 def test_proxy_jump_values_are_checked() -> None:
@@ -612,3 +612,34 @@ def test_missing_dependencies_are_pip_installed_into_the_agent_dir(sshd, tmp_pat
     assert "pydantic>=2.6,<3" in message and "-m pip failed" in message
     assert "No module named pip" in message
     assert processes_with_env("HOME", str(server.home)) == []
+
+
+@pytest.mark.timeout(60)
+def test_connections_made_in_parallel_threads_see_their_whole_configuration(tmp_path):
+    """The controller connects to its nodes from a thread each. fabric writes to a connection's
+    configuration as it makes the connection, so a configuration shared between threads was
+    seen half-merged by another ('No attribute or config key found for authentication', a
+    CI failure). A short switch interval makes the interleaving that load made likely."""
+    connector = SshConnector(SshHost(address="127.0.0.1", port=2222), known_hosts=tmp_path / "kh")
+    errors: list[BaseException] = []
+
+    def connect_often() -> None:
+        for _ in range(150):
+            try:
+                made = connector._connection("127.0.0.1", 2222, "root", None, 5, None, pinned={})
+                assert made.authentication.strategy_class is None
+                assert made.gateway is None
+            except BaseException as exc:  # every failure is the finding
+                errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=connect_often) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, f"{len(errors)} of 600 connections: {errors[0]!r}"

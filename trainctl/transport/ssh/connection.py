@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import shlex
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,7 +291,7 @@ class SshConnector:
     def ssh_config(self) -> dict[str, Any]:
         """What `~/.ssh/config` (and /etc/ssh/ssh_config) say about this host."""
         if self._ssh_config is None:
-            self._ssh_config = dict(_fabric_config().base_ssh_config.lookup(self.host.address))
+            self._ssh_config = dict(_ssh_files().lookup(self.host.address))
         return self._ssh_config
 
     def _proxy_jump(self) -> str | None:
@@ -492,15 +493,30 @@ def _close_chain(connection: Any) -> None:
         connection = connection.gateway
 
 
-_CONFIG: Any = None
+_SSH_FILES: Any = None
+_SSH_FILES_LOCK = threading.Lock()
+
+
+def _ssh_files() -> Any:
+    """~/.ssh/config and /etc/ssh/ssh_config, parsed once per process and only read after
+    (paramiko's SSHConfig.lookup does not change it)."""
+    global _SSH_FILES
+    with _SSH_FILES_LOCK:
+        if _SSH_FILES is None:
+            import fabric
+
+            _SSH_FILES = fabric.Config().base_ssh_config
+        return _SSH_FILES
 
 
 def _fabric_config() -> Any:
-    """fabric's configuration (with ~/.ssh/config and /etc/ssh/ssh_config read once), shared
-    by every connection of this process."""
-    global _CONFIG
-    if _CONFIG is None:
-        import fabric
+    """A fabric configuration for one connection, over the SSH files parsed once.
 
-        _CONFIG = fabric.Config()
-    return _CONFIG
+    Never shared between connections: a fabric Connection writes to its configuration as it
+    is made (each attribute it sets that is not its own re-merges the whole configuration),
+    and a connection opened in another thread meanwhile found keys missing ('No attribute or
+    config key found for authentication', seen when the controller connected to several
+    nodes at once)."""
+    import fabric
+
+    return fabric.Config(ssh_config=_ssh_files())
