@@ -184,6 +184,27 @@ def sshd(home, tmp_path):
     assert not left, f"processes started over ssh left running: {left}"
 
 
+# A session fixture (a node image, a reference run) is made once for the tests that share it,
+# within its own bound, and is not charged to whichever test asks for it first: that test's
+# timeout is sized for its own work, and a slow machine made the podman image (105 s) take
+# most of its test's 150 s.
+SHARED_FIXTURE_TIMEOUT = 600.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """While a session-scoped fixture is set up, pytest-timeout's alarm (the signal method's
+    ITIMER_REAL) gives it SHARED_FIXTURE_TIMEOUT; the test then has what it had left."""
+    left = signal.getitimer(signal.ITIMER_REAL)[0] if fixturedef.scope == "session" else 0.0
+    if left > 0:
+        signal.setitimer(signal.ITIMER_REAL, SHARED_FIXTURE_TIMEOUT)
+    try:
+        yield
+    finally:
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """One line naming the real parts this machine lacks, with how many tests skipped for
     each (tests.helpers.require_part); nothing when none is missing."""
