@@ -157,3 +157,85 @@ def test_a_controller_held_up_does_not_take_its_delay_for_a_nodes_silence(harnes
     assert held, "the controller was never held up"
     assert final.state.value == "Completed", final.failure_reason
     assert len(final.attempts) == 1, [a.cause for a in final.attempts]
+
+
+@pytest.mark.timeout(120)
+def test_the_machine_watcher_survives_a_store_error_and_ends_with_its_attempt(harness, monkeypatch):
+    """The controller's machine watcher (a thread) asks the provider which machines are gone.
+    A store error while it records a loss must not end it (the node is marked; the watch acts
+    on it), and once its attempt's watch has ended it records nothing: the instances leaving
+    at teardown are not lost machines (a stray event, and a thread that outlived its job and
+    died on a store that had gone)."""
+    from bench.scale import run_job
+    from trainctl.controller import controller as controller_module
+    from trainctl.errors import StoreError
+    from trainctl.record import JobStore
+    from trainctl.replay.fleet import FleetProvider
+
+    class GoneAtTeardown(FleetProvider):
+        """Attempt 1's rank 0 reclaimed once `reclaim` is set; an attempt's machines all gone
+        once terminated."""
+
+        def __init__(self, fleet) -> None:
+            super().__init__(fleet, rtt=fleet.rtt)
+            self.reclaim = threading.Event()
+            self.provisioned: set[int] = set()
+            self.terminated: set[int] = set()
+
+        def provision(self, request, job: str, attempt: int):
+            import time
+
+            if attempt > 1:  # new capacity takes a while (EC2: minutes), past a watcher's wake
+                time.sleep(3 * MACHINE_CHECK_SECONDS)
+            self.provisioned.add(attempt)
+            return super().provision(request, job, attempt)
+
+        def terminate(self, job: str, *, grace: float) -> None:
+            super().terminate(job, grace=grace)
+            self.terminated |= self.provisioned
+
+        def lost_nodes(self, cluster):
+            if cluster.attempt in self.terminated:
+                return {node.rank: "instance terminated" for node in cluster.nodes}
+            reclaimed = cluster.attempt == 1 and self.reclaim.is_set()
+            return {0: "spot reclaim"} if reclaimed else {}
+
+    MACHINE_CHECK_SECONDS = 0.5
+    monkeypatch.setattr(controller_module, "MACHINE_CHECK_SECONDS", MACHINE_CHECK_SECONDS)
+    thread_errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(args.exc_value))
+    losses: list[tuple[int, int]] = []  # (attempt, rank) of each machine_lost written
+    attempt_ended = threading.Event()
+    event = JobStore.event
+
+    def first_loss_not_stored(self, kind: str, **fields) -> None:
+        if kind == "attempt_end":
+            attempt_ended.set()
+        if kind == "machine_lost":
+            losses.append((fields["attempt"], fields["rank"]))
+            if len(losses) == 1:
+                raise StoreError("s3://bucket/events.jsonl: put failed (the store is unreachable)")
+        event(self, kind, **fields)
+
+    monkeypatch.setattr(JobStore, "event", first_loss_not_stored)
+    harness.reset()
+    provider = GoneAtTeardown(harness)
+
+    def reclaim_then_stop(controller, result) -> None:
+        import time
+
+        while controller.record.state.value != "Training":
+            time.sleep(0.05)
+        provider.reclaim.set()
+        attempt_ended.wait(60)
+        controller.jobs.request_stop("test: the attempt ended")
+
+    final = run_job(harness, 4, [], reclaim_then_stop, provider=provider)["final"]
+    assert "spot reclaim" in (final.attempts[0].cause or ""), final.attempts[0].cause
+    watchers = [t for t in threading.enumerate() if t.name == "machines"]
+    for thread in watchers:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the machine watcher outlived its attempt"
+    assert thread_errors == [], thread_errors
+    # rank 0's reclaim, once (its write failed); nothing for the machines of teardown
+    assert losses == [(1, 0)], losses

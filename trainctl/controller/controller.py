@@ -466,10 +466,13 @@ class Controller:
                 gone = {}
             for rank, why in gone.items():
                 # written on this attempt's own nodes: a late watcher touches no other attempt
-                if nodes[rank].machine_lost is None:
+                if nodes[rank].machine_lost is None and self._nodes is nodes:
                     nodes[rank].machine_lost = why
-                    self.jobs.event("machine_lost", attempt=cluster.attempt, rank=rank, why=why)
                     self._info(f"algo-{rank + 1}: {why}")
+                    try:
+                        self.jobs.event("machine_lost", attempt=cluster.attempt, rank=rank, why=why)
+                    except Exception as exc:  # the node is marked: the watch acts on it
+                        self._info(f"could not record algo-{rank + 1}'s loss: {exc}")
             if all(n.exit_code is not None for n in nodes.values()):
                 return
             clock().sleep(MACHINE_CHECK_SECONDS)
@@ -503,8 +506,18 @@ class Controller:
             earlier.steps_lost = max(0, earlier.last_step - resumed)
 
     def _watch(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
-        """Follow one attempt until it ends, and say how it ended: take each line (or a
-        poll's silence), then, at most every POLL_SECONDS, look at every node and decide."""
+        """Follow one attempt until it ends, and say how it ended; then its machine watcher
+        stops (it reports to this watch only: instances that leave at teardown are not
+        lost machines)."""
+        try:
+            return self._watch_until_end(cluster, nodes)
+        finally:
+            if self._nodes is nodes:
+                self._nodes = {}
+
+    def _watch_until_end(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
+        """Take each line (or a poll's silence), then, at most every POLL_SECONDS, look at
+        every node and decide."""
         self._growing = None
         now = clock().monotonic()
         watch = WatchState(
