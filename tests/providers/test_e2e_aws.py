@@ -190,7 +190,11 @@ def test_spot_reclaim_mid_training_relaunches_on_new_capacity(cloud):
     first, *rest = info["attempts"]
     assert rest, "no relaunch"
     assert first["outcome"] == "interrupted" and "algo-2" in first["cause"]
-    assert first["steps_lost"] is not None and first["steps_lost"] <= 10 + 1
+    # At most an interval past the newest checkpoint every node had uploaded; the one a node
+    # was still writing when its instance went (no notice) may not count (12 seen under load),
+    # as in the provider conformance tests.
+    every = HPS["checkpoint-every"]
+    assert first["steps_lost"] is not None and first["steps_lost"] <= 2 * every + 1, first
     # New capacity: the relaunch ran on other instances than the reclaimed one.
     instances = _all_attempt_instances(cloud.ec2, job_name)
     assert len({i["InstanceId"] for i in instances}) >= 4
