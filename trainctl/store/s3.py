@@ -31,14 +31,14 @@ BULK_PART_SIZE = 16 * 1024 * 1024
 _DELETE_BATCH = 1000  # the DeleteObjects maximum
 _SSE = {"ServerSideEncryption": "AES256"}
 # An append is a read-modify-write: two threads of one process appending to one object (the
-# controller's main thread and its machine watcher both record events) would lose a line.
-_append_locks: dict[str, threading.Lock] = {}
-_append_locks_guard = threading.Lock()
+# controller's main thread and its machine watcher both record events) would lose a line. A
+# fixed set of locks, an object's by its name's hash: bounded however many objects a
+# long-lived controller appends to (keys that share a lock only wait for each other).
+_APPEND_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 def _append_lock(bucket: str, key: str) -> threading.Lock:
-    with _append_locks_guard:
-        return _append_locks.setdefault(f"{bucket}/{key}", threading.Lock())
+    return _APPEND_LOCKS[hash((bucket, key)) % len(_APPEND_LOCKS)]
 
 
 def local_etag(path: Path, size: int) -> str:
