@@ -12,6 +12,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,52 @@ def wait_for_log(job, text: str, timeout: float = 60.0) -> None:
         assert job.state not in (JobState.FAILED, JobState.COMPLETED), job.describe()
         time.sleep(0.2)
     raise AssertionError(f"{text!r} never appeared in the logs")
+
+
+def uploaded_checkpoint_step(job_name: str) -> int | None:
+    """The newest checkpoint step every node has uploaded: the union of the nodes' manifests
+    in the job's checkpoint URI holds it whole (its meta.json and every file that lists).
+    A node lost without warning takes the checkpoints it had not uploaded with it; a
+    relaunch resumes from this step or a newer one, never an older one."""
+    import json
+    import re
+
+    from trainctl.controller.submit import default_store
+    from trainctl.errors import NotFoundError
+    from trainctl.node.checkpoints import stored_files
+    from trainctl.record import JobStore, checkpoint_store
+
+    try:
+        store = checkpoint_store(JobStore(default_store(), job_name).load())
+    except NotFoundError:
+        return None
+    listed = stored_files(store)
+    newest = None
+    for key in listed:
+        found = re.fullmatch(r"step-(\d{9,})/meta\.json", key)
+        if found is None or (newest is not None and int(found[1]) <= newest):
+            continue
+        try:
+            meta = json.loads(store.get_text(key))
+        except (NotFoundError, ValueError):
+            continue
+        if all(f"{key.rsplit('/', 1)[0]}/{name}" in listed for name in meta.get("files", [])):
+            newest = int(found[1])
+    return newest
+
+
+def wait_for_uploaded_checkpoint(
+    job_name: str, step: int, timeout: float, alive: Callable[[], bool] = lambda: True
+) -> int | None:
+    """The newest step every node has uploaded once it is `step` or later (None: not within
+    `timeout`, or the job's runner is no longer `alive`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        uploaded = uploaded_checkpoint_step(job_name)
+        if uploaded is not None and uploaded >= step:
+            return uploaded
+        time.sleep(0.3)
+    return None
 
 
 def read_terminal(master: int, proc, timeout: float = 60) -> bytes:

@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from tests.helpers import wait_for_uploaded_checkpoint
 from tests.rigs.cloud import HPS, INSTANCE_TYPE, USER_SECRET, cloud, ec2_digits, job_resources
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator
@@ -112,11 +113,12 @@ def _run_in_background(est: Estimator) -> tuple[threading.Thread, dict]:
 
 
 def _wait_for_checkpoint(job_name: str, step: int, runner: threading.Thread) -> bool:
-    """True once the current attempt of `job_name` has a checkpoint at `step` or later."""
+    """True once the current attempt of `job_name` has a checkpoint at `step` or later
+    (under CI's load two EC2 stand-ins take up to two minutes to start training)."""
     from trainctl.controller.submit import default_store
     from trainctl.errors import NotFoundError
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and runner.is_alive():
         try:
             record = JobStore(default_store(), job_name).load()
@@ -129,7 +131,7 @@ def _wait_for_checkpoint(job_name: str, step: int, runner: threading.Thread) -> 
     return False
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_spot_notice_from_imds_checkpoints_and_loses_no_step(cloud):
     job_name = f"aws-notice-{uuid.uuid4().hex[:6]}"
     est = ec2_digits(
@@ -161,7 +163,7 @@ def test_spot_notice_from_imds_checkpoints_and_loses_no_step(cloud):
     assert any("spot interruption notice: terminate at" in log for log in logs), logs
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_spot_reclaim_mid_training_relaunches_on_new_capacity(cloud):
     job_name = f"aws-spot-{uuid.uuid4().hex[:6]}"
     est = ec2_digits(
@@ -172,7 +174,8 @@ def test_spot_reclaim_mid_training_relaunches_on_new_capacity(cloud):
     )
     runner, done = _run_in_background(est)
     reclaimed = None
-    if _wait_for_checkpoint(job_name, 20, runner):
+    uploaded = wait_for_uploaded_checkpoint(job_name, 20, 180, runner.is_alive)
+    if uploaded is not None:
         # The reclaim: EC2 terminates the spot instance of rank 1.
         node = next(
             i
@@ -183,18 +186,22 @@ def test_spot_reclaim_mid_training_relaunches_on_new_capacity(cloud):
         reclaimed = node["InstanceId"]
         cloud.ec2.terminate_instances(InstanceIds=[reclaimed])  # its processes end with it
     runner.join(timeout=240)
-    assert reclaimed is not None, "the job never reached step 20"
+    assert reclaimed is not None, "no checkpoint of step 20 uploaded by every node"
     assert "error" not in done, done.get("error")
     info = done["job"].describe()
     assert info["state"] == "Completed", info
     first, *rest = info["attempts"]
+    steps = [(a["resumed_from_step"], a["last_step"], a["steps_lost"]) for a in info["attempts"]]
     assert rest, "no relaunch"
-    assert first["outcome"] == "interrupted" and "algo-2" in first["cause"]
-    # At most an interval past the newest checkpoint every node had uploaded; the one a node
-    # was still writing when its instance went (no notice) may not count (12 seen under load),
-    # as in the provider conformance tests.
-    every = HPS["checkpoint-every"]
-    assert first["steps_lost"] is not None and first["steps_lost"] <= 2 * every + 1, first
+    assert first["outcome"] == "interrupted" and "algo-2" in first["cause"], first
+    # No warning, so what the nodes saved but had not all uploaded goes with the instance
+    # (under load the uploads trail the saves by seconds): the relaunch resumes from the
+    # newest checkpoint every node had uploaded at the reclaim, or a newer one, and counts
+    # the steps redone.
+    resumed = rest[0]["resumed_from_step"]
+    assert resumed is not None and resumed >= uploaded, (uploaded, steps)
+    assert resumed % HPS["checkpoint-every"] == 0, steps
+    assert first["steps_lost"] == first["last_step"] - resumed, steps
     # New capacity: the relaunch ran on other instances than the reclaimed one.
     instances = _all_attempt_instances(cloud.ec2, job_name)
     assert len({i["InstanceId"] for i in instances}) >= 4

@@ -126,7 +126,6 @@ def stand_in_cloud(monkeypatch, hosts) -> Iterator[Cloud]:
             "TRAINCTL_AWS_NODE_PYTHON": sys.executable,
             "TRAINCTL_AWS_SSH_CIDR": "127.0.0.1/32",
             "TRAINCTL_IMDS_POLL_SECONDS": "0.5",
-            "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "20",
             # moto has no placement-group API (2-node jobs ask for a cluster placement group;
             # tests/unit/test_aws_provider.py covers it with an in-test stand-in).
             "TRAINCTL_AWS_CLUSTER_PLACEMENT_GROUP": "false",
