@@ -68,24 +68,26 @@ def uploaded_checkpoint_step(job_name: str) -> int | None:
     from trainctl.errors import NotFoundError
     from trainctl.node.checkpoints import stored_files
     from trainctl.record import JobStore, checkpoint_store
+    from trainctl.train.checkpoint import META_FILE, step_dir_name
 
     try:
         store = checkpoint_store(JobStore(default_store(), job_name).load())
     except NotFoundError:
         return None
     listed = stored_files(store)
-    newest = None
-    for key in listed:
-        found = re.fullmatch(r"step-(\d{9,})/meta\.json", key)
-        if found is None or (newest is not None and int(found[1]) <= newest):
-            continue
+    metas = {
+        int(found[1]): key
+        for key in listed
+        if (found := re.fullmatch(rf"step-(\d{{9,}})/{re.escape(META_FILE)}", key)) is not None
+    }
+    for step in sorted(metas, reverse=True):  # the newest whole one
         try:
-            meta = json.loads(store.get_text(key))
+            meta = json.loads(store.get_text(metas[step]))
         except (NotFoundError, ValueError):
             continue
-        if all(f"{key.rsplit('/', 1)[0]}/{name}" in listed for name in meta.get("files", [])):
-            newest = int(found[1])
-    return newest
+        if all(f"{step_dir_name(step)}/{name}" in listed for name in meta.get("files", [])):
+            return step
+    return None
 
 
 def wait_for_uploaded_checkpoint(
