@@ -167,7 +167,9 @@ for _ in range(30 if tree else 1):
     found = members()
     if not found:
         break
-    for pid in found:
+    # The leader (the waiter) first: killed after its command, it could still write that
+    # death as the exit code, and a kill would read as the command's own end.
+    for pid in sorted(found, key=lambda pid: pid != pgid):
         try:
             os.kill(pid, sig)
             signalled += 1
