@@ -62,26 +62,44 @@ def src(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def relaunched_digits(tmp_path_factory):
+def relaunched_digits(tmp_path_factory, worker_id):
     """One finished 2-node digits job, relaunched once (node 1 killed once the script
     reported step 25: a condition, so attempt 1 has a loss curve on any machine), with a
-    secret in its environment: (home, job). Made once per session and shared by the tests
-    that only read it (the metric history from the CLI, the dashboard)."""
-    from tests.train.test_fault_tolerance import digits
+    secret in its environment: (home, job). Made once per test run and shared by the tests
+    that only read it (the metric history from the CLI, the dashboard): under xdist the
+    first worker to need it makes it while any other waits on a lock, then reads it (a
+    minute of two cores saved per worker that would have made its own)."""
+    import fcntl
+    import json
 
-    home = tmp_path_factory.mktemp("relaunched-home")
+    from tests.train.test_fault_tolerance import digits
+    from trainctl.estimator import TrainingJob
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if worker_id != "master" else base  # the run's root, under xdist
+    made = shared / "relaunched-digits.json"
     mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINCTL_HOME", str(home))
     mp.delenv("TRAINCTL_STORE", raising=False)
     try:
-        job = digits(
-            step_delay=0.05,
-            faults=["kill:1@step25"],
-            environment={"WANDB_API_KEY": RELAUNCHED_SECRET},
-        ).fit(logs=False)
-        info = job.describe()
-        assert info["state"] == "Completed" and len(info["attempts"]) == 2, info["attempts"]
-        assert not wait_no_leftovers(home=home), "the shared job left processes behind"
+        with open(shared / "relaunched-digits.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+            if made.exists():  # another worker made it
+                found = json.loads(made.read_text())
+                home = Path(found["home"])
+                mp.setenv("TRAINCTL_HOME", str(home))
+                job = TrainingJob(found["job"])
+            else:  # (a worker whose try failed leaves no record: the next makes its own)
+                home = tmp_path_factory.mktemp("relaunched-home")
+                mp.setenv("TRAINCTL_HOME", str(home))
+                job = digits(
+                    step_delay=0.05,
+                    faults=["kill:1@step25"],
+                    environment={"WANDB_API_KEY": RELAUNCHED_SECRET},
+                ).fit(logs=False)
+                info = job.describe()
+                assert info["state"] == "Completed" and len(info["attempts"]) == 2, info
+                assert not wait_no_leftovers(home=home), "the shared job left processes behind"
+                made.write_text(json.dumps({"home": str(home), "job": job.name}))
         yield home, job
     finally:
         mp.undo()

@@ -305,9 +305,12 @@ def import_node_image(argv: list[str], tag: str, env: dict[str, str] | None = No
     sys.stderr.write(f"\nnode image {tag} ({argv[0]}) in {time.monotonic() - started:.1f} s\n")
 
 
-@pytest.fixture(scope="session")
+# Module, not session: only this file uses it, and a session fixture's teardown (`rmi` of a
+# torch-sized image, 30 s and more under load) runs in whichever test a worker ends with - it
+# once timed out a 30 s test of another file in CI.
+@pytest.fixture(scope="module")
 def node_image() -> Iterator[str]:
-    """A real image with python and torch (no host bind mounts), removed at the end."""
+    """A real image with python and torch (no host bind mounts), removed after this file."""
     engine = _podman()
     tag = f"localhost/trainctl-test-node:{os.getpid()}"
     try:

@@ -6,7 +6,10 @@ Each trial is recorded before its job is made, and its job name is fixed by its 
 a supervisor that dies and is replaced (`HyperparameterTuner.attach`, or `wait()` on a tuning
 job whose supervisor is gone) neither loses a trial nor runs one twice: a trial recorded
 but without a job is started under that same name, and a trial's job that runs on keeps its
-own controller (the supervisor only watches it through the store).
+own controller (the supervisor only watches it through the store). A trial's job whose
+controller is lost - never started because the supervisor before died between making the job
+and starting it, or killed since - is given a new one, as `Estimator.attach` would: nothing
+else would ever run it, and the tuning job would wait on it forever.
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ class Supervisor:
         self._ended_curves: dict[int, dict[int, float]] = {}
         self._lease_s = get_settings().lease_seconds
         self._warm_pools: bool | None = None  # whether the trials' provider keeps warm pools
+        # When each trial's job was last given a controller here: a new one takes a moment to
+        # hold the job's lease, and is not started twice meanwhile.
+        self._controller_started: dict[int, float] = {}
 
     def run(self) -> TuningRecord:
         """Supervise the tuning job to its end (LeaseHeld if another process does)."""
@@ -235,6 +241,7 @@ class Supervisor:
         if job.state.is_terminal():
             self.ended(record, trial, job)
             return
+        self.restart_lost_controller(trial, job)
         if (why := prune_reason(record, trial, intermediates)) is not None:
             # its controller stops it (Stopped, with this reason), its nodes kept warm for
             # the next trial where the trial's are
@@ -242,6 +249,26 @@ class Supervisor:
             self.end_trial(trial, "Pruned", reason=why)
             trial.objective = last_value(intermediates.get(trial.number))
             self.tuning.event("trial_pruned", trial=trial.number, job=trial.job, why=why)
+
+    def restart_lost_controller(self, trial: Trial, job: JobRecord) -> None:
+        """Start a controller for the trial's job if its own is lost (no live lease, or none
+        ever and the job older than a lease): the new one takes the job over, adopting the
+        nodes that still run, exactly as a user's `attach` does."""
+        from trainctl.controller.submit import start_detached
+        from trainctl.controller.supervise import controller_view
+
+        view = controller_view(JobStore(self.store, trial.job), job)
+        if view is None or not view["lost"]:
+            return
+        last = self._controller_started.get(trial.number)
+        if last is not None and time.monotonic() - last < self._lease_s:
+            return  # the one started here is still taking the lease
+        self._controller_started[trial.number] = time.monotonic()
+        self.tuning.event(
+            "trial_controller_started", trial=trial.number, job=trial.job,
+            silent_seconds=view["silent_seconds"],
+        )  # fmt: skip
+        start_detached(self.store, job)
 
     def ended(self, record: TuningRecord, trial: Trial, job: JobRecord) -> None:
         objective = job.metrics.get(record.spec.objective_metric_name)
