@@ -200,7 +200,10 @@ def test_spot_reclaim_mid_training_relaunches_on_new_capacity(cloud):
     # the steps redone.
     resumed = rest[0]["resumed_from_step"]
     assert resumed is not None and resumed >= uploaded, (uploaded, steps)
-    assert resumed % HPS["checkpoint-every"] == 0, steps
+    # a checkpoint boundary, or the attempt's last step: an emergency checkpoint, where the
+    # controller saw the instance go before its processes went and stopped every node in time
+    # (CI: resumed at 43, 0 steps lost)
+    assert resumed % HPS["checkpoint-every"] == 0 or resumed == first["last_step"], steps
     assert first["steps_lost"] == first["last_step"] - resumed, steps
     # New capacity: the relaunch ran on other instances than the reclaimed one.
     instances = _all_attempt_instances(cloud.ec2, job_name)

@@ -173,7 +173,10 @@ def test_a_lost_node_is_relaunched_from_the_last_checkpoint(rig):
     resumed = second["resumed_from_step"]
     steps = [(a["resumed_from_step"], a["last_step"], a["steps_lost"]) for a in info["attempts"]]
     assert uploaded <= resumed <= first["last_checkpoint_step"], (uploaded, steps)
-    assert resumed % HPS["checkpoint-every"] == 0, steps
+    # a checkpoint boundary, or the attempt's last step: an emergency checkpoint, where the
+    # controller saw the instance go before its processes went and stopped every node in time
+    # (CI: resumed at 43, 0 steps lost)
+    assert resumed % HPS["checkpoint-every"] == 0 or resumed == first["last_step"], steps
     assert first["steps_lost"] == first["last_step"] - resumed, steps
     rig.assert_nothing_left(job.name)
 
