@@ -241,7 +241,7 @@ class Supervisor:
         if job.state.is_terminal():
             self.ended(record, trial, job)
             return
-        self.restart_lost_controller(trial, job)
+        self.restart_lost_controller(trial, jobs, job)
         if (why := prune_reason(record, trial, intermediates)) is not None:
             # its controller stops it (Stopped, with this reason), its nodes kept warm for
             # the next trial where the trial's are
@@ -250,14 +250,14 @@ class Supervisor:
             trial.objective = last_value(intermediates.get(trial.number))
             self.tuning.event("trial_pruned", trial=trial.number, job=trial.job, why=why)
 
-    def restart_lost_controller(self, trial: Trial, job: JobRecord) -> None:
+    def restart_lost_controller(self, trial: Trial, jobs: JobStore, job: JobRecord) -> None:
         """Start a controller for the trial's job if its own is lost (no live lease, or none
         ever and the job older than a lease): the new one takes the job over, adopting the
         nodes that still run, exactly as a user's `attach` does."""
         from trainctl.controller.submit import start_detached
         from trainctl.controller.supervise import controller_view
 
-        view = controller_view(JobStore(self.store, trial.job), job)
+        view = controller_view(jobs, job)
         if view is None or not view["lost"]:
             return
         last = self._controller_started.get(trial.number)
