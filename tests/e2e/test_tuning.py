@@ -247,12 +247,9 @@ class _SupervisorDied(BaseException):
     """Ends a supervisor where a SIGKILL would (its `except Exception` does not catch it)."""
 
 
-@pytest.mark.timeout(180)
-def test_a_trial_job_made_by_a_supervisor_that_died_before_starting_it_is_run(home, monkeypatch):
-    """The supervisor dies after making a trial's job and before starting its controller
-    (the window a SIGKILL hit in CI: the next supervisor adopted a job no one ran, and the
-    tuning job waited forever). The next supervisor sees the job has no controller, starts
-    one, and the tuning job completes with each trial run once."""
+def _a_trial_job_no_one_started(monkeypatch, base: str):
+    """A tuning job whose supervisor died after making trial 0's job and before starting its
+    controller: (store, name, trial 0). No supervisor runs; the test runs the next one."""
     # a job with no controller counts as lost once older than a lease: 6 s, not 15, for time
     monkeypatch.setenv("TRAINCTL_LEASE_SECONDS", "6")
     import trainctl.controller.submit as submit
@@ -263,10 +260,10 @@ def test_a_trial_job_made_by_a_supervisor_that_died_before_starting_it_is_run(ho
     tuner = HyperparameterTuner(
         _estimator(steps=2, step_seconds=0.05), "accuracy",
         {"lr": ContinuousParameter(0.01, 1.0)}, strategy="Random", max_jobs=2,
-        max_parallel_jobs=1, base_tuning_job_name="halfmade",
+        max_parallel_jobs=1, base_tuning_job_name=base,
     )  # fmt: skip
     monkeypatch.setattr(loop, "spawn_supervisor", lambda store, name: 0)
-    tuner.fit(wait=False, logs=False)  # the record only: this test runs the supervisors
+    tuner.fit(wait=False, logs=False)  # the record only
     name, store = tuner.latest_tuning_job, tuner.estimator.store()
 
     def died(store, record):
@@ -276,24 +273,61 @@ def test_a_trial_job_made_by_a_supervisor_that_died_before_starting_it_is_run(ho
         patched.setattr(submit, "start_detached", died)
         with pytest.raises(_SupervisorDied):
             loop.Supervisor(store, name).run()
-    tuning = TuningStore(store, name)
-    (trial,) = tuning.load().trials
+    (trial,) = TuningStore(store, name).load().trials
     assert JobStore(store, trial.job).load().state is JobState.PENDING  # made, never started
+    return store, name, trial
 
-    record = loop.Supervisor(store, name).run()
+
+def _controllers_started(store, name: str) -> set[int]:
+    """The trials the tuning job's supervisors gave a new controller."""
+    events = store.get_text(f"tuning/{name}/events.jsonl").splitlines()
+    return {e["trial"] for e in map(json.loads, events) if e["type"] == "trial_controller_started"}
+
+
+@pytest.mark.timeout(180)
+def test_a_trial_job_made_by_a_supervisor_that_died_before_starting_it_is_run(home, monkeypatch):
+    """The supervisor dies after making a trial's job and before starting its controller
+    (the window a SIGKILL hit in CI: the next supervisor adopted a job no one ran, and the
+    tuning job waited forever). The next supervisor sees the job has no controller, starts
+    one, and the tuning job completes with each trial run once."""
+    from trainctl.tuning.loop import Supervisor
+
+    store, name, _ = _a_trial_job_no_one_started(monkeypatch, "halfmade")
+    record = Supervisor(store, name).run()
     assert record.state == "Completed", record.model_dump_json(indent=1)
     assert [t.job for t in record.trials] == [f"{name}-000", f"{name}-001"]
     assert {t.state for t in record.trials} == {"Completed"}
     assert _jobs_of(store, name) == [t.job for t in record.trials]
-    events = [
-        json.loads(line) for line in store.get_text(f"tuning/{name}/events.jsonl").splitlines()
-    ]
-    restarted = [e for e in events if e["type"] == "trial_controller_started"]
     # (under load a trial's own controller may be slow to take its lease and be given a
     # second one, which finds it held: harmless, so not asserted against)
-    assert 0 in {e["trial"] for e in restarted}, restarted
+    assert 0 in _controllers_started(store, name)
     for job in _jobs_of(store, name):  # each run once: one attempt, no relaunch
         assert len(JobStore(store, job).load().attempts) == 1, job
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_trial_job_whose_controller_is_lost_still_stops(home, monkeypatch):
+    """The tuning job is stopped; its supervisor marked the trial Stopped and told its job to
+    stop, then died, and the job has no controller to carry the stop out. The next
+    supervisor waits on that job as on any stopping trial, so it starts one: the job ends
+    Stopped and so does the tuning job (it used to wait forever)."""
+    from trainctl.state import JobState
+    from trainctl.tuning.loop import Supervisor
+    from trainctl.tuning.record import TuningStore
+
+    store, name, trial = _a_trial_job_no_one_started(monkeypatch, "stopping")
+    tuning = TuningStore(store, name)
+    record = tuning.load()
+    record.trials[0].state = "Stopped"  # what the supervisor saved before it died
+    tuning.request_stop()
+    JobStore(store, trial.job).request_stop("the tuning job was stopped")
+    tuning.save(record)
+
+    record = Supervisor(store, name).run()
+    assert record.state == "Stopped", record.model_dump_json(indent=1)
+    assert [t.state for t in record.trials] == ["Stopped"]  # no trial started after the stop
+    assert JobStore(store, trial.job).load().state is JobState.STOPPED
+    assert _controllers_started(store, name) == {0}
 
 
 TUNE_YAML = """\

@@ -140,7 +140,8 @@ class Supervisor:
         """Jobs of trials already ended here that are still winding down: pruned or stopped
         ones stopping, and those whose controller is still handing its nodes to a warm pool.
         The tuning job ends after them, so no trial outlives it and no pool is made after
-        the tuning job has released what its trials left."""
+        the tuning job has released what its trials left. One whose controller is lost is
+        given a new one, which carries out the stop it was asked for."""
         out = []
         for trial in record.trials:
             if trial.state not in ("Pruned", "Stopped") and not (
@@ -149,7 +150,9 @@ class Supervisor:
                 continue
             jobs = JobStore(self.store, trial.job)
             try:
-                if not jobs.load().state.is_terminal():
+                job = jobs.load()
+                if not job.state.is_terminal():
+                    self.restart_lost_controller(trial, jobs, job)
                     out.append(trial.job)
                 elif trial.kept_warm and view_lease(jobs.read_lease(), self._lease_s).live:
                     out.append(trial.job)  # (its controller's teardown: keep_warm)
