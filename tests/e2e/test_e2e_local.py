@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import EXAMPLES, FIXTURES, log_lines
+from tests.rigs.sshd import job_processes
 from trainctl import Estimator, TrainingJob, protocol
 from trainctl.errors import SpecError
 from trainctl.estimator import JobFailedError
@@ -259,7 +260,8 @@ def test_failure_file_is_the_reason(home, tmp_path):
 
 
 def test_detached_fit_wait_and_stop(home, source):
-    """fit(wait=False) returns at once; stop() ends every process of the job."""
+    """fit(wait=False) returns at once; stop() returns once every process of the job has
+    ended and its nodes are gone (the record turns Stopped before that teardown is done)."""
     est = Estimator(
         entry_point="train.py",
         source_dir=str(source("sleeper")),
@@ -273,6 +275,8 @@ def test_detached_fit_wait_and_stop(home, source):
     assert info["state"] == "Stopped"
     assert info["stop_reason"] == "stopped by the user"
     assert info["attempts"][0]["outcome"] == "stopped"
+    assert not job_processes(job.name)
+    assert not (home / "nodes" / job.name).exists()
 
 
 def test_detached_fit_then_wait(home, source):
@@ -407,12 +411,25 @@ def _write_wheel(path: Path) -> None:
         whl.writestr("tinydep-0.1.dist-info/RECORD", record)
 
 
-def test_stop_of_fit_running_in_a_thread(home, source):
+def test_stop_of_fit_running_in_a_thread(home, source, monkeypatch):
     """stop() reaches an attached fit() in a worker thread through the store, not a signal
-    (a SIGTERM would kill the user's whole process, this test run included)."""
+    (a SIGTERM would kill the user's whole process, this test run included). It returns once
+    the teardown is done, not when the record turns Stopped (just before it): here a slow
+    one, as removing containers or terminating instances is."""
     import threading
     import time
 
+    from trainctl.provisioning.local import LocalProvider
+
+    torn_down = threading.Event()
+    terminate = LocalProvider.terminate
+
+    def slow_terminate(self, job: str, *, grace: float) -> None:
+        time.sleep(2)
+        terminate(self, job, grace=grace)
+        torn_down.set()
+
+    monkeypatch.setattr(LocalProvider, "terminate", slow_terminate)
     est = Estimator(entry_point="train.py", source_dir=str(source("sleeper")))
     outcome: list[BaseException] = []
 
@@ -429,6 +446,7 @@ def test_stop_of_fit_running_in_a_thread(home, source):
         time.sleep(0.1)
     _wait_for_state(est.latest_training_job, JobState.TRAINING)
     assert est.latest_training_job.stop()["state"] == "Stopped"
+    assert torn_down.is_set()
     worker.join(timeout=60)
     assert not worker.is_alive()
     assert isinstance(outcome[0], JobFailedError)

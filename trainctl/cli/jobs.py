@@ -345,7 +345,7 @@ def attach(job: str = JobArg) -> None:
 @app.command()
 @handle_errors
 def stop(job: str = JobArg) -> None:
-    """Stop a running job: every node's processes are ended."""
+    """Stop a running job; returns once its nodes have ended and its capacity is released."""
     from trainctl.estimator import TrainingJob
 
     info = TrainingJob.attach(job).stop(wait=True)

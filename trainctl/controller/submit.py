@@ -505,32 +505,43 @@ def _controller_is_live(store: Store, name: str) -> bool:
 
 
 def stop_job(store: Store, name: str, *, wait: bool = True, timeout: float = 120.0) -> JobRecord:
-    """Ask the job's controller to stop it; take over if no controller is alive."""
+    """Ask the job's controller to stop it; take over if no controller is alive. With `wait`,
+    return once the job has ended and its controller let go of it: the record turns Stopped
+    before the teardown (nodes, containers, instances) is done, and a stop that returned must
+    not mean they still exist (a teardown slower than `timeout` goes on in the controller)."""
     jobs = JobStore(store, name)
     record = jobs.load()
-    if record.state.is_terminal():
-        return record
-    jobs.request_stop("stopped by the user")
-    from trainctl.controller.lease import same_machine
-
-    lease = jobs.read_lease()
-    if lease and same_machine(lease) and lease.get("handles_sigterm"):
-        try:  # wakes the controller at once instead of at its next store poll
-            os.kill(int(lease["pid"]), signal.SIGTERM)
-        except (ProcessLookupError, PermissionError, KeyError, ValueError):
-            pass
+    if not record.state.is_terminal():
+        jobs.request_stop("stopped by the user")
+        _wake_controller(jobs)
     if not wait:
         return record
     deadline = time.monotonic() + timeout
     grace_until = time.monotonic() + 5.0  # a freshly spawned controller may not hold the lease yet
     while time.monotonic() < deadline:
         record = jobs.load()
-        if record.state.is_terminal():
+        controlled = lease_is_live(jobs)
+        if record.state.is_terminal() and not controlled:
             return record
-        if not lease_is_live(jobs) and time.monotonic() > grace_until:
+        if not record.state.is_terminal() and not controlled and time.monotonic() > grace_until:
             return _stop_orphaned(store, jobs)
         time.sleep(0.25)
+    if record.state.is_terminal():
+        return record
     raise TrainctlError(f"job {name!r} did not stop within {timeout:.0f} s")
+
+
+def _wake_controller(jobs: JobStore) -> None:
+    """SIGTERM a controller on this machine that handles it: it stops the job at once
+    instead of at its next poll of the store."""
+    from trainctl.controller.lease import same_machine
+
+    lease = jobs.read_lease()
+    if lease and same_machine(lease) and lease.get("handles_sigterm"):
+        try:
+            os.kill(int(lease["pid"]), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError, KeyError, ValueError):
+            pass
 
 
 def _stop_orphaned(store: Store, jobs: JobStore) -> JobRecord:
@@ -547,15 +558,3 @@ def _stop_orphaned(store: Store, jobs: JobStore) -> JobRecord:
             record.attempts[-1].outcome = "stopped"
         jobs.transition(record, JobState.STOPPED, stop_reason=record.stop_reason)
     return record
-
-
-def wait_for(store: Store, name: str, timeout: float | None = None, poll: float = 0.5) -> JobRecord:
-    jobs = JobStore(store, name)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        record = jobs.load()
-        if record.state.is_terminal():
-            return record
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"job {name!r} is still {record.state.value} after {timeout} s")
-        time.sleep(poll)
