@@ -138,7 +138,8 @@ def test_a_node_refuses_a_record_that_reaches_outside_the_job(home, src):
     """Defence in depth: a record edited in the store (or written by an older trainctl) to
     checkpoint into the store root fails on the node, named, not retried; other jobs' records
     are neither restored onto the node nor overwritten or deleted."""
-    from trainctl.controller.submit import create_job, start_detached, wait_for
+    from trainctl.controller.submit import create_job, start_detached
+    from trainctl.controller.supervise import supervise
     from trainctl.record import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.store import open_store
@@ -154,7 +155,7 @@ def test_a_node_refuses_a_record_that_reaches_outside_the_job(home, src):
     record.spec = record.spec.model_copy(update={"checkpoint_s3_uri": store.uri})
     jobs.save(record)
     start_detached(store, record)
-    final = wait_for(store, "attacker", timeout=90)
+    final = supervise(store, "attacker", timeout=90)
     assert final.state.value == "Failed"
     assert "refused" in (final.failure_reason or "") and "the store itself" in final.failure_reason
     assert len(final.attempts) == 1, "a refusal must not be retried"
@@ -224,7 +225,8 @@ def _evil_archive(path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_tampered_code_never_runs(home, src):
-    from trainctl.controller.submit import create_job, start_detached, wait_for
+    from trainctl.controller.submit import create_job, start_detached
+    from trainctl.controller.supervise import supervise
     from trainctl.spec.build import build_spec
     from trainctl.store import open_store
 
@@ -243,7 +245,7 @@ def test_tampered_code_never_runs(home, src):
     )
     _evil_archive(sources[0])
     start_detached(store, record)
-    final = wait_for(store, record.name, timeout=90)
+    final = supervise(store, record.name, timeout=90)
     assert final.state.value == "Failed" and len(final.attempts) == 1
     assert "sha256" in final.failure_reason and "tampered" in final.failure_reason
     assert "PWNED" not in cli("logs", record.name).stdout
