@@ -177,8 +177,14 @@ def point_aws_at(monkeypatch, endpoint: str, *, key: str = "testing", secret: st
 
 
 def digits_estimator(hyperparameters: dict, /, **fields):
-    """examples/digits as a 2-node torchrun job, with the given fields on top (those
-    include `hyperparameters` to replace the default ones)."""
+    """examples/digits as a 2-node job, with the given fields on top (those include
+    `hyperparameters` to replace the default ones, and `distribution=TORCHRUN`).
+
+    One process per node under the plain launcher (SageMaker's no-distribution: the
+    script's own `init_process_group` from RANK/WORLD_SIZE/MASTER_*): the same controller,
+    agents, checkpoints and faults as under torchrun, without torchrun's start (it imports
+    torch: ~3 CPU-s a node and attempt, the suite's largest single cost on CI's two cores).
+    A test whose subject is what torchrun does asks for it."""
     from trainctl import Estimator
 
     base = {
@@ -186,7 +192,6 @@ def digits_estimator(hyperparameters: dict, /, **fields):
         "source_dir": str(EXAMPLES / "digits"),
         "instance_count": 2,
         "hyperparameters": hyperparameters,
-        "distribution": TORCHRUN,
     }
     return Estimator(**{**base, **fields})
 

@@ -44,7 +44,6 @@ def test_job_with_s3_store_inputs_and_outputs(home, s3, source, monkeypatch):
         entry_point="probe.py",
         source_dir=str(source("probe")),
         instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         output_path=f"s3://{bucket}/models",
     )
     job = est.fit(inputs={"train": f"s3://{bucket}/data/train"}, logs=False)

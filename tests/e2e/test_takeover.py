@@ -1,8 +1,10 @@
 """A job outlives the process that controls it: kill -9 of a detached controller (a closed
 laptop, a crashed kernel, an OOM kill), then any client takes the job over.
 
-Real 2-node torchrun jobs of examples/digits on the local provider; the controller is a
-real detached process killed with SIGKILL; the takeover runs in this process
+Real 2-node jobs of examples/digits on the local provider (the plain launcher, as in
+test_fault_tolerance; the closed-terminal test's two jobs run under torchrun, alike in
+speed, so neither is near its end when the other reaches the step the test waits for); the
+controller is a real detached process killed with SIGKILL; the takeover runs in this process
 (`TrainingJob.wait()`) or in `trainctl attach` processes racing each other.
 """
 

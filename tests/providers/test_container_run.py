@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, FIXTURES, REPO, free_port, require_part
+from tests.helpers import EXAMPLES, FIXTURES, REPO, TORCHRUN, free_port, require_part
 from tests.rigs.cloud import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from trainctl import Estimator
 from trainctl.errors import SpecError
@@ -38,7 +38,6 @@ from trainctl.image.engine import Engine, find_engine
 from trainctl.spec.catalog import CATALOG
 from trainctl.state import JobState
 
-TORCHRUN = {"torch_distributed": {"enabled": True}}
 AGENT = ["python3", "-m", "trainctl.node.agent", "--store", "file:///s", "--job", "j"]
 AGENT += ["--attempt", "1", "--rank", "0"]
 
@@ -344,11 +343,12 @@ def in_podman(home, monkeypatch, podman) -> Iterator[Engine]:
 
 
 def digits(image: str, **fields) -> Estimator:
+    """A 2-node digits job in `image`: the plain launcher (tests/helpers.py says why) unless
+    the test asks for torchrun, as the first podman job here and docker's do."""
     base = {
         "entry_point": "train.py",
         "source_dir": str(EXAMPLES / "digits"),
         "instance_count": 2,
-        "distribution": TORCHRUN,
         "image_uri": image,
         "job_name": f"{JOB_PREFIX}-{next(_job_numbers)}",
         "hyperparameters": {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10},
@@ -361,7 +361,7 @@ def digits(image: str, **fields) -> Estimator:
 
 @pytest.mark.timeout(150)
 def test_digits_two_nodes_in_podman_containers(in_podman, node_image, capsys):
-    est = digits(node_image)
+    est = digits(node_image, distribution=TORCHRUN)
     job = est.fit(wait=True, logs=True)
     console = capsys.readouterr().out
     info = job.describe()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, TORCHRUN
 from tests.providers.test_container_run import (
     JOB_PREFIX,
     check_killed_node_is_replaced,
@@ -81,7 +81,8 @@ def test_build_push_pull_then_a_two_node_job_runs_in_docker(
         assert in_docker.run("rmi", "-f", built.image, timeout=120).returncode == 0
         assert not in_docker.image_exists(built.image)
 
-        job = digits(built.image).fit(logs=False)  # the preflight pulls it back
+        # the preflight pulls it back; torchrun in docker's containers
+        job = digits(built.image, distribution=TORCHRUN).fit(logs=False)
         info = job.describe()
         assert info["state"] == "Completed", info
         assert in_docker.image_exists(built.image)

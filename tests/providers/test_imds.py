@@ -1,5 +1,6 @@
 """EC2 instance metadata on the node: the IMDSv2 client, botocore's instance-profile
-credentials, and spot interruption notices ending an attempt with an emergency checkpoint.
+credentials, and spot interruption notices (a notice ending a job's attempt at an emergency
+checkpoint, end to end on the EC2 stand-ins, is in test_e2e_aws).
 
 All against `tests.rigs.imds_server.ImdsStandIn`, a real IMDSv2 HTTP server on loopback (fixture
 `imds_server`), and for S3 a real moto server with IAM authentication switched on.
@@ -17,7 +18,6 @@ import uuid
 
 import pytest
 
-from tests.helpers import EXAMPLES
 from tests.rigs.imds_server import ImdsStandIn, utc
 from trainctl.node.imds import (
     DEFAULT_ENDPOINT,
@@ -350,59 +350,3 @@ def test_s3_store_reached_with_instance_profile_credentials_only(
     imds.credentials = {**imds.credentials, "SecretAccessKey": "x" * 40}
     with pytest.raises(StoreError, match=r"SignatureDoesNotMatch|403"):
         open_store(f"s3://{bucket}/store").put_text("jobs/other.txt", "refused")
-
-
-# --- end to end: a spot notice on a real 2-node torchrun job ---------------------------------
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(120)
-def test_spot_notice_from_imds_ends_attempt_with_emergency_checkpoint(
-    home, imds_server, monkeypatch
-):
-    """Both local nodes share one stand-in (one environment for all agents of the local
-    provider), so its notice reaches both, as when a spot fleet's instances go together."""
-    from trainctl import Estimator
-
-    monkeypatch.setenv("TRAINCTL_IMDS", "1")
-    monkeypatch.setenv("TRAINCTL_IMDS_POLL_SECONDS", "0.5")
-    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds_server.endpoint)
-    job = Estimator(
-        entry_point="train.py",
-        source_dir=str(EXAMPLES / "digits"),
-        instance_count=2,
-        hyperparameters={"epochs": 4, "lr": 0.1, "seed": 0, "step-delay": 0.05},
-        distribution={"torch_distributed": {"enabled": True}},
-    ).fit(wait=False, logs=False)
-
-    # The notice comes once the script trains and both agents hold an IMDS session.
-    deadline = time.monotonic() + 60
-    log_key = f"jobs/{job.name}/logs/attempt-1/node-0.log"
-    while time.monotonic() < deadline:
-        trained = job.store.exists(log_key) and "epoch 1/4" in job.store.get_text(log_key)
-        if trained and imds_server.tokens_issued >= 2:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the job never trained")
-    # Only the instances running now are reclaimed; the relaunch is new capacity.
-    notice = imds_server.set_spot_instance_action("terminate", only_current_sessions=True)
-
-    info = job.wait(timeout=90)
-    assert info["state"] == "Completed", info
-    first, second = info["attempts"]
-    assert first["outcome"] == "interrupted", first
-    assert "interruption notice" in first["cause"], first
-    assert first["faults"] == []  # nothing injected: the notice came from IMDS alone
-    assert first["steps_lost"] == 0, first  # the emergency checkpoint saved every step
-    assert second["outcome"] == "completed"
-    assert second["resumed_from_step"] == first["last_step"] > 0
-
-    assert imds_server.sessions_served(SPOT_INSTANCE_ACTION_PATH)  # the agents polled it
-    node_logs = "".join(
-        job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log") for rank in (0, 1)
-    )
-    assert f"spot interruption notice: terminate at {notice['time']}" in node_logs
-    later = job.store.get_text(f"jobs/{job.name}/logs/attempt-2/node-0.log")
-    assert "watching spot interruption notices at " + imds_server.endpoint in later
-    assert "spot interruption notice:" not in later

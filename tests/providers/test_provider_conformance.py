@@ -3,7 +3,8 @@
 Each provider gets a rig: the Estimator fields that put a 2-node job on it, where its nodes
 are, and what of a job could be left on it (processes found by the job's tag everywhere;
 node dirs and the host record for ssh; instances, security groups and key pairs by tag on
-EC2). Every test runs real 2-node torchrun jobs of examples/digits:
+EC2). Every test runs real 2-node jobs of examples/digits (the plain launcher: see
+tests/helpers.py; torchrun on these providers is in their own files and the tutorial test):
 
 - `ssh`: two real sshd servers on 127.0.0.2/127.0.0.3;
 - EC2: moto for the AWS APIs, the same sshd servers standing in for the instances, an

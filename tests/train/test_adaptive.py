@@ -198,7 +198,6 @@ def test_adaptive_state_survives_kill_and_resume(home):
         "train.py",
         source_dir=str(SOURCE),
         instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         hyperparameters={"epochs": 6, "kill-at-step": 45, "checkpoint-every": 10},
         max_restarts=1,
     ).fit(logs=False)

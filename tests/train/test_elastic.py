@@ -100,7 +100,6 @@ def uninterrupted_accuracy(tmp_path_factory):
             "train.py",
             source_dir=str(SOURCE),
             instance_count=1,
-            distribution={"torch_distributed": {"enabled": True}},
             hyperparameters={**HPS, "step-delay": 0},
         ).fit(logs=False)
         return _accuracy(job)
@@ -117,7 +116,6 @@ def test_three_nodes_shrink_to_two_and_grow_back(home, monkeypatch, uninterrupte
         source_dir=str(SOURCE),
         instance_count=3,
         min_instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         hyperparameters=HPS,
         faults=["nocapacity:2@5+12"],
     ).fit(logs=False)
@@ -189,7 +187,6 @@ def test_at_its_minimum_a_job_waits_for_capacity(home, monkeypatch):
         source_dir=str(SOURCE),
         instance_count=3,
         min_instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         hyperparameters={**HPS, "epochs": 100},
         faults=["nocapacity:2@3", "nocapacity:1@4"],  # one in each attempt, in this order
     ).fit(wait=False)
@@ -222,7 +219,6 @@ def test_a_job_without_a_minimum_waits_for_its_full_size(home):
         "train.py",
         source_dir=str(SOURCE),
         instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         hyperparameters={**HPS, "epochs": 2, "step-delay": 0.1},
         faults=["nocapacity:0,1@3+4"],
     ).fit(logs=False)
@@ -291,7 +287,6 @@ def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
         source_dir=str(SOURCE),
         instance_count=3,
         min_instance_count=2,
-        distribution={"torch_distributed": {"enabled": True}},
         hyperparameters={**HPS, "epochs": 8},
         faults=["kill:2@6"],
         **ec2_fields(cloud),

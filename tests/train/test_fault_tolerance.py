@@ -1,7 +1,10 @@
 """Fault tolerance end to end: kills, notices, relaunch, and bit-exact resume.
 
-Real 2-node torchrun jobs of examples/digits on the local provider; faults are injected for
-real (SIGKILL of every process of a node; an interruption notice relayed to a node's agent).
+Real 2-node jobs of examples/digits on the local provider; faults are injected for real
+(SIGKILL of every process of a node; an interruption notice relayed to a node's agent). One
+process per node under the plain launcher (tests/helpers.py's `digits_estimator` says why);
+one bit-exact trial and the SIGTERM grace run under torchrun, whose agent stands between the
+node and the script.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, TORCHRUN
 from trainctl import Estimator
 from trainctl.estimator import JobFailedError
 from trainctl.spec.parts import Fault
@@ -29,7 +32,6 @@ WRITE_WINDOW_STEPS = 2
 # 4 epochs of digits: about 90 optimizer steps on 2 nodes, room for a fault per attempt.
 HYPERPARAMETERS = {"epochs": 4, "lr": 0.1, "seed": 0, "checkpoint-every": CHECKPOINT_EVERY}
 SLOW_STEP = 0.08  # seconds slept per step in the bit-exact trials
-TORCHRUN = {"torch_distributed": {"enabled": True}}
 
 
 def digits(*, step_delay: float = 0.0, epochs: int | None = None, **kwargs) -> Estimator:
@@ -41,7 +43,6 @@ def digits(*, step_delay: float = 0.0, epochs: int | None = None, **kwargs) -> E
         "source_dir": str(EXAMPLES / "digits"),
         "instance_count": 2,
         "hyperparameters": hyperparameters,
-        "distribution": TORCHRUN,
     }
     return Estimator(**{**fields, **kwargs})
 
@@ -81,13 +82,14 @@ def baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "kinds",
+    ("kinds", "distribution"),
     # The notice first (to the master) and between the kills (to the other node); the master
     # killed last and first. (Three seeded shuffles ran here before: two gave one order.)
-    [["notice:0", "kill:1", "kill:0"], ["kill:0", "notice:1", "kill:1"]],
-    ids=["notice-first", "notice-between"],
+    # One order under torchrun (the notice reaches the script through torchrun's agent).
+    [(["notice:0", "kill:1", "kill:0"], TORCHRUN), (["kill:0", "notice:1", "kill:1"], None)],
+    ids=["notice-first-torchrun", "notice-between"],
 )
-def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds):
+def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds, distribution):
     """The bar: the model after two kills and one notice is bit-identical to the baseline."""
     rng = random.Random(",".join(kinds))  # the steps: fixed per order
     # At random steps, one fault per attempt: each fires once the script reports its step (a
@@ -98,7 +100,7 @@ def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds):
     for kind in kinds:
         step += rng.randint(12, 25)
         faults.append(str(Fault.parse(f"{kind}@step{step}")))  # the form the job records
-    job = digits(step_delay=SLOW_STEP, faults=faults).fit(logs=False)
+    job = digits(step_delay=SLOW_STEP, faults=faults, distribution=distribution).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed", info
     attempts = info["attempts"]
@@ -148,7 +150,9 @@ def test_script_ignoring_sigterm_is_killed_after_grace(home, monkeypatch, tmp_pa
     )
     # 4 epochs: enough to train before the notice and to resume after it
     hps = {**HYPERPARAMETERS, "epochs": 4, "step-delay": 0.05}
-    job = digits(source_dir=str(src), hyperparameters=hps).fit(wait=False, logs=False)
+    # Under torchrun: its agent forwards the SIGTERM and the grace ends the worker it started.
+    est = digits(source_dir=str(src), hyperparameters=hps, distribution=TORCHRUN)
+    job = est.fit(wait=False, logs=False)
     # The notice goes out once the script trains (a clock could beat a slow start-up and hit
     # torchrun before the script exists), through the same store relay a provider uses.
     deadline = time.monotonic() + 90
@@ -200,7 +204,6 @@ def test_user_failure_counts_against_max_restarts_but_kills_do_not(home, source)
         entry_point="train.py",
         source_dir=str(source("fail")),
         instance_count=2,
-        distribution=TORCHRUN,
         max_restarts=1,
         faults=["kill:0@0.3"],
     )
