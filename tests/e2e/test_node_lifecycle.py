@@ -59,3 +59,52 @@ def test_killing_a_node_spares_the_next_attempt_on_the_same_rank(home) -> None:
         for proc in (old, new):
             proc.kill()
             proc.wait()
+
+
+def _agent_start_result(store: str, env: dict[str, str]) -> dict:
+    """The result an agent reports when it cannot start (its one control message)."""
+    import json
+    import subprocess
+    import sys
+
+    from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA
+
+    argv = ["--store", store, "--job", "gone", "--attempt", "1", "--rank", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainctl.node.agent", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == EXIT_INFRA, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith(CONTROL_PREFIX)]
+    assert len(lines) == 1, done.stdout
+    return json.loads(lines[0][len(CONTROL_PREFIX) :])
+
+
+@pytest.mark.timeout(90)
+def test_an_agent_that_cannot_reach_the_store_is_the_machines_failure(tmp_path, home) -> None:
+    """No store from this node (here: S3 at a port nothing listens on; on EC2: no instance
+    profile credentials yet) is infrastructure: the controller relaunches, as for a node
+    that fails its health check. A job whose record is gone is not: no relaunch brings it
+    back."""
+    from trainctl.provisioning.base import free_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    unreachable = {
+        **base,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    result = _agent_start_result("s3://nowhere/store", unreachable)
+    assert result["event"] == "result" and result["unhealthy"] is True, result
+    assert result["reason"].startswith("agent start failed: "), result
+
+    result = _agent_start_result(str(tmp_path / "store"), base)  # a store without the job
+    assert result["unhealthy"] is False, result

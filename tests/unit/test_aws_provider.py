@@ -912,7 +912,13 @@ def test_ssh_target_and_the_loopback_override(aws: Aws, monkeypatch) -> None:
     assert (host.address, host.port, runner.rank) == ("127.0.0.2", 2201, 0)
     # Never halt a stand-in host (it is the machine the tests run on).
     # nor check it for the instance type's GPUs (it has none of its own)
-    assert runner.agent_env == {"TRAINCTL_IMDS": "1", "TRAINCTL_GPU_HEALTH_CHECK": "0"}
+    # botocore's instance-profile fetch gets 5 tries of 5 s, not 1 of 1 s (a busy node missed it)
+    assert runner.agent_env == {
+        "TRAINCTL_IMDS": "1",
+        "TRAINCTL_GPU_HEALTH_CHECK": "0",
+        "AWS_METADATA_SERVICE_TIMEOUT": "5",
+        "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "5",
+    }
     assert runner.wait_for_marker is False  # stand-in hosts run no user data
     assert runner.retry_auth is True  # a new instance may not have its key in place yet
     assert runner.known_hosts == provider.known_hosts("ssh")

@@ -723,8 +723,9 @@ class Controller:
         code = int(result.get("exit_code", node.exit_code or 1))
         reason = result.get("reason") or f"exit code {code}"
         if result.get("unhealthy"):
-            # Its machine failed a health check (a bad GPU): new capacity, not the user's
-            # failure; a machine that is always unhealthy ends as nodes that never start.
+            # Its machine failed a health check (a bad GPU) or could not reach the store:
+            # new capacity, not the user's failure; a machine that is always unhealthy ends
+            # as nodes that never start.
             return AttemptEnd("interrupted", f"algo-{node.rank + 1}: {reason}")
         return AttemptEnd(
             "failed",

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainctl.errors import RefusedError
+from trainctl.errors import NotFoundError, RefusedError, StoreError
 from trainctl.gpus import health_problems, visible_gpus
 from trainctl.node.output import (
     LauncherNoise,
@@ -676,7 +676,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent = Agent(args.store, args.job, args.attempt, args.rank)
     except Exception as exc:
-        emit("result", rank=args.rank, exit_code=EXIT_INFRA, reason=f"agent start failed: {exc}")
+        # A store this node cannot reach (no credentials from the instance yet, a network
+        # fault) is the machine's failure, not the user's: the controller relaunches, as for
+        # a node that fails its health check (and gives up after a few such attempts in a
+        # row). A missing record (the job was removed) or a bad one is no such thing.
+        unreachable = isinstance(exc, StoreError) and not isinstance(exc, NotFoundError)
+        emit(
+            "result",
+            rank=args.rank,
+            exit_code=EXIT_INFRA,
+            reason=f"agent start failed: {exc}",
+            unhealthy=unreachable,
+        )
         return EXIT_INFRA
     code = agent.run()
     if agent.orphaned and agent.settings.poweroff_when_orphaned:

@@ -72,8 +72,16 @@ from trainctl.spec.settings import get_settings
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
 SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
-# EC2 nodes watch IMDSv2 for spot notices, and halt (so terminate) when orphaned.
-AGENT_ENV = {"TRAINCTL_IMDS": "1", "TRAINCTL_POWEROFF_WHEN_ORPHANED": "1"}
+# EC2 nodes watch IMDSv2 for spot notices, and halt (so terminate) when orphaned. botocore
+# asks IMDS for the instance profile's credentials once, with a 1 s timeout: a fresh or busy
+# instance can miss that, and the agent then starts with no credentials for the store.
+# botocore's own settings give it 5 tries of 5 s (`node_environment` may set others).
+AGENT_ENV = {
+    "TRAINCTL_IMDS": "1",
+    "TRAINCTL_POWEROFF_WHEN_ORPHANED": "1",
+    "AWS_METADATA_SERVICE_TIMEOUT": "5",
+    "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "5",
+}
 
 
 def public_address() -> str:
