@@ -84,27 +84,20 @@ def _agent_start_result(store: str, env: dict[str, str]) -> dict:
 
 
 @pytest.mark.timeout(90)
-def test_an_agent_that_cannot_reach_the_store_is_the_machines_failure(tmp_path, home) -> None:
+def test_an_agent_that_cannot_reach_the_store_is_the_machines_failure(
+    tmp_path, home, monkeypatch
+) -> None:
     """No store from this node (here: S3 at a port nothing listens on; on EC2: no instance
     profile credentials yet) is infrastructure: the controller relaunches, as for a node
     that fails its health check. A job whose record is gone is not: no relaunch brings it
     back."""
+    from tests.helpers import point_aws_at
     from trainctl.provisioning.base import free_port
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    unreachable = {
-        **base,
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-        "AWS_MAX_ATTEMPTS": "1",
-    }
-    result = _agent_start_result("s3://nowhere/store", unreachable)
+    result = _agent_start_result(str(tmp_path / "store"), os.environ.copy())  # no such job
+    assert result["unhealthy"] is False, result
+
+    point_aws_at(monkeypatch, f"http://127.0.0.1:{free_port()}")
+    result = _agent_start_result("s3://nowhere/store", os.environ.copy())
     assert result["event"] == "result" and result["unhealthy"] is True, result
     assert result["reason"].startswith("agent start failed: "), result
-
-    result = _agent_start_result(str(tmp_path / "store"), base)  # a store without the job
-    assert result["unhealthy"] is False, result
