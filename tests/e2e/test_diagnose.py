@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, FIXTURES, TRAINCTL
+from tests.helpers import FIXTURES, TRAINCTL, digits_estimator
 from trainctl import Estimator
 from trainctl.diagnose import (
     ON_DEMAND_INTERRUPTIONS_PER_HOUR,
@@ -39,12 +39,7 @@ def _job_names(home: Path) -> set[str]:
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_diagnose_digits_measures_every_share_and_leaves_the_job_alone(home):
-    job = Estimator(
-        "train.py",
-        source_dir=str(EXAMPLES / "digits"),
-        instance_count=2,  # the plain launcher: tests/helpers.py's digits_estimator says why
-        hyperparameters={"epochs": 1, "checkpoint-every": 4},
-    ).fit(logs=False)
+    job = digits_estimator({"epochs": 1, "checkpoint-every": 4}).fit(logs=False)
     before = job.describe()
     checkpoints = sorted(i.key for i in job.store.list(f"jobs/{job.name}/checkpoints"))
 

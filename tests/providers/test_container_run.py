@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, FIXTURES, REPO, TORCHRUN, free_port, require_part
+from tests.helpers import (
+    EXAMPLES,
+    FIXTURES,
+    REPO,
+    TORCHRUN,
+    digits_estimator,
+    free_port,
+    require_part,
+)
 from tests.rigs.cloud import cloud  # noqa: F401  (moto + sshd stand-ins + IMDS)
 from trainctl import Estimator
 from trainctl.errors import SpecError
@@ -345,15 +353,9 @@ def in_podman(home, monkeypatch, podman) -> Iterator[Engine]:
 def digits(image: str, **fields) -> Estimator:
     """A 2-node digits job in `image`: the plain launcher (tests/helpers.py says why) unless
     the test asks for torchrun, as the first podman job here and docker's do."""
-    base = {
-        "entry_point": "train.py",
-        "source_dir": str(EXAMPLES / "digits"),
-        "instance_count": 2,
-        "image_uri": image,
-        "job_name": f"{JOB_PREFIX}-{next(_job_numbers)}",
-        "hyperparameters": {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10},
-    }
-    return Estimator(**{**base, **fields})
+    hyperparameters = {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
+    job_name = f"{JOB_PREFIX}-{next(_job_numbers)}"
+    return digits_estimator(hyperparameters, **{"image_uri": image, "job_name": job_name, **fields})
 
 
 # -- real jobs in podman containers --------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, TORCHRUN
+from tests.helpers import EXAMPLES, TORCHRUN, digits_estimator
 from trainctl import Estimator
 from trainctl.estimator import JobFailedError
 from trainctl.spec.parts import Fault
@@ -38,13 +38,7 @@ def digits(*, step_delay: float = 0.0, epochs: int | None = None, **kwargs) -> E
     hyperparameters = {**HYPERPARAMETERS, "step-delay": step_delay}
     if epochs is not None:
         hyperparameters["epochs"] = epochs
-    fields = {
-        "entry_point": "train.py",
-        "source_dir": str(EXAMPLES / "digits"),
-        "instance_count": 2,
-        "hyperparameters": hyperparameters,
-    }
-    return Estimator(**{**fields, **kwargs})
+    return digits_estimator(hyperparameters, **kwargs)
 
 
 def model_tensors(job) -> dict:
