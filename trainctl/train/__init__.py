@@ -63,7 +63,7 @@ What is where:
 - `AdaptiveBatch`: the batch size of most goodput from the gradient noise scale, the
   learning rate scaled by AdaScale's gain (trainctl.train.adaptive).
 
-For bit-identical resumes also call `torch.use_deterministic_algorithms(True)`, build the
+For bit-identical resumes also call `torch.use_deterministic_algorithms(True)` on CUDA, build the
 model, optimizer and loader exactly as in a fresh run, and give the DataLoader its own
 `generator` so that creating an iterator does not draw from the global RNG.
 """
