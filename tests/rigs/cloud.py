@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -149,12 +150,22 @@ def stand_in_cloud(monkeypatch, hosts) -> Iterator[Cloud]:
 class TerminationEndsProcesses(threading.Thread):
     """What EC2 does and the stand-ins cannot: a terminated instance's processes end with
     it. Whenever moto says an instance of a job is shutting down or terminated, the
-    processes of that job on the stand-in host of the instance's rank are killed."""
+    processes of that job on the stand-in host of the instance's rank are killed, and again
+    at each look for KILL_WINDOW seconds (an agent whose start over SSH raced the
+    termination appears after it).
+
+    It looks every 0.3 s at the instances' states only; the full descriptions (for the tags)
+    of newly ended ones alone. moto keeps every instance the worker process ever ran: a full
+    describe of all ended instances grew with each test to ~0.15 CPU-s a look at 40."""
+
+    KILL_WINDOW = 20.0
 
     def __init__(self, ec2, hosts) -> None:
         super().__init__(name="ec2-termination", daemon=True)
         self.ec2, self.hosts = ec2, hosts
         self._done = threading.Event()
+        # instance id -> when this rig first saw it ended; those of earlier tests: long ago
+        self._ended_since = dict.fromkeys(self._ended_instances(), float("-inf"))
 
     def run(self) -> None:
         while not self._done.wait(0.3):
@@ -163,9 +174,21 @@ class TerminationEndsProcesses(threading.Thread):
             except Exception:  # the moto server is stopping: nothing more to emulate
                 pass
 
-    def end_terminated(self) -> None:
+    def _ended_instances(self) -> list[str]:
         gone = [{"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]}]
-        reservations = self.ec2.describe_instances(Filters=gone)["Reservations"]
+        statuses = self.ec2.describe_instance_status(IncludeAllInstances=True, Filters=gone)
+        return [s["InstanceId"] for s in statuses["InstanceStatuses"]]
+
+    def end_terminated(self) -> None:
+        now = time.monotonic()
+        recent = [
+            i
+            for i in self._ended_instances()
+            if now - self._ended_since.setdefault(i, now) < self.KILL_WINDOW
+        ]
+        if not recent:
+            return
+        reservations = self.ec2.describe_instances(InstanceIds=recent)["Reservations"]
         for instance in (i for r in reservations for i in r["Instances"]):
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             job, rank = tags.get("trainctl:job"), tags.get("trainctl:rank", "")
