@@ -16,6 +16,7 @@ import pytest
 from tests.helpers import FIXTURES, RELAUNCHED_SECRET, REPO, wait_no_leftovers
 from tests.rigs.imds_server import imds_server  # noqa: F401  (the IMDS stand-in fixture)
 from tests.rigs.registry import (  # noqa: F401  (image registry and isolated podman storage)
+    module_registry,
     podman_storage,
     private_registry,
     readonly_registry,

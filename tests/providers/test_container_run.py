@@ -565,7 +565,7 @@ def check_killed_node_is_replaced(engine: Engine, image: str) -> None:
 
 @pytest.mark.timeout(240)
 def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
-    in_podman, node_image, registry
+    in_podman, node_image, module_registry
 ):
     """The job's image is built from the node image (toolkit and code baked in), pushed to
     a registry on loopback and removed here; the job then pulls it and runs in it."""
@@ -575,14 +575,14 @@ def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
         EXAMPLES / "digits",
         "train.py",
         base_image=node_image,
-        repository=f"{registry.host}/trainctl/digits",
+        repository=f"{module_registry.host}/trainctl/digits",
         s3=False,  # a file:// store: the node image needs no boto3
     )
     assert 'RUN python3 -c "import pathspec, pydantic, pydantic_settings, yaml"' in plan.dockerfile
     built = build_image(plan, push=True, engine=in_podman)
     try:
         assert built.built and built.pushed
-        assert registry.has_manifest("trainctl/digits", built.tag)
+        assert module_registry.has_manifest("trainctl/digits", built.tag)
         again = build_image(plan, push=True, engine=in_podman)  # same inputs: nothing to do
         assert not again.built and not again.pushed, again
         assert in_podman.run("rmi", "-f", built.image, timeout=120).returncode == 0
@@ -661,13 +661,13 @@ def test_ec2_job_in_an_image_without_the_agent_fails_at_once_and_leaves_nothing(
 
 @pytest.mark.timeout(240)
 def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
-    in_podman, node_image, sshd, registry, monkeypatch
+    in_podman, node_image, sshd, module_registry, monkeypatch
 ):
     """build_image=True for remote hosts: built here, pushed to image_repository, pulled
     by each host's engine; the job's record names the image it ran."""
     from trainctl.record import JobStore
 
-    repository = f"{registry.host}/trainctl/digits-ssh"
+    repository = f"{module_registry.host}/trainctl/digits-ssh"
     monkeypatch.setenv("TRAINCTL_IMAGE_REPOSITORY", repository)
     hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
     est = digits(None, instance_type="ssh", hosts=hosts, build_image=True, base_image=node_image)
@@ -676,7 +676,7 @@ def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
         assert job.describe()["state"] == "Completed"
         image = JobStore(job.store, job.name).load().spec.image_uri
         assert image is not None and image.startswith(repository + ":")
-        assert registry.has_manifest("trainctl/digits-ssh", image.rsplit(":", 1)[1])
+        assert module_registry.has_manifest("trainctl/digits-ssh", image.rsplit(":", 1)[1])
         assert not job_containers(in_podman, job.name)
     finally:
         for ref in _images_of(in_podman, repository):

@@ -134,14 +134,26 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
+def _running_registry(root: Path) -> Iterator[Registry]:
     require(registry_missing_reason(), "registry")
-    proc, host = start_registry(tmp_path / "registry")
+    proc, host = start_registry(root)
     try:
         yield Registry(host)
     finally:
         stop_process(proc)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    yield from _running_registry(tmp_path / "registry")
+
+
+@pytest.fixture(scope="module")
+def module_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One registry for a file's tests (each pushes to a repository of its own): a torch-
+    sized base layer pushed by one test is then mounted, not uploaded again, by the next
+    (podman's push of it costs ~24 CPU-s; the mount 0.1)."""
+    yield from _running_registry(tmp_path_factory.mktemp("registry"))
 
 
 @pytest.fixture
