@@ -126,17 +126,6 @@ def test_dry_run_shows_every_node_and_makes_nothing(rig):
     assert not default_store().exists(f"jobs/plan-{rig.provider}/job.json")  # no record
 
 
-@pytest.mark.timeout(240)
-def test_a_job_runs_on_the_providers_nodes_and_leaves_nothing(rig):
-    job = rig.estimator(hyperparameters={**HPS, "epochs": 2, "step-delay": 0.0}).fit(logs=False)
-    info = job.describe()
-    assert info["state"] == "Completed", info
-    (attempt,) = info["attempts"]
-    assert [n["address"] for n in attempt["nodes"]] == rig.addresses
-    assert info["model_data"] and info["model_data"].endswith("/output/model.tar.gz")
-    rig.assert_nothing_left(job.name)
-
-
 def _first_checkpoint(job, timeout: float = 120.0) -> tuple[Any, int]:
     """(the first attempt's cluster, its checkpoint step) once it has checkpointed."""
     from trainctl.cluster import ClusterInfo
@@ -185,7 +174,9 @@ def test_a_lost_node_is_relaunched_from_the_last_checkpoint(rig):
 @pytest.mark.timeout(300)
 def test_a_notice_ends_the_attempt_at_an_emergency_checkpoint_losing_no_step(rig):
     """An interruption notice relayed through the store (how every provider's agents get
-    one; EC2's own IMDS notice is tested in test_e2e_aws): no step is lost."""
+    one; EC2's own IMDS notice is tested in test_e2e_aws): no step is lost. This is also the
+    conformance check that a job runs on the provider's nodes and leaves nothing (a job of
+    one attempt is each provider's first test in its own file: test_e2e_local, _ssh, _aws)."""
     from trainctl.record import JobKeys
 
     job = rig.estimator().fit(wait=False)
@@ -202,6 +193,10 @@ def test_a_notice_ends_the_attempt_at_an_emergency_checkpoint_losing_no_step(rig
     )
     assert first["steps_lost"] == 0, (info["attempts"], logs)
     assert second["resumed_from_step"] == first["last_step"], info["attempts"]
+    # each rank on the provider's node for it, in every attempt, and the model in the store
+    for attempt in info["attempts"]:
+        assert [n["address"] for n in attempt["nodes"]] == rig.addresses, attempt["nodes"]
+    assert info["model_data"] and info["model_data"].endswith("/output/model.tar.gz")
     rig.assert_nothing_left(job.name)
 
 
