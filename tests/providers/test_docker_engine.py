@@ -29,15 +29,14 @@ from trainctl.image.engine import Engine, find_engine
 
 
 @pytest.fixture(scope="module")
-def docker_node_image(dockerd: Dockerd) -> Iterator[str]:  # noqa: F811
-    """The node image of test_container_run (python, torch, trainctl), in dockerd."""
+def docker_node_image(dockerd: Dockerd) -> str:  # noqa: F811
+    """The node image of test_container_run (python, torch, trainctl), in dockerd. Not
+    removed: the daemon is this module's own, and its data root goes with it (an `rmi` of
+    the torch-sized image first was ~10 s of the file's teardown for nothing)."""
     tag = f"localhost/trainctl-test-node:{os.getpid()}"
-    try:
-        env = {**os.environ, "DOCKER_HOST": dockerd.host}
-        import_node_image([dockerd.cli, "import", "-", tag], tag, env)
-        yield tag
-    finally:
-        dockerd.run("rmi", "-f", tag)
+    env = {**os.environ, "DOCKER_HOST": dockerd.host}
+    import_node_image([dockerd.cli, "import", "-", tag], tag, env)
+    return tag
 
 
 @pytest.fixture
@@ -110,8 +109,8 @@ def test_killed_docker_node_is_replaced_and_the_job_resumes(in_docker, docker_no
     check_killed_node_is_replaced(in_docker, docker_node_image)
 
 
-# Not 30 s: the file's last test, so the module's dockerd and image are torn down in its
-# teardown (`rmi` of the torch image, then dockerd's stop), over 30 s once under CI's load.
+# Not 30 s: the file's last test, so the module's dockerd is torn down in its teardown
+# (dockerd's stop and its data root, the torch image's layers with it), slow under load.
 @pytest.mark.timeout(150)
 def test_engine_answer_is_not_cached_across_daemons(monkeypatch, dockerd):  # noqa: F811
     """Whether docker answers depends on DOCKER_HOST: a daemon found once must not be
