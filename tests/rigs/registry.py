@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,9 +135,10 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def _running_registry(root: Path) -> Iterator[Registry]:
+def _running_registry(root: Path, **options: Any) -> Iterator[Registry]:
+    """A registry (start_registry's `options`) for as long as the caller's fixture lasts."""
     require(registry_missing_reason(), "registry")
-    proc, host = start_registry(root)
+    proc, host = start_registry(root, **options)
     try:
         yield Registry(host)
     finally:
@@ -160,13 +162,9 @@ def module_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regist
 def private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
     """A registry that wants credentials (alice / REGISTRY_PASSWORD), and an auth file of
     the test's own for the engine's login."""
-    require(registry_missing_reason(), "registry")
     monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "registry-auth.json"))
-    proc, host = start_registry(tmp_path / "registry-private", user=("alice", REGISTRY_PASSWORD))
-    try:
-        yield Registry(host)
-    finally:
-        stop_process(proc)
+    root = tmp_path / "registry-private"
+    yield from _running_registry(root, user=("alice", REGISTRY_PASSWORD))
 
 
 REGISTRY_PASSWORD = "not-a-real-s3cret"
@@ -174,12 +172,7 @@ REGISTRY_PASSWORD = "not-a-real-s3cret"
 
 @pytest.fixture
 def readonly_registry(tmp_path: Path) -> Iterator[Registry]:
-    require(registry_missing_reason(), "registry")
-    proc, host = start_registry(tmp_path / "registry-ro", read_only=True)
-    try:
-        yield Registry(host)
-    finally:
-        stop_process(proc)
+    yield from _running_registry(tmp_path / "registry-ro", read_only=True)
 
 
 @pytest.fixture
