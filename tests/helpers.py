@@ -5,6 +5,7 @@ moto, the digits job every training test starts from, and skipping for a missing
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import pty
 import struct
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import termios
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -214,3 +216,11 @@ def on_a_terminal(
         os.close(master)
         if proc.poll() is None:
             proc.kill()
+
+
+def zip_bytes(text: str) -> bytes:
+    """A whole zip: the container torch.save writes (np.savez and Keras too)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", text)
+    return buffer.getvalue()

@@ -509,6 +509,30 @@ def test_save_writes_only_tmp_names_until_complete(clean_env: Path, monkeypatch)
     assert _restore(ckpt, _make()).step == 2
 
 
+def test_a_torch_save_in_place_cut_anywhere_is_never_taken_for_whole(tmp_path: Path) -> None:
+    """What the node's syncs check before a copy of a script's own save replaces the last
+    one (trainctl.node.sync.unfinished): a real torch.save of a model and its optimizer, and
+    an np.savez, cut at any byte, are never whole; the whole files are."""
+    from trainctl.node.sync import unfinished
+
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "a")
+    np.savez(tmp_path / "b.npz", weights=np.random.default_rng(0).random((32, 64)))
+    for whole, name in [
+        ((tmp_path / "a").read_bytes(), "snapshot.pt"),
+        ((tmp_path / "b.npz").read_bytes(), "arrays.npz"),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(whole)
+        assert unfinished(path, len(whole)) is None
+        for cut in {0, 4, 30, *range(64, len(whole), 97), len(whole) - 22, len(whole) - 1}:
+            path.write_bytes(whole[:cut])
+            assert unfinished(path, cut) is not None, (name, cut, len(whole))
+
+
 # ============================================================================ small helpers
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import zip_bytes
 from trainctl.node.checkpoints import CheckpointSync, manifest_key, restore, scan, stored_files
 from trainctl.store import LocalStore
 
@@ -153,3 +154,27 @@ def test_a_step_pruned_between_scan_and_upload_is_not_an_error(tmp_path, store, 
     assert not store.exists("step-1/model.pt") and said == []
     monkeypatch.setattr(LocalStore, "put_files", real_put_files)
     assert sync.sync_once() == 0  # nothing left to do: the vanished file is not retried
+
+
+def test_a_checkpoint_saved_in_place_and_cut_short_keeps_its_last_whole_copy(tmp_path, store):
+    """A SageMaker-style script's torch.save straight into its checkpoint dir (no temp name):
+    a copy caught mid-write never overwrites the stored one."""
+    local = tmp_path / "n0"
+    whole = zip_bytes("step 1")
+    write_bytes(local / "checkpoint.pt", whole)
+    logs: list[str] = []
+    sync = CheckpointSync(store, local, 0, interval=60, log=logs.append)
+    assert sync.sync_once() == 1
+    write_bytes(local / "checkpoint.pt", zip_bytes("step 2")[:40])
+    assert sync.sync_once() == 0 and logs == []
+    sync.close()
+    assert store.get_bytes("checkpoint.pt") == whole
+    assert logs == [
+        "checkpoints: checkpoint.pt was being written when the node stopped (a zip without "
+        "its end record); its last whole copy is kept"
+    ]
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

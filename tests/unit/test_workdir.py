@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import struct
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import zip_bytes
+from trainctl.node.sync import unfinished
 from trainctl.node.workdir import (
     StateRoots,
     WorkdirSync,
@@ -225,3 +229,66 @@ def test_the_last_pass_of_a_node_that_succeeded_leaves_model_and_output_as_they_
     files = json.loads(store.get_text(manifest_key(0)))["files"]
     assert sorted(files) == ["code/plot.png", "model/model.pt"]
     assert store.get_text(files["model/model.pt"]["key"]) == "periodic"
+
+
+def test_a_snapshot_cut_short_mid_write_never_replaces_its_last_whole_copy(store, tmp_path):
+    """torch.save(state, "snapshot.pt") truncates the file, then writes it: a pass between
+    the two, or a stop that cuts the write short, sees a torn file. The stored copy stays the
+    last whole one, the node's last pass says so, and the next whole version goes up."""
+    roots = roots_at(tmp_path / "n0")
+    snapshot = roots.dirs["code"] / "snapshot.pt"
+    whole = zip_bytes("epoch 6")
+    snapshot.write_bytes(whole)
+    logs: list[str] = []
+    sync = sync_for(store, 0, roots, logs=logs)
+    assert sync.sync_once() == 1
+
+    def stored() -> bytes:
+        files = json.loads(store.get_text(manifest_key(0)))["files"]
+        return store.get_bytes(files["code/snapshot.pt"]["key"])
+
+    later = zip_bytes("epoch 7 " * 100)
+    for torn in (b"", later[:30], later[:-1]):  # just opened; mid-write; all but the last byte
+        snapshot.write_bytes(torn)
+        assert sync.sync_once() == 0 and stored() == whole
+    assert logs == [], "a pass during the write waits quietly for the next"
+    snapshot.write_bytes(later)
+    assert sync.sync_once() == 1 and stored() == later
+
+    snapshot.write_bytes(later[:100])  # the node stops here
+    (roots.dirs["code"] / "fresh.ckpt").write_bytes(b"")  # opened, never written
+    sync.close()
+    assert stored() == later
+    assert "code/fresh.ckpt" not in json.loads(store.get_text(manifest_key(0)))["files"]
+    assert logs == [
+        "working directory: fresh.ckpt was being written when the node stopped (empty); not kept",
+        "working directory: snapshot.pt was being written when the node stopped (a zip "
+        "without its end record); its last whole copy is kept",
+    ], logs
+    restored = restore(store, 0, roots_at(tmp_path / "a2"), print)
+    assert restored.files == 1
+    assert (tmp_path / "a2" / "code" / "snapshot.pt").read_bytes() == later
+
+
+SAFETENSORS_HEADER = b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+SAFETENSORS = struct.pack("<Q", len(SAFETENSORS_HEADER)) + SAFETENSORS_HEADER  # + 4 bytes
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "whole"),
+    [
+        ("notes.txt", b"", True),  # an empty text file is a file
+        ("marker.pt", b"not a zip, not empty", True),  # no format to check: trusted
+        ("zip.bin", zip_bytes("x") + b"trailing", False),
+        ("commented.npz", zip_bytes("x")[:-2] + b"\x03\x00abc", True),  # a zip comment
+        ("state.pkl", pickle.dumps({"a": list(range(50))}), True),
+        ("state.pkl", pickle.dumps({"a": list(range(50))})[:-1], False),
+        ("weights.safetensors", SAFETENSORS + b"abcd", True),
+        ("weights.safetensors", SAFETENSORS + b"ab", False),
+        ("weights.safetensors", SAFETENSORS[:12], False),
+    ],
+)  # fmt: skip
+def test_which_files_cannot_be_whole(tmp_path, name, content, whole):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert (unfinished(path, len(content)) is None) == whole

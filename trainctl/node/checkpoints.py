@@ -4,8 +4,10 @@ Nodes do not share a disk: each uploads what appears in its own dir, and before 
 every node downloads the union of what all nodes uploaded. What is "in the store" is what
 the nodes' manifests list (`.trainctl/node-<rank>.json`); a file is listed only after its
 upload finished, and a manifest is replaced only after the files it adds are up, so a
-partly uploaded checkpoint is never seen by a restore. The training helper library then
-picks the newest checkpoint that is complete across ranks (see trainctl.train).
+partly uploaded checkpoint is never seen by a restore, and a file cut short while it was
+written in place (node.sync.unfinished) never replaces its last whole copy. The training
+helper library then picks the newest checkpoint that is complete across ranks (see
+trainctl.train).
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ class CheckpointSync(PeriodicSync):
         """One pass: upload what changed, then the manifest, then delete what was pruned."""
         current = scan(self.local)
         changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
+        changed = self.whole_only(
+            changed, lambda rel: self.local / rel, current, shown=str,
+            kept=self.uploaded.__contains__, what="checkpoints",
+        )  # fmt: skip
         removed = [rel for rel in self.uploaded if rel not in current]
         # Rewritten with the same size: the same content too? (size + hash, as the store
         # can tell: S3's ETag). Only these are hashed; new files never are.

@@ -1,9 +1,12 @@
 """What the node's two syncs to the store share (checkpoints: node.checkpoints; the working
 directory: node.workdir): a background pass every few seconds or when woken, one final pass
-on close, and parallel downloads with a progress line for a long restore."""
+on close, parallel downloads with a progress line for a long restore, and the check that
+keeps a file cut off mid-write from replacing its last whole copy."""
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +40,82 @@ def signature(path: Path) -> Signature | None:
     if not path.is_file() or path.is_symlink():
         return None
     return (st.st_size, st.st_mtime_ns)
+
+
+# What a training script saves in place and a copy must not catch half-written: an empty
+# one of these is never a whole file. (A write is buffered: what a cut leaves is empty or
+# at least the first block, which holds the start a format is known by.)
+TORCH_SAVE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".tar")
+SAVED_STATE_SUFFIXES = frozenset(
+    (*TORCH_SAVE_SUFFIXES, ".safetensors", ".npz", ".npy", ".pkl", ".pickle", ".joblib", ".h5")
+)
+ZIP_START = b"PK\x03\x04"
+ZIP_END = b"PK\x05\x06"
+ZIP_END_SIZE = 22  # the end-of-central-directory record, before its comment (<= 65535)
+# torch.save's legacy (non-zip) format opens with a pickled magic number and ends with raw
+# tensor bytes, not a pickle's STOP: never judged as a pickle.
+TORCH_LEGACY_START = b"\x80\x02\x8a\x0a"
+SAFETENSORS_HEADER_MAX = 100 * 2**20
+
+
+def unfinished(path: Path, size: int) -> str | None:
+    """Why the `size`-byte file at `path` cannot be whole, or None. A script that saves in
+    place (`torch.save(state, "snapshot.pt")`) truncates the file and then writes it: a copy
+    taken in between, or after a stop cut the write short, is torn. Where the format says
+    where it ends, the end is checked: a zip (torch.save, np.savez, Keras) ends with its
+    end-of-central-directory record, a safetensors file is as long as its header says, a
+    pickle ends with STOP, and a saved-state file (SAVED_STATE_SUFFIXES) is never empty.
+    Other files: None (the size and time checks around an upload are all there is)."""
+    suffix = path.suffix.lower()
+    if size == 0:
+        return "empty" if suffix in SAVED_STATE_SUFFIXES else None
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if head.startswith(ZIP_START):
+                return None if _zip_ends_at(f, size) else "a zip without its end record"
+            if suffix == ".safetensors" and len(head) == 8:
+                return _safetensors_short(f, size, struct.unpack("<Q", head)[0])
+            if suffix in (".pkl", ".pickle") and head[:1] == b"\x80":
+                if head.startswith(TORCH_LEGACY_START):
+                    return None
+                f.seek(size - 1)
+                return None if f.read(1) == b"." else "a pickle without its end"
+    except OSError:
+        return None  # gone or unreadable now: the upload finds out
+    return None
+
+
+def _zip_ends_at(f, size: int) -> bool:
+    """Whether the end record of the zip `f` is its last bytes (with its comment, if any)."""
+    span = min(size, ZIP_END_SIZE + 65535)
+    f.seek(size - span)
+    tail = f.read(span)
+    at = tail.rfind(ZIP_END)
+    while at >= 0:  # tensor bytes may hold the signature by chance: the lengths must agree
+        if at + ZIP_END_SIZE <= len(tail):
+            (comment,) = struct.unpack("<H", tail[at + 20 : at + 22])
+            if at + ZIP_END_SIZE + comment == len(tail):
+                return True
+        at = tail.rfind(ZIP_END, 0, at)
+    return False
+
+
+def _safetensors_short(f, size: int, header_size: int) -> str | None:
+    """Why a safetensors file is shorter than its header says, or None."""
+    if 8 + header_size > size:
+        return "a safetensors file shorter than its header"
+    if header_size > SAFETENSORS_HEADER_MAX:
+        return None  # not a header this check reads: no verdict
+    try:
+        header = json.loads(f.read(header_size))
+        end = max(
+            (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return "a safetensors file shorter than its tensors" if size < 8 + header_size + end else None
 
 
 def download_all(
@@ -146,6 +225,37 @@ class PeriodicSync:
 
     def sync_once(self) -> int:
         raise NotImplementedError
+
+    @property
+    def last_pass(self) -> bool:
+        """Whether the pass under way is close()'s: the node has ended."""
+        return self._stop.is_set()
+
+    def whole_only(
+        self,
+        changed: list[str],
+        local: Callable[[str], Path | None],
+        sizes: dict[str, Signature],
+        *,
+        shown: Callable[[str], str],
+        kept: Callable[[str], bool],
+        what: str,
+    ) -> list[str]:
+        """`changed` less the files that cannot be whole (see unfinished): their last whole
+        copy stays the stored one, and a later pass takes them when they are finished. The
+        last pass says which it left out: a write the node's end cut short."""
+        whole: list[str] = []
+        for rel in changed:
+            path = local(rel)
+            why = None if path is None else unfinished(path, sizes[rel][0])
+            if why is None:
+                whole.append(rel)
+            elif self.last_pass:
+                self.log(
+                    f"{what}: {shown(rel)} was being written when the node stopped ({why}); "
+                    + ("its last whole copy is kept" if kept(rel) else "not kept")
+                )
+        return whole
 
     def halt(self) -> None:
         """Stop the background pass (one under way finishes first)."""

@@ -23,7 +23,10 @@ start when present then resumes after a relaunch, unchanged.
   up packed instead).
 - Never torn: each new version of a file goes to a key of its own, and the node's manifest
   (`node-<rank>/manifest.json`, written after the files it lists) names the versions of the
-  newest complete copy; a file that changed while it was uploaded is tried again next pass.
+  newest complete copy; a file that changed while it was uploaded is tried again next pass,
+  and one whose format says it is cut short (a `torch.save` in place caught between its open
+  and its last write, or stopped there: see node.sync.unfinished) never replaces its last
+  whole copy.
 
 Store layout, under `jobs/<job>/workdir/`: `node-<rank>/manifest.json` and
 `node-<rank>/a<attempt>-p<pass>/<root>/<path>` where root is code, model or output.
@@ -308,6 +311,10 @@ class WorkdirSync(PeriodicSync):
         current = self._within_cap(self.roots.scan(scanned))
         in_scope = {rel for rel in self.known if rel.split("/", 1)[0] in scanned}
         changed = [rel for rel, sig in current.items() if self.known.get(rel, (None,))[0] != sig]
+        changed = self.whole_only(
+            changed, self.roots.path, current, shown=shown, kept=self.known.__contains__,
+            what="working directory",
+        )  # fmt: skip
         removed = [rel for rel in in_scope if rel not in current]
         if not changed and not removed:
             return 0
