@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 import time
 
@@ -108,7 +109,9 @@ def test_parse_known_args_with_underscored_hyperparameters(home, tmp_path):
         assert args["train"] == ["x.txt"] and args["num_gpus"] == 0
 
 
-def test_torchrun_script_gets_every_torchelastic_variable(home):
+def test_torchrun_script_gets_every_torchelastic_variable(home, monkeypatch):
+    """...and its share of the cores: 2 local nodes on this machine, one worker each."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     est = sm_estimator(
         "elastic_env.py", distribution={"torch_distributed": {"enabled": True}}, max_restarts=0
     )
@@ -117,6 +120,7 @@ def test_torchrun_script_gets_every_torchelastic_variable(home):
     env = json.loads(model_files(job)["elastic-0.json"])  # rank 0's model is uploaded
     assert env["GROUP_RANK"] == "0" and env["GROUP_WORLD_SIZE"] == "2"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["ROLE_WORLD_SIZE"] == "2"
+    assert env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
     node1 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
     assert "rank 1 group 1 restarts 0" in node1  # every variable was there on node 1 too
 

@@ -17,10 +17,12 @@ from trainctl.launcher.layout import (
     resource_config,
     sagemaker_env,
 )
+from trainctl.launcher.threads import thread_env
 from trainctl.spec.build import build_spec
 from trainctl.spec.job import JobSpec, env_suffix
 
 PY = "/usr/bin/python3"
+TORCHRUN = {"torch_distributed": {"enabled": True}}
 HPS: dict[str, Any] = {
     "batch-size": 32,
     "batch_size": 16,
@@ -503,3 +505,39 @@ def test_an_exit_without_a_traceback_is_its_exit_code_with_the_last_lines_as_con
     assert exit_text(3) == "exit code 3"
     assert exit_text(-9) == "killed by SIGKILL"
     assert exit_text(137) == "exit code 137"
+
+
+# --- CPU threads per process ---------------------------------------------------------------
+
+MPI_3 = {"mpi": {"enabled": True, "processes_per_host": 3}}
+
+
+@pytest.mark.parametrize(
+    ("addresses", "per_host", "distribution", "cpus", "threads"),
+    [
+        (("127.0.0.2", "127.0.0.3"), 1, None, 8, "4"),  # 2 local nodes share 8 cores
+        (("127.0.0.2", "127.0.0.3"), 2, TORCHRUN, 8, "2"),  # 4 processes on this machine
+        (("127.0.0.2", "127.0.0.3", "127.0.0.4"), 1, None, 2, "1"),  # never below 1
+        (("127.0.0.2", "127.0.0.3"), 2, None, 8, "4"),  # plain python: one process a node
+        (("10.0.0.1", "10.0.0.2"), 4, TORCHRUN, 8, "2"),  # EC2: only its own 4 processes
+        (("10.0.0.1", "10.0.0.2"), 1, TORCHRUN, 8, None),  # alone on its machine: default
+        (("127.0.0.2",), 1, TORCHRUN, 8, None),
+        (("10.0.0.1", "10.0.0.1"), 1, None, 8, "4"),  # an SSH host listed twice
+        (("127.0.0.1", "127.0.0.1"), 1, MPI_3, 12, "2"),  # mpirun's 3 a host
+    ],
+)  # fmt: skip
+def test_processes_that_share_a_machine_share_its_cores(
+    src: Path, addresses, per_host, distribution, cpus, threads
+) -> None:
+    spec = _spec(src, distribution=distribution) if distribution else _spec(src)
+    cluster = _cluster(addresses, per_host=per_host)
+    env = thread_env(spec, cluster, 0, cpus=cpus, inherited={})
+    assert env == ({"OMP_NUM_THREADS": threads} if threads else {})
+
+
+def test_a_thread_count_the_user_set_wins(src: Path) -> None:
+    cluster = _cluster(("127.0.0.2", "127.0.0.3"), per_host=1)
+    inherited = thread_env(_spec(src), cluster, 1, cpus=8, inherited={"OMP_NUM_THREADS": "6"})
+    assert inherited == {}  # the agent's environment keeps the submitter's value
+    own = _spec(src, environment={"OMP_NUM_THREADS": "3"})
+    assert thread_env(own, cluster, 1, cpus=8, inherited={}) == {}  # the job's, applied last

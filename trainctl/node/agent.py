@@ -275,6 +275,7 @@ class Agent:
 
     def environment(self, extra: dict[str, str]) -> dict[str, str]:
         from trainctl.launcher.layout import sagemaker_env
+        from trainctl.launcher.threads import thread_env, usable_cpus
 
         env = dict(os.environ)
         env.update(self.cluster.network_env)
@@ -291,6 +292,9 @@ class Agent:
             )
         )
         env.update(extra)
+        env.update(
+            thread_env(self.spec, self.cluster, self.rank, cpus=usable_cpus(), inherited=env)
+        )
         env["PYTHONUNBUFFERED"] = "1"
         # Temp files of the job (torchrun's torchelastic_* dirs among them) live in the node
         # and go with it, instead of piling up in the machine's /tmp.
