@@ -507,6 +507,23 @@ def test_an_exit_without_a_traceback_is_its_exit_code_with_the_last_lines_as_con
     assert exit_text(137) == "exit code 137"
 
 
+def test_an_abort_in_the_process_groups_teardown_names_the_way_out() -> None:
+    """torch 2.13's gloo process group aborts some runs as the process ends, after the
+    training finished; all the output says is the C++ runtime's line."""
+    from trainctl.node.output import failure_from_output
+
+    lines = ["Train Epoch: 2 [512/512]\tLoss: 0.676017", TEARDOWN]
+    reason, detail = failure_from_output(lines)
+    assert reason is not None and reason.startswith(TEARDOWN)
+    assert "trainctl.train.finish()" in reason and "\n" not in reason
+    assert detail == "\n".join(lines)
+    under_torchrun = ["[rank1]:" + TEARDOWN, "E1129 ... failed (exitcode: -6) local_rank: 1"]
+    assert "trainctl.train.finish()" in (failure_from_output(under_torchrun)[0] or "")
+
+
+TEARDOWN = "terminate called without an active exception"
+
+
 # --- CPU threads per process ---------------------------------------------------------------
 
 MPI_3 = {"mpi": {"enabled": True, "processes_per_host": 3}}

@@ -78,6 +78,16 @@ _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 _LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
 _CHAINED = ("During handling", "The above exception")
 # The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
+# What the C++ runtime prints when torch aborts a process as it ends: torch 2.13's gloo
+# process group can abort in its teardown, at exit or in destroy_process_group(), after the
+# training finished (pytorch/pytorch#190489; some runs, not all). The abort is all the output
+# says, so the reason says what it is.
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_ABORT_REASON = (
+    f"{TEARDOWN_ABORT}: the process aborted as it ended; torch's gloo process group can do "
+    "this in its teardown after training finished; end the script with "
+    "trainctl.train.finish(), which exits without that teardown"
+)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
 
@@ -194,6 +204,8 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
         # "exit code N" with these lines as the detail. (Lines with words in them: mpirun
         # frames its reports in rules of dashes.)
         tail = [line for line in clean if any(c.isalnum() for c in line)][-12:]
+        if any(line.strip().endswith(TEARDOWN_ABORT) for line in tail):
+            return TEARDOWN_ABORT_REASON, "\n".join(tail)
         return _mpirun_report(clean), "\n".join(tail) or None
     return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
 
