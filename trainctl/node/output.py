@@ -77,7 +77,6 @@ def emit(event: str, **fields: Any) -> None:
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 _LAUNCHER_ERRORS = ("ChildFailedError", "torch.distributed.elastic")
 _CHAINED = ("During handling", "The above exception")
-# The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
 # What the C++ runtime prints when torch aborts a process as it ends: torch 2.13's gloo
 # process group can abort in its teardown, at exit or in destroy_process_group(), after the
 # training finished (pytorch/pytorch#190489; some runs, not all). The abort is all the output
@@ -88,6 +87,7 @@ TEARDOWN_ABORT_REASON = (
     "this in its teardown after training finished; end the script with "
     "trainctl.train.finish(), which exits without that teardown"
 )
+# The last line of a traceback: `ValueError: ...`, `pkg.module.Error: ...`, `KeyboardInterrupt`.
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
 
