@@ -12,6 +12,7 @@ import shlex
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
 from trainctl.launcher.layout import script_args
+from trainctl.launcher.threads import processes_per_node
 from trainctl.spec.job import JobSpec
 
 
@@ -19,7 +20,7 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
     if rank != 0:
         return NodeCommand([])
     mpi = spec.distribution.mpi if spec.distribution else None
-    per_host = (mpi.processes_per_host if mpi else None) or cluster.processes_per_host
+    per_host = processes_per_node(spec, cluster)
     slots: dict[str, int] = {}
     for node in cluster.nodes:
         slots[node.address] = slots.get(node.address, 0) + per_host
