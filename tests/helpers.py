@@ -44,6 +44,14 @@ def require_part(part: str, reason: str | None) -> None:
     pytest.skip(f"{MISSING} {part}: {reason}")
 
 
+def require_mpirun() -> None:
+    """Skip without Open MPI's mpirun (off CI; a failure under CI)."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        require_part("mpirun", "mpirun not found (apt-get install openmpi-bin)")
+
+
 def wait_for_log(job, text: str, timeout: float = 60.0) -> None:
     """Until `text` is in one of the job's node logs (failing early if the job ends)."""
     from trainctl.state import JobState

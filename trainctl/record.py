@@ -88,6 +88,11 @@ class JobKeys:
         """The node's heartbeat and progress, written by its agent (see node.output)."""
         return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.status.json"
 
+    def remote_start(self, attempt: int, rank: int) -> str:
+        """Where the node's agent takes mpirun's remote starts, with its token (see
+        node.remote_start); removed when the node ends."""
+        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.remote-start.json"
+
     def stopping(self, attempt: int) -> str:
         """Why the controller is stopping an attempt's nodes (written before it signals them,
         so a node stopped for its peer's sake says so, not that it failed)."""

@@ -170,18 +170,11 @@ def test_plain_python_per_host_starts_its_own_process_group(home, source):
     assert "host 127.0.1.2 allreduce=3.0" in text
 
 
-def _require_mpirun() -> None:
-    import shutil
-
-    from tests.helpers import require_part
-
-    if shutil.which("mpirun") is None:
-        require_part("mpirun", "mpirun not found (apt-get install openmpi-bin)")
-
-
 def _mpi_allreduce(source, **fields) -> Estimator:
     """tests/fixtures/mpi on 2 local nodes under mpirun (skipped without it, off CI)."""
-    _require_mpirun()
+    from tests.helpers import require_mpirun
+
+    require_mpirun()
     base = {"source_dir": str(source("mpi")), "instance_count": 2, "distribution": "mpi"}
     return Estimator(entry_point="allreduce.py", **{**base, **fields})
 

@@ -106,6 +106,68 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
     assert_nothing_left(job.name, first, second, home=home)
 
 
+@pytest.mark.mpirun
+@pytest.mark.timeout(120)
+def test_mpi_across_hosts_starts_each_hosts_processes_through_its_agent(
+    sshd, home, source, tmp_path
+):
+    """distribution mpi over two hosts at different addresses: mpirun on the first starts
+    Open MPI's daemon on the second through trainctl's remote shell (no SSH between the
+    hosts), so each host's process runs under that host's environment, directory and
+    interpreter; they all-reduce across both; nothing is left anywhere."""
+    from tests.helpers import require_mpirun
+    from trainctl.launcher.threads import usable_cpus
+    from trainctl.node.pyenv import _create_overlay_venv
+
+    require_mpirun()
+    first, second = sshd.servers
+    # The second host's interpreter is at a path of its own, as an SSH host's may be.
+    other = tmp_path / "other-python"
+    _create_overlay_venv(other)
+    second_host = second.host(python=str(other / "bin" / "python"))
+    est = Estimator(
+        entry_point="allreduce.py",
+        source_dir=str(source("mpi")),
+        instance_type="ssh",
+        instance_count=2,
+        hosts=[*hosts_of(first), second_host.model_dump(exclude_defaults=True)],
+        distribution="mpi",
+        environment={"MY_FLAG": "1"},
+    )
+    job = est.fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed", info
+    node0, node1 = (
+        job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log") for rank in (0, 1)
+    )
+    launch = next(ln for ln in log_lines(node0) if "launching: mpirun" in ln)
+    assert "-m trainctl.node.remote_start" in launch and "oob_tcp_if_include lo" in launch
+    assert "SUM 0 3" in node0 and "SUM 1 3" in node0
+    places = {
+        int(ln.split()[1]): json.loads(ln.split(" ", 2)[2])
+        for ln in log_lines(node0)
+        if ln.startswith("PLACE ")
+    }
+    threads = str(max(1, usable_cpus() // 2))  # both hosts are this machine
+    for rank, server, python in (
+        (0, first, sys.executable),
+        (1, second, str(other / "bin/python")),
+    ):
+        code = node_dirs(server, job.name) / "attempt-1" / f"node-{rank}" / "opt/ml/code"
+        assert places[rank] == {
+            "SM_CURRENT_HOST": server.address,
+            "OMP_NUM_THREADS": threads,
+            "MY_FLAG": "1",
+            "python": python,
+            "cwd": str(code),
+        }
+    assert "started orted here" in node1
+    assert_nothing_left(job.name, first, second, home=home)
+    # each agent took its endpoint (and token) out of the store as it ended
+    attempt = f"jobs/{job.name}/attempts/attempt-1"
+    assert not [o.key for o in job.store.list(attempt) if o.key.endswith(".remote-start.json")]
+
+
 @pytest.mark.timeout(60)
 def test_unreachable_host_fails_the_job_before_anything_starts(sshd, home, source, monkeypatch):
     monkeypatch.setattr(SshProvider, "connect_timeout", 1.0)

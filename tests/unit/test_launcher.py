@@ -217,15 +217,54 @@ def test_mpi_rank0_shared_address(src: Path) -> None:
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         i = cmd.argv.index(var)
         assert cmd.argv[i - 1] == "-x"
-    assert cmd.env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert cmd.env == {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TRAINCTL_JOB_PYTHON": PY,
+        "TRAINCTL_CODE_DIR": "/opt/ml/code",
+    }
+    # one host: no remote shell, and mpirun's own traffic stays where nothing pins it
+    assert "plm_rsh_agent" not in cmd.argv and "oob_tcp_if_include" not in cmd.argv
 
 
 def test_mpi_rank0_distinct_addresses(src: Path) -> None:
+    """Other hosts are reached through trainctl's remote shell (each node's agent starts
+    Open MPI's daemon there), run by the agent's own interpreter, from this node only; each
+    host's processes start that host's own job interpreter."""
+    spec = _spec(src, hyperparameters=HPS, distribution="mpi")
+    cluster = _cluster(("a", "b"))
+    cmd = build_node_command(spec, cluster, 0, python=PY, agent_python="/agent/python")
+    argv = cmd.argv
+    assert _mpi_flag(argv, "--host") == "a:2,b:2"
+    assert _mpi_flag(argv, "-np") == "4"
+    assert cmd.env["MASTER_ADDR"] == "a" and cmd.env["TRAINCTL_JOB_PYTHON"] == PY
+    assert argv[argv.index("plm_rsh_agent") + 1] == "/agent/python -m trainctl.node.remote_start"
+    assert argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "1"
+    assert "PATH" not in argv  # each host's own, from its agent
+    program = [
+        "/bin/sh",
+        "-c",
+        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@"',
+        "python",
+        "train.py",
+    ]
+    assert argv[-(len(HP_ARGV) + 5) :] == [*program, *HP_ARGV]
+    # without an agent's interpreter named (a dry run), the node's python runs it
+    plain = build_node_command(spec, cluster, 0, python=PY).argv
+    assert plain[plain.index("plm_rsh_agent") + 1] == f"{PY} -m trainctl.node.remote_start"
+
+
+def test_mpi_traffic_stays_on_the_interface_the_cluster_pins(src: Path) -> None:
     spec = _spec(src, distribution="mpi")
-    cmd = build_node_command(spec, _cluster(("a", "b")), 0, python=PY)
-    assert _mpi_flag(cmd.argv, "--host") == "a:2,b:2"
-    assert _mpi_flag(cmd.argv, "-np") == "4"
-    assert cmd.env["MASTER_ADDR"] == "a"
+    pinned = _cluster(("127.0.0.2", "127.0.0.3"), network_env={"NCCL_SOCKET_IFNAME": "lo"})
+    argv = build_node_command(spec, pinned, 0, python=PY).argv
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "lo"
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "lo"
+    excluded = _cluster(("a", "b"), network_env={"NCCL_SOCKET_IFNAME": "^lo,docker"})
+    assert "oob_tcp_if_include" not in build_node_command(spec, excluded, 0, python=PY).argv
+    mine = _spec(src, distribution={"mpi": {"custom_mpi_options": "--mca btl_tcp_if_include eth1"}})
+    argv = build_node_command(mine, pinned, 0, python=PY).argv
+    assert argv.count("btl_tcp_if_include") == 1 and "oob_tcp_if_include" in argv
 
 
 def test_mpi_worker_ranks_run_nothing(src: Path) -> None:
@@ -250,7 +289,13 @@ def test_mpi_processes_per_host_and_custom_options(src: Path) -> None:
     assert _mpi_flag(argv, "--host") == "a:3,b:3,c:3"
     i = argv.index("--tag-output")
     assert argv[i - 2 : i + 1] == ["-x", "NCCL_DEBUG=INFO", "--tag-output"]
-    assert argv[i + 1 :] == [PY, "train.py"]
+    assert argv[i + 1 :] == [
+        "/bin/sh",
+        "-c",
+        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@"',
+        "python",
+        "train.py",
+    ]
 
 
 def test_mpi_single_node(src: Path) -> None:

@@ -14,9 +14,13 @@ __all__ = ["NodeCommand", "build_node_command"]
 
 
 def build_node_command(
-    spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str
+    spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str, agent_python: str | None = None
 ) -> NodeCommand:
+    """Node `rank`'s command; `python`: the job's interpreter there, `agent_python`: the
+    node agent's (mpirun's remote shell runs on it; the job's by default)."""
     from trainctl.launcher import mpi, plain, torchrun
 
-    builders = {"torchrun": torchrun.command, "mpi": mpi.command, "python": plain.command}
+    if spec.launcher == "mpi":
+        return mpi.command(spec, cluster, rank, python=python, agent_python=agent_python)
+    builders = {"torchrun": torchrun.command, "python": plain.command}
     return builders[spec.launcher](spec, cluster, rank, python=python)

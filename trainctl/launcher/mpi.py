@@ -2,21 +2,53 @@
 
 Only rank 0 launches; the other hosts run nothing themselves and are reached by mpirun.
 Hosts that share an address (the local provider) are merged into one host entry, so the
-processes run there without a remote shell.
+processes run there without a remote shell. Across hosts at different addresses mpirun's
+remote shell is trainctl's own (trainctl.node.remote_start): each node's agent starts
+Open MPI's daemon there, under that node's environment, so no SSH is set up between nodes.
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import script_args
+from trainctl.launcher.layout import Layout, script_args
 from trainctl.launcher.threads import processes_per_node
 from trainctl.spec.job import JobSpec
 
+REMOTE_START_MODULE = "trainctl.node.remote_start"
+JOB_PYTHON_VARIABLE = "TRAINCTL_JOB_PYTHON"
+CODE_DIR_VARIABLE = "TRAINCTL_CODE_DIR"
+# Each host's processes start in its own code directory with its own job interpreter (the
+# hosts' may be at other paths: an SSH host's home and `python`, a per-host requirements
+# environment), named by the environment the node's agent gives Open MPI's daemon there.
+# (mpirun would start them in its own directory, a path of the first host's.) `exec`
+# leaves no shell in between.
+_ON_EACH_HOST = [
+    "/bin/sh",
+    "-c",
+    f'cd "${CODE_DIR_VARIABLE}" && exec "${JOB_PYTHON_VARIABLE}" "$@"',
+    "python",
+]
 
-def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> NodeCommand:
+
+def starts_remotely(cluster: ClusterInfo) -> bool:
+    """Whether mpirun starts processes on other hosts (through trainctl's remote shell)."""
+    return len({node.address for node in cluster.nodes}) > 1
+
+
+def command(
+    spec: JobSpec,
+    cluster: ClusterInfo,
+    rank: int,
+    *,
+    python: str,
+    agent_python: str | None = None,
+) -> NodeCommand:
+    """Rank 0's mpirun (`agent_python`: the interpreter of the node's agent, which runs the
+    remote shell; the job's `python` by default)."""
     if rank != 0:
         return NodeCommand([])
     mpi = spec.distribution.mpi if spec.distribution else None
@@ -38,18 +70,41 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         str(total),
         "--bind-to",
         "none",
-        "-x",
-        "PATH",
-        "-x",
-        "PYTHONUNBUFFERED",
-        "-x",
-        "MASTER_ADDR",
-        "-x",
-        "MASTER_PORT",
-        *custom,
-        python,
-        spec.entry_point,
-        *script_args(spec),
+        *_interface_options(cluster, custom),
     ]
-    env = {"MASTER_ADDR": cluster.master.address, "MASTER_PORT": str(cluster.master_port)}
-    return NodeCommand(argv, env)
+    env = daemon_env(cluster, python, Layout(Path(cluster.node(rank).root)).code.as_posix())
+    program = [python]
+    if starts_remotely(cluster):
+        # Open MPI splits the agent's value at spaces and finds its first word on PATH.
+        # No tree spawn: only this node has the table of the others' agents.
+        shell = f"{agent_python or python} -m {REMOTE_START_MODULE}"
+        argv += ["--mca", "plm_rsh_agent", shell, "--mca", "plm_rsh_no_tree_spawn", "1"]
+        program = _ON_EACH_HOST
+    else:
+        argv += ["-x", "PATH"]
+    argv += ["-x", "PYTHONUNBUFFERED", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", *custom]
+    return NodeCommand([*argv, *program, spec.entry_point, *script_args(spec)], env)
+
+
+def daemon_env(cluster: ClusterInfo, python: str, code_dir: str) -> dict[str, str]:
+    """What a node adds for the MPI processes it hosts: the master's address (for
+    `init_process_group`), its own job interpreter and code directory."""
+    return {
+        "MASTER_ADDR": cluster.master.address,
+        "MASTER_PORT": str(cluster.master_port),
+        JOB_PYTHON_VARIABLE: python,
+        CODE_DIR_VARIABLE: code_dir,
+    }
+
+
+def _interface_options(cluster: ClusterInfo, custom: list[str]) -> list[str]:
+    """Open MPI's own traffic (daemons, TCP messages) on the interface the cluster pins
+    (`lo` on loopback clusters), unless the user's options choose one."""
+    pinned = cluster.network_env.get("NCCL_SOCKET_IFNAME", "")
+    if not pinned or pinned.startswith("^"):
+        return []
+    options: list[str] = []
+    for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
+        if not any(param in word for word in custom):
+            options += ["--mca", param, pinned]
+    return options

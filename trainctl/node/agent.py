@@ -37,6 +37,7 @@ from trainctl.node.output import (
     failure_from_output,
     yielding,
 )
+from trainctl.node.remote_start import ENDPOINTS_VARIABLE, RemoteStartServer
 from trainctl.node.staging import pack_directory, stage_channel, write_json
 from trainctl.procs import children, descendants, signal_all
 from trainctl.protocol import (
@@ -109,6 +110,8 @@ class Agent:
         self.finished = False  # the result is being recorded: no more status writes
         self.sync = None
         self.workdir = None  # the working directory's sync (node.workdir), once staged
+        self.remote_starts: RemoteStartServer | None = None  # multi-host MPI (see there)
+        self.idle = False  # runs no launcher of its own (an MPI host that mpirun reaches)
         # Per rank (None: not told apart), a line of a script's that a control message cut.
         self.started_lines: dict[int | None, str] = {}
         self.noise = LauncherNoise()
@@ -312,7 +315,7 @@ class Agent:
                 self.proc.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
             except ProcessLookupError:
                 pass
-        else:
+        elif not self.idle:  # (an idle node's loop sees `stopping` and ends it in order)
             raise SystemExit(128 + signum)
 
     def watch_lease(self) -> None:
@@ -442,6 +445,7 @@ class Agent:
 
     def run(self) -> int:
         from trainctl.launcher import build_node_command
+        from trainctl.launcher.mpi import starts_remotely
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
@@ -468,14 +472,27 @@ class Agent:
             # Infrastructure, not the user's code: the controller replaces the node.
             reason = f"GPU health check failed: {'; '.join(problems)}"
             return self.finish(EXIT_INFRA, reason, None, unhealthy=True)
-        command = build_node_command(self.spec, self.cluster, self.rank, python=python)
+        command = build_node_command(
+            self.spec, self.cluster, self.rank, python=python, agent_python=sys.executable
+        )
+        if self.spec.launcher == "mpi" and starts_remotely(self.cluster):
+            try:
+                self.take_remote_starts(python)
+            except (OSError, StoreError) as exc:
+                return self.finish(EXIT_INFRA, f"cannot take mpirun's remote starts: {exc}", None)
         if not command.argv:
+            self.idle = True
             self.say("idle")
             self.log("this host runs no launcher of its own; waiting for the job to end")
-            while not self.stopping:
-                time.sleep(0.5)
+            try:
+                while not self.stopping:
+                    time.sleep(0.5)
+            finally:
+                self.end_remote_starts()
             return self.finish(0, None, None)
         env = self.environment(command.env)
+        if self.remote_starts is not None:
+            env[ENDPOINTS_VARIABLE] = str(self.remote_start_table())
         self.log(f"launching: {' '.join(command.argv)}")
         try:
             self.proc = subprocess.Popen(
@@ -518,6 +535,64 @@ class Agent:
             return self.finish(EXIT_PREEMPTED, f"preempted: {self.notice or 'peer notice'}", None)
         reason, detail = self.failure_reason(code)
         return self.finish(code, reason, detail)
+
+    def take_remote_starts(self, python: str) -> None:
+        """Start `orted` here when rank 0's mpirun asks (trainctl.node.remote_start), and say
+        where in the store for rank 0."""
+        from trainctl.launcher.mpi import daemon_env
+        from trainctl.node.remote_start import RemoteStartServer
+
+        extra = daemon_env(self.cluster, python, str(self.layout.code))
+        self.remote_starts = RemoteStartServer(
+            self.node.address, lambda: self.environment(extra), self.layout.code, self.log
+        )
+        self.store.put_text(
+            self.jobs.keys.remote_start(self.attempt, self.rank),
+            json.dumps(self.remote_starts.endpoint()),
+        )
+        self.log(f"taking mpirun's remote starts at {self.node.address}:{self.remote_starts.port}")
+
+    def remote_start_table(self) -> Path:
+        """Rank 0: every node's remote-start endpoint, in a file only mpirun's remote shell
+        reads, once every node's agent has said where (they start in any order)."""
+        from trainctl.node.remote_start import write_endpoints
+
+        endpoints: dict[int, dict[str, Any]] = {}
+        waited = time.monotonic()
+        said = False
+        while len(endpoints) < len(self.cluster.nodes):
+            for node in self.cluster.nodes:
+                if node.rank in endpoints:
+                    continue
+                try:
+                    key = self.jobs.keys.remote_start(self.attempt, node.rank)
+                    endpoints[node.rank] = json.loads(self.store.get_text(key))
+                except NotFoundError:
+                    pass
+            if len(endpoints) < len(self.cluster.nodes):
+                if not said and time.monotonic() - waited > 5:
+                    missing = [n.host for n in self.cluster.nodes if n.rank not in endpoints]
+                    self.log(f"waiting for the agents of {', '.join(missing)} to start")
+                    said = True
+                time.sleep(0.2)
+        path = self.layout.root / "remote-starts.json"
+        write_endpoints(path, list(endpoints.values()))
+        return path
+
+    def end_remote_starts(self) -> None:
+        """Take no more starts and end what they started (an orted daemonizes itself: it is
+        a descendant of this agent still, as the node's subreaper)."""
+        from trainctl.procs import end_descendants
+
+        if self.remote_starts is None:
+            return
+        self.remote_starts.close()
+        self.remote_starts = None
+        try:
+            self.store.delete(self.jobs.keys.remote_start(self.attempt, self.rank))
+        except Exception as exc:  # a stale token opens nothing: its listener is gone
+            self.log(f"could not remove the node's remote-start endpoint: {exc}")
+        end_descendants(os.getpid(), grace=STRAY_GRACE_SECONDS)
 
     def read_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -621,6 +696,7 @@ class Agent:
         detail = None if detail is None else self.redactor.text(detail)
         self.write_status()  # the last progress, before the result says the node is done
         self.finished = True
+        self.end_remote_starts()
         if self.sync is not None:
             try:  # the emergency checkpoint, or the last periodic one, goes up before we go
                 self.sync.close()
