@@ -810,3 +810,41 @@ def test_sagemaker_notebook_runs_with_one_changed_import(in_podman, node_image, 
     assert [r["metric_name"] for r in rows] == ["train:loss", "train:loss"]
     assert all(r["value"] > 0 for r in rows)
     assert not job_containers(in_podman, f"{JOB_PREFIX}-nb")
+
+
+HUNG_ENGINE = """#!/bin/sh
+# Lists the job's two containers; hangs when asked to remove them (a stuck engine).
+case "$1" in
+  ps) echo c0ffee01; echo c0ffee02 ;;
+  rm) echo "$@" > "$(dirname "$0")/rm-args"; exec sleep 30 ;;
+esac
+"""
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_that_hangs_at_teardown_is_one_line_and_the_rest_is_removed(
+    home, tmp_path, monkeypatch
+):
+    """`podman rm` that never answers: teardown says which containers are left and how to
+    remove them, in one line, after removing the job's node directories all the same."""
+    import trainctl.image.container as container_module
+    from trainctl.image.container import ContainerCleanupError
+    from trainctl.provisioning.local import ENGINE_MARKER, LocalProvider
+
+    engine = tmp_path / "bin" / "podman"
+    engine.parent.mkdir()
+    engine.write_text(HUNG_ENGINE)
+    engine.chmod(0o755)
+    monkeypatch.setattr(container_module, "REMOVE_SECONDS", 0.5)
+    provider = LocalProvider()
+    nodes = provider.nodes_dir("hung-job")
+    (nodes / "attempt-1" / "node-0").mkdir(parents=True)
+    (nodes / ENGINE_MARKER).write_text(str(engine))
+    with pytest.raises(ContainerCleanupError) as raised:
+        provider.terminate("hung-job", grace=0)
+    assert str(raised.value) == (
+        "`podman rm -f` did not answer within 0.5 s; remove them yourself: "
+        "podman rm -f c0ffee01 c0ffee02"
+    )
+    assert (engine.parent / "rm-args").read_text().split()[-2:] == ["c0ffee01", "c0ffee02"]
+    assert not nodes.exists()

@@ -272,8 +272,13 @@ class Controller:
                 return  # the job has ended
             self.jobs.transition(self.record, JobState.INTERRUPTED, attempt=attempt, cause=cause)
             self._info(f"attempt {attempt} interrupted: {cause}; relaunching")
-            # Release this attempt's capacity before asking for the next.
-            self.provider.terminate(self.name, grace=0)
+            # Release this attempt's capacity before asking for the next. What could not be
+            # released is said and tried again by the job's teardown, which ends every
+            # attempt's capacity: the job goes on.
+            try:
+                self.provider.terminate(self.name, grace=0)
+            except Exception as exc:
+                self._info(f"attempt {attempt}'s capacity was not all released: {exc}")
             self._record_usage()
             if (started := self._next_attempt()) is None:
                 return

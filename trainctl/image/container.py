@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainctl.errors import SpecError, one_line
+from trainctl.errors import SpecError, TrainctlError, one_line
 from trainctl.image.engine import Engine
 
 if TYPE_CHECKING:
@@ -206,12 +206,37 @@ def local_runner(timeout: float = 300) -> Runner:
     return run
 
 
+LIST_SECONDS = 60.0
+REMOVE_SECONDS = 120.0
+
+
+class ContainerCleanupError(TrainctlError):
+    """A job's containers could not be listed or removed: the engine hung or cannot run.
+    The message says how to remove them by hand."""
+
+
+def _engine_call(engine: Engine, args: Sequence[str], timeout: float, by_hand: str) -> bytes:
+    import subprocess
+
+    command = f"{engine.name} {' '.join(args[:2])}"
+    try:
+        done = engine.run(*args, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        problem = f"`{command}` did not answer within {timeout:g} s"
+    except OSError as exc:
+        problem = f"`{command}` could not run ({one_line(str(exc))})"
+    else:
+        return done.stdout if done.returncode == 0 else b""
+    raise ContainerCleanupError(f"{problem}; {by_hand}")
+
+
 def job_containers(engine: Engine, job: str) -> list[str]:
-    """Ids of every container (running or not) labelled with `job`."""
-    done = engine.run("ps", "-aq", "--filter", f"label={JOB_LABEL}={job}", timeout=60)
-    if done.returncode != 0:
-        return []
-    return done.stdout.decode(errors="replace").split()
+    """Ids of every container (running or not) labelled with `job` (none when the engine
+    answers with an error; ContainerCleanupError when it does not answer)."""
+    label = f"label={JOB_LABEL}={job}"
+    by_hand = f"list and remove them yourself: {engine.name} ps -a --filter {label}"
+    out = _engine_call(engine, ["ps", "-aq", "--filter", label], LIST_SECONDS, by_hand)
+    return out.decode(errors="replace").split()
 
 
 def remove_containers(engine: Engine, ids_or_names: Sequence[str]) -> None:
@@ -220,7 +245,8 @@ def remove_containers(engine: Engine, ids_or_names: Sequence[str]) -> None:
     if not ids_or_names:
         return
     force = ["rm", "-f", "-t", "0"] if engine.name == "podman" else ["rm", "-f"]
-    engine.run(*force, *ids_or_names, timeout=120)
+    by_hand = f"remove them yourself: {engine.name} rm -f {' '.join(ids_or_names)}"
+    _engine_call(engine, [*force, *ids_or_names], REMOVE_SECONDS, by_hand)
 
 
 def remove_job_containers(engine: Engine, job: str) -> int:

@@ -296,16 +296,22 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         # (sig-proxy), and what still runs after the grace period goes with the containers.
         end_processes(lambda: job_processes(job), grace)
         engine = self._marked_engine(job)
+        left: Exception | None = None
         if engine is not None:
-            from trainctl.image.container import remove_job_containers
+            from trainctl.image.container import ContainerCleanupError, remove_job_containers
 
-            remove_job_containers(engine, job)
+            try:
+                remove_job_containers(engine, job)
+            except ContainerCleanupError as exc:  # the rest is removed all the same
+                left = exc
         shutil.rmtree(self.nodes_dir(job), ignore_errors=True)
         parent = self.nodes_dir(job).parent
         try:
             parent.rmdir()  # only if no other job's nodes are there
         except OSError:
             pass
+        if left is not None:
+            raise left
 
     def _marked_engine(self, job: str) -> Engine | None:
         """The engine that ran `job`'s containers (recorded at provision), if it did."""
