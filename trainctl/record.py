@@ -31,6 +31,15 @@ def parse_iso(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+REMOTE_START_SUFFIX = ".remote-start.json"
+
+
+def nodes_only(key: str) -> bool:
+    """Whether a job's object is for its nodes alone (it holds a token that lets mpirun
+    start processes on them): the dashboard neither lists nor serves it."""
+    return key.endswith(REMOTE_START_SUFFIX)
+
+
 class JobKeys:
     """Store keys of one job (see design.md, 'The data path')."""
 
@@ -91,7 +100,7 @@ class JobKeys:
     def remote_start(self, attempt: int, rank: int) -> str:
         """Where the node's agent takes mpirun's remote starts, with its token (see
         node.remote_start); removed when the node ends."""
-        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.remote-start.json"
+        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}{REMOTE_START_SUFFIX}"
 
     def stopping(self, attempt: int) -> str:
         """Why the controller is stopping an attempt's nodes (written before it signals them,

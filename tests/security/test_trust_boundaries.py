@@ -333,6 +333,11 @@ def test_secrets_stay_out_of_everything_shown(home, src):
     real = hashlib.sha256(f"--password {PASSWORD} --epochs 2".encode()).hexdigest()
     assert f"argv-sha {real}" in shown[2]
     assert "env <redacted> <redacted>" in shown[2]
+    # A running multi-host MPI node's remote-start endpoint (its token lets mpirun start
+    # processes there): for the job's nodes only, never listed or served by the dashboard.
+    token = "f" * 64
+    endpoint = store / "jobs" / "secretive" / "attempts" / "attempt-1" / "node-1.remote-start.json"
+    endpoint.write_text(json.dumps({"address": "127.0.0.1", "port": 1, "token": token}))
     # The dashboard: the API, the record's file view (redacted, never raw), DNS rebinding.
     port = free_port()
     ui = subprocess.Popen([TRAINCTL, "ui", "--port", str(port)], stderr=subprocess.PIPE, text=True)
@@ -344,6 +349,13 @@ def test_secrets_stay_out_of_everything_shown(home, src):
             assert status == 200, (path, body)
             assert not any(s.encode() in body for s in secrets), path
         assert json.loads(_get(port, "/api/jobs/secretive/files/job.json")[1])["name"]
+        status, listed = _get(port, "/api/jobs/secretive/artifacts")
+        assert status == 200 and b"attempts/attempt-1/cluster.json" in listed
+        assert b"remote-start" not in listed
+        status, body = _get(
+            port, "/api/jobs/secretive/files/attempts/attempt-1/node-1.remote-start.json"
+        )
+        assert status == 404 and token.encode() not in body
         for host in ("evil.example", "evil.example:80", f"attacker.test:{port}"):
             status, body = _get(port, "/api/jobs", host=host)
             assert status == 421 and b"secretive" not in body, host

@@ -48,7 +48,7 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
 
     from trainctl.controller.supervise import controller_view
     from trainctl.errors import NotFoundError, SpecError, TrainctlError, UnreadableRecordError
-    from trainctl.record import JobKeys, JobStore, scan_jobs
+    from trainctl.record import JobKeys, JobStore, nodes_only, scan_jobs
 
     def job_store(request: Request) -> JobStore:
         name = request.path_params["job"]
@@ -112,6 +112,8 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         files = []
         for root, infos in job_artifacts(store, jobs.name):
             for info in infos:
+                if nodes_only(info.key):
+                    continue
                 path = info.key if root == prefix else f"output/{info.key}"
                 files.append({"path": path, "size": info.size, "mtime": info.mtime})
         return JSONResponse(sorted(files, key=lambda f: f["path"]))
@@ -123,6 +125,8 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         path = request.path_params["path"].strip("/")
         if not path or ".." in path.split("/"):
             return PlainTextResponse("not a file of the job", status_code=400)
+        if nodes_only(path):
+            return PlainTextResponse(f"{path} not found", status_code=404)
         if path == "job.json":  # the record holds the job's secrets: shown redacted only
             return JSONResponse(
                 jobs.load().redacted_dump(),
