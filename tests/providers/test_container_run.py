@@ -166,6 +166,9 @@ IMAGE_DISTRIBUTIONS = [
     "torch", "numpy", "scikit-learn", "pydantic", "pydantic-settings", "pyyaml", "pathspec",
     "boto3",
 ]  # fmt: skip
+# What the agent itself needs: an image for what is not about the training (building,
+# pushing and pulling one), whose layers are megabytes, not torch's gigabyte.
+AGENT_DISTRIBUTIONS = ["pydantic", "pydantic-settings", "pyyaml", "pathspec"]
 NOT_IN_IMAGE = {"setuptools"}  # torch lists it for building C++ extensions only
 SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 looks here
 # Parts of packages nothing imports at run time (headers, test suites).
@@ -175,11 +178,11 @@ STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensure
 STDLIB_SKIPPED |= {"pydoc_data", "config-3.11-x86_64-linux-gnu", "sitecustomize.py"}
 
 
-def _distributions() -> list[importlib.metadata.Distribution]:
+def _distributions(names: list[str]) -> list[importlib.metadata.Distribution]:
     from packaging.requirements import Requirement
 
     seen: dict[str, importlib.metadata.Distribution] = {}
-    todo = list(IMAGE_DISTRIBUTIONS)
+    todo = list(names)
     while todo:
         name = todo.pop().lower().replace("_", "-")
         if name in seen or name in NOT_IN_IMAGE:
@@ -193,9 +196,9 @@ def _distributions() -> list[importlib.metadata.Distribution]:
     return list(seen.values())
 
 
-def _top_levels(site: Path) -> list[Path]:
+def _top_levels(site: Path, names: list[str]) -> list[Path]:
     tops: set[str] = set()
-    for dist in _distributions():
+    for dist in _distributions(names):
         for file in dist.files or []:
             first = file.parts[0]
             if first.endswith(".dist-info") or first in ("..", "__pycache__"):
@@ -218,10 +221,11 @@ def _system_libraries(binaries: list[Path], site: Path) -> set[str]:
     return {lib for lib in libraries if not lib.startswith(str(site))}
 
 
-def write_node_rootfs(out: io.BufferedIOBase) -> None:
-    """Stream a root filesystem with python3.11, torch, the digits packages and trainctl."""
-    site = Path(importlib.metadata.distribution("torch").locate_file(""))
-    tops = _top_levels(site)
+def write_node_rootfs(out: io.BufferedIOBase, distributions: list[str]) -> None:
+    """Stream a root filesystem with python3.11, `distributions` (and what they require)
+    and trainctl."""
+    site = Path(importlib.metadata.distribution("pydantic").locate_file(""))
+    tops = _top_levels(site, distributions)
     # dash as /bin/sh: image builds run their RUN steps with it.
     binaries = [
         Path("/usr/bin/python3.11"),
@@ -293,15 +297,21 @@ def _podman() -> Engine:
     return engine
 
 
-def import_node_image(argv: list[str], tag: str, env: dict[str, str] | None = None) -> None:
-    """Stream the node root filesystem into `argv` (an engine's `import - TAG`)."""
+def import_node_image(
+    argv: list[str],
+    tag: str,
+    env: dict[str, str] | None = None,
+    distributions: list[str] = IMAGE_DISTRIBUTIONS,
+) -> None:
+    """Stream the node root filesystem into `argv` (an engine's `import - TAG`): torch and
+    the digits packages, or the `distributions` given."""
     started = time.monotonic()
     importer = subprocess.Popen(
         argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     assert importer.stdin is not None and importer.stderr is not None
     try:
-        write_node_rootfs(importer.stdin)
+        write_node_rootfs(importer.stdin, distributions)
         importer.stdin.close()
         importer.wait(timeout=180)
         assert importer.returncode == 0, importer.stderr.read().decode(errors="replace")
@@ -352,7 +362,7 @@ def in_podman(home, monkeypatch, podman) -> Iterator[Engine]:
 
 def digits(image: str, **fields) -> Estimator:
     """A 2-node digits job in `image`: the plain launcher (tests/helpers.py says why) unless
-    the test asks for torchrun, as the first podman job here and docker's do."""
+    the test asks for torchrun, as the first podman job here and docker's stop does."""
     hyperparameters = {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
     job_name = f"{JOB_PREFIX}-{next(_job_numbers)}"
     return digits_estimator(hyperparameters, **{"image_uri": image, "job_name": job_name, **fields})
@@ -402,10 +412,10 @@ def test_stop_reaches_the_agent_inside_and_saves_an_emergency_checkpoint(in_podm
     check_stop_saves_an_emergency_checkpoint(in_podman, node_image)
 
 
-def check_stop_saves_an_emergency_checkpoint(engine: Engine, image: str) -> None:
+def check_stop_saves_an_emergency_checkpoint(engine: Engine, image: str, **fields) -> None:
     """job.stop() SIGTERMs the engine processes; the signal reaches the agents inside
     (sig-proxy + init), the script checkpoints and exits, and no container is left."""
-    est = digits(image, hyperparameters={"epochs": 8, "step-delay": 0.2})
+    est = digits(image, hyperparameters={"epochs": 8, "step-delay": 0.2}, **fields)
     job = est.fit(wait=False)
     _wait_for_log(job, "hyperparameters:", timeout=90)
     deadline = time.monotonic() + 60  # a periodic checkpoint: the training loop is running
