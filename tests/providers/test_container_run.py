@@ -337,6 +337,20 @@ def node_image() -> Iterator[str]:
         engine.run("rmi", "-f", tag, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def agent_image() -> Iterator[str]:
+    """python and what the agent needs, no torch: the base of the images the tests here
+    push (pushing torch's layers was most of a minute), removed after this file."""
+    engine = _podman()
+    tag = f"localhost/trainctl-test-agent:{os.getpid()}"
+    try:
+        argv = [engine.path, "import", "--quiet", "-", tag]
+        import_node_image(argv, tag, distributions=AGENT_DISTRIBUTIONS)
+        yield tag
+    finally:
+        engine.run("rmi", "-f", tag, timeout=120)
+
+
 @pytest.fixture
 def podman(node_image) -> Engine:
     engine = find_engine("podman")
@@ -366,6 +380,17 @@ def digits(image: str, **fields) -> Estimator:
     hyperparameters = {"epochs": 2, "lr": 0.1, "seed": 0, "checkpoint-every": 10}
     job_name = f"{JOB_PREFIX}-{next(_job_numbers)}"
     return digits_estimator(hyperparameters, **{"image_uri": image, "job_name": job_name, **fields})
+
+
+def image_job(image: str | None, **fields) -> Estimator:
+    """A 2-node job of tests/fixtures/imagejob (no torch) in `image`."""
+    job_name = f"{JOB_PREFIX}-{next(_job_numbers)}"
+    return Estimator(
+        entry_point="train.py",
+        source_dir=str(FIXTURES / "imagejob"),
+        instance_count=2,
+        **{"image_uri": image, "job_name": job_name, **fields},
+    )
 
 
 # -- real jobs in podman containers --------------------------------------------------------
@@ -575,33 +600,35 @@ def check_killed_node_is_replaced(engine: Engine, image: str) -> None:
 
 @pytest.mark.timeout(240)
 def test_build_push_pull_then_a_two_node_job_runs_in_the_pulled_image(
-    in_podman, node_image, module_registry
+    in_podman, agent_image, module_registry
 ):
-    """The job's image is built from the node image (toolkit and code baked in), pushed to
-    a registry on loopback and removed here; the job then pulls it and runs in it."""
+    """The job's image is built on a base image (toolkit and code baked in), pushed to a
+    registry on loopback and removed here; the job then pulls it and runs in it."""
     from trainctl.image.build import build_image, plan_build
 
     plan = plan_build(
-        EXAMPLES / "digits",
+        FIXTURES / "imagejob",
         "train.py",
-        base_image=node_image,
-        repository=f"{module_registry.host}/trainctl/digits",
+        base_image=agent_image,
+        repository=f"{module_registry.host}/trainctl/imagejob",
         s3=False,  # a file:// store: the node image needs no boto3
     )
     assert 'RUN python3 -c "import pathspec, pydantic, pydantic_settings, yaml"' in plan.dockerfile
     built = build_image(plan, push=True, engine=in_podman)
     try:
         assert built.built and built.pushed
-        assert module_registry.has_manifest("trainctl/digits", built.tag)
+        assert module_registry.has_manifest("trainctl/imagejob", built.tag)
         again = build_image(plan, push=True, engine=in_podman)  # same inputs: nothing to do
         assert not again.built and not again.pushed, again
         assert in_podman.run("rmi", "-f", built.image, timeout=120).returncode == 0
         assert not in_podman.image_exists(built.image)
 
-        job = digits(built.image).fit(logs=False)  # preflight pulls it back
+        job = image_job(built.image).fit(logs=False)  # preflight pulls it back
         info = job.describe()
         assert info["state"] == "Completed", info
         assert in_podman.image_exists(built.image)
+        node1 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
+        assert "rank 1/2 in /opt/ml/code" in node1
         assert not job_containers(in_podman, job.name)
     finally:
         in_podman.run("rmi", "-f", built.image, timeout=120)
@@ -671,22 +698,24 @@ def test_ec2_job_in_an_image_without_the_agent_fails_at_once_and_leaves_nothing(
 
 @pytest.mark.timeout(240)
 def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
-    in_podman, node_image, sshd, module_registry, monkeypatch
+    in_podman, agent_image, sshd, module_registry, monkeypatch
 ):
     """build_image=True for remote hosts: built here, pushed to image_repository, pulled
     by each host's engine; the job's record names the image it ran."""
     from trainctl.record import JobStore
 
-    repository = f"{module_registry.host}/trainctl/digits-ssh"
+    repository = f"{module_registry.host}/trainctl/imagejob-ssh"
     monkeypatch.setenv("TRAINCTL_IMAGE_REPOSITORY", repository)
     hosts = [server.host(user="root").model_dump() for server in sshd.servers[:2]]
-    est = digits(None, instance_type="ssh", hosts=hosts, build_image=True, base_image=node_image)
+    est = image_job(
+        None, instance_type="ssh", hosts=hosts, build_image=True, base_image=agent_image
+    )
     try:
         job = est.fit(logs=False)
         assert job.describe()["state"] == "Completed"
         image = JobStore(job.store, job.name).load().spec.image_uri
         assert image is not None and image.startswith(repository + ":")
-        assert module_registry.has_manifest("trainctl/digits-ssh", image.rsplit(":", 1)[1])
+        assert module_registry.has_manifest("trainctl/imagejob-ssh", image.rsplit(":", 1)[1])
         assert not job_containers(in_podman, job.name)
     finally:
         for ref in _images_of(in_podman, repository):

@@ -1,9 +1,10 @@
 """The docker code path against a real Docker engine (a private dockerd, tests/dockerd.py):
 build -> push to a loopback registry -> pull -> a 2-node job in the pulled image, then
 examples/digits in docker containers: stop (SIGTERM through `docker run`'s signal proxy and
-docker-init, and torchrun), and a killed node. podman covers the same ground in test_container_run.py; the two engines differ
-in what matters here: image storage, build (docker's builder), `--init`, signal proxying and
-what happens to a container when its `docker run` client dies.
+docker-init, and torchrun), and a killed node. podman covers the same ground in
+test_container_run.py; the two engines differ in what matters here: image storage, build
+(docker's builder), `--init`, signal proxying and what happens to a container when its
+`docker run` client dies.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.providers.test_container_run import (
     JOB_PREFIX,
     check_killed_node_is_replaced,
     check_stop_saves_an_emergency_checkpoint,
+    image_job,
     import_node_image,
 )
 from tests.rigs.dockerd import Dockerd, dockerd  # noqa: F401  (the session's daemon)
@@ -73,7 +75,6 @@ def test_build_push_pull_then_a_two_node_job_runs_in_docker(
     """docker's builder makes the job's image (toolkit and code on the base), pushes it to
     a registry on loopback; removed here, it is pulled back by the job's preflight and both
     nodes run in it. (Training in docker's containers: the stop and kill tests below.)"""
-    from trainctl import Estimator
     from trainctl.image.build import build_image, plan_build
 
     plan = plan_build(
@@ -93,13 +94,7 @@ def test_build_push_pull_then_a_two_node_job_runs_in_docker(
         assert in_docker.run("rmi", "-f", built.image, timeout=120).returncode == 0
         assert not in_docker.image_exists(built.image)
 
-        job = Estimator(
-            entry_point="train.py",
-            source_dir=str(FIXTURES / "imagejob"),
-            image_uri=built.image,
-            instance_count=2,
-            job_name=f"{JOB_PREFIX}-pulled",
-        ).fit(logs=False)
+        job = image_job(built.image).fit(logs=False)  # preflight pulls it back
         info = job.describe()
         assert info["state"] == "Completed", info
         assert in_docker.image_exists(built.image)
