@@ -254,17 +254,29 @@ def test_mpi_rank0_distinct_addresses(src: Path) -> None:
     assert plain[plain.index("plm_rsh_agent") + 1] == f"{PY} -m trainctl.node.remote_start"
 
 
-def test_mpi_traffic_stays_on_the_interface_the_cluster_pins(src: Path) -> None:
+def test_mpi_traffic_stays_on_the_interfaces_the_cluster_gives_nccl(src: Path) -> None:
     spec = _spec(src, distribution="mpi")
     pinned = _cluster(("127.0.0.2", "127.0.0.3"), network_env={"NCCL_SOCKET_IFNAME": "lo"})
     argv = build_node_command(spec, pinned, 0, python=PY).argv
     assert argv[argv.index("oob_tcp_if_include") + 1] == "lo"
     assert argv[argv.index("btl_tcp_if_include") + 1] == "lo"
+    # EC2's exclusion (NCCL's prefixes): Open MPI's whole names, docker's bridge among them
     excluded = _cluster(("a", "b"), network_env={"NCCL_SOCKET_IFNAME": "^lo,docker"})
-    assert "oob_tcp_if_include" not in build_node_command(spec, excluded, 0, python=PY).argv
-    mine = _spec(src, distribution={"mpi": {"custom_mpi_options": "--mca btl_tcp_if_include eth1"}})
-    argv = build_node_command(mine, pinned, 0, python=PY).argv
-    assert argv.count("btl_tcp_if_include") == 1 and "oob_tcp_if_include" in argv
+    argv = build_node_command(spec, excluded, 0, python=PY).argv
+    assert argv[argv.index("oob_tcp_if_exclude") + 1] == "lo,docker0"
+    assert argv[argv.index("btl_tcp_if_exclude") + 1] == "lo,docker0"
+    assert "btl_tcp_if_include" not in argv
+    # nothing given to NCCL (an SSH host's network is the user's): Open MPI's defaults
+    argv = build_node_command(spec, _cluster(("a", "b")), 0, python=PY).argv
+    assert not [word for word in argv if "_tcp_if_" in word]
+    # the user's choice for a part wins, include or exclude (Open MPI refuses both at once)
+    mine = _spec(src, distribution={"mpi": {"custom_mpi_options": "--mca btl_tcp_if_exclude eth1"}})
+    argv = build_node_command(mine, excluded, 0, python=PY).argv
+    assert (
+        argv.count("btl_tcp_if_exclude") == 1
+        and argv[argv.index("btl_tcp_if_exclude") + 1] == "eth1"
+    )
+    assert "btl_tcp_if_include" not in argv and "oob_tcp_if_exclude" in argv
 
 
 def test_mpi_worker_ranks_run_nothing(src: Path) -> None:

@@ -97,14 +97,26 @@ def daemon_env(cluster: ClusterInfo, python: str, code_dir: str) -> dict[str, st
     }
 
 
+# NCCL's exclusion entries are name prefixes; Open MPI's are whole names: docker's bridge.
+_WHOLE_NAMES = {"docker": "docker0"}
+
+
 def _interface_options(cluster: ClusterInfo, custom: list[str]) -> list[str]:
-    """Open MPI's own traffic (daemons, TCP messages) on the interface the cluster pins
-    (`lo` on loopback clusters), unless the user's options choose one."""
-    pinned = cluster.network_env.get("NCCL_SOCKET_IFNAME", "")
-    if not pinned or pinned.startswith("^"):
+    """Open MPI's own traffic (daemons, TCP messages) on the interfaces the cluster gives
+    NCCL: the one it pins (`lo` on loopback clusters), or all but those it excludes (EC2:
+    the loopback and docker's bridge, which has one address on every host, so a process
+    that takes it for a peer's reaches itself and hangs). Not for a part whose interfaces
+    the user's options choose (Open MPI refuses an include and an exclude together)."""
+    nccl = cluster.network_env.get("NCCL_SOCKET_IFNAME", "")
+    if not nccl:
         return []
+    if nccl.startswith("^"):
+        names = [_WHOLE_NAMES.get(name, name) for name in nccl[1:].split(",") if name]
+        choice, value = "exclude", ",".join(names)
+    else:
+        choice, value = "include", nccl
     options: list[str] = []
-    for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
-        if not any(param in word for word in custom):
-            options += ["--mca", param, pinned]
+    for part in ("oob_tcp_if_", "btl_tcp_if_"):
+        if not any(part in word for word in custom):
+            options += ["--mca", f"{part}{choice}", value]
     return options
