@@ -540,7 +540,6 @@ class Agent:
         """Start `orted` here when rank 0's mpirun asks (trainctl.node.remote_start), and say
         where in the store for rank 0."""
         from trainctl.launcher.mpi import daemon_env
-        from trainctl.node.remote_start import RemoteStartServer
 
         extra = daemon_env(self.cluster, python, str(self.layout.code))
         self.remote_starts = RemoteStartServer(
