@@ -501,6 +501,42 @@ def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     assert final.failure_reason.startswith("nodes failed to start 3 times in a row: algo-1 lost")
 
 
+def test_a_relaunch_goes_on_when_the_last_attempts_capacity_was_not_all_released(
+    home, source, capsys
+):
+    """A teardown that fails between attempts (a container engine that hangs) is said, and
+    the job relaunches all the same; the job's final teardown tries again."""
+    from trainctl.controller.controller import MAX_ATTEMPTS_NEVER_STARTED, Controller
+    from trainctl.controller.submit import create_job, default_store
+    from trainctl.image.container import ContainerCleanupError
+    from trainctl.provisioning.local import LocalProvider
+    from trainctl.record import JobStore
+    from trainctl.spec.build import build_spec
+
+    teardowns: list[str] = []
+
+    class StuckEngine(LocalProvider):
+        def node_runner(self, cluster, rank):
+            return dataclasses.replace(super().node_runner(cluster, rank), python="/bin/false")
+
+        def terminate(self, job, *, grace):
+            super().terminate(job, grace=grace)
+            teardowns.append(job)
+            raise ContainerCleanupError("`podman rm -f` did not answer within 120 s")
+
+    store = default_store()
+    record = create_job(build_spec(entry_point=str(source("probe") / "probe.py")), store)
+    final = Controller(store, record.name, provider=StuckEngine()).run()
+    assert len(final.attempts) == MAX_ATTEMPTS_NEVER_STARTED
+    assert final.failure_reason.startswith("nodes failed to start 3 times in a row")
+    assert len(teardowns) == MAX_ATTEMPTS_NEVER_STARTED  # two relaunches and the last
+    said = capsys.readouterr().err
+    assert "attempt 1's capacity was not all released: `podman rm -f` did not answer" in said
+    events = JobStore(store, record.name).events()
+    failed = [e for e in events if e["type"] == "teardown_failed"]
+    assert [e["attempt"] for e in failed] == [1, 2]
+
+
 def test_a_script_that_writes_into_its_channel_leaves_the_source_untouched(home, source, tmp_path):
     """File mode (the default) gives each node a copy of a file:// channel, as SageMaker's
     File mode does; FastFile links the original, and says so in the log."""

@@ -278,7 +278,9 @@ class Controller:
             try:
                 self.provider.terminate(self.name, grace=0)
             except Exception as exc:
-                self._info(f"attempt {attempt}'s capacity was not all released: {exc}")
+                why = f"attempt {attempt}'s capacity was not all released: {exc}"
+                self.jobs.event("teardown_failed", attempt=attempt, error=str(exc))
+                sys.stderr.write(f"[trainctl] {why}\n")
             self._record_usage()
             if (started := self._next_attempt()) is None:
                 return
