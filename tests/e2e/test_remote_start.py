@@ -94,7 +94,8 @@ def test_only_orted_with_the_right_token_is_started(node, monkeypatch, capfd, tm
 
 
 def test_garbage_and_floods_are_refused_and_the_node_keeps_serving(node, monkeypatch, capfd):
-    for junk in (b"\xff\x00binary\n", b"[1, 2]\n", b"x" * (70 * 1024), b"{}\n", b""):
+    deep = b"[" * 60_000 + b"\n"  # deeper than json reads: no traceback either
+    for junk in (b"\xff\x00binary\n", b"[1, 2]\n", b"x" * (70 * 1024), b"{}\n", b"", deep):
         with socket.create_connection(("127.0.0.1", node.port), timeout=5) as conn:
             conn.sendall(junk)
             conn.shutdown(socket.SHUT_WR)
@@ -104,7 +105,8 @@ def test_garbage_and_floods_are_refused_and_the_node_keeps_serving(node, monkeyp
                     pass
             except ConnectionResetError:
                 pass  # the flood: closed with what it had not read
-    assert len(node.logged) == 5
+    assert len(node.logged) == 6
+    assert node.logged[5].endswith("a request that is not JSON")
     assert "a request over 65536 bytes" in node.logged[2]
     assert not node.pid_file.exists()
     code, _ = run_client(node, monkeypatch, capfd, "127.0.0.1", "orted")

@@ -211,7 +211,7 @@ def _read_request(conn: socket.socket) -> dict[str, object]:
             raise ValueError(f"a request over {MAX_REQUEST_BYTES} bytes")
     try:
         request = json.loads(data.split(b"\n", 1)[0])
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: nested deeper than json reads)
         raise ValueError("a request that is not JSON") from None
     if not isinstance(request, dict):
         raise ValueError("a request that is not a JSON object")
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError:
         known = ", ".join(sorted(table)) if isinstance(table, dict) else "none"
         return _fail(f"no node of this job at {host} (its nodes: {known})")
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
         return _fail(f"cannot read {where}: {exc}")
     deadline = time.monotonic() + CONNECT_SECONDS
     while True:
