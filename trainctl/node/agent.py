@@ -492,7 +492,10 @@ class Agent:
             return self.finish(0, None, None)
         env = self.environment(command.env)
         if self.remote_starts is not None:
-            env[ENDPOINTS_VARIABLE] = str(self.remote_start_table())
+            try:
+                env[ENDPOINTS_VARIABLE] = str(self.remote_start_table())
+            except ValueError as exc:
+                return self.finish(EXIT_INFRA, f"cannot start mpirun: {exc}", None)
         self.log(f"launching: {' '.join(command.argv)}")
         try:
             self.proc = subprocess.Popen(
@@ -565,7 +568,7 @@ class Agent:
                     continue
                 try:
                     key = self.jobs.keys.remote_start(self.attempt, node.rank)
-                    endpoints[node.rank] = json.loads(self.store.get_text(key))
+                    endpoints[node.rank] = readable_endpoint(self.store.get_text(key), node.host)
                 except NotFoundError:
                     pass
             if len(endpoints) < len(self.cluster.nodes):
@@ -732,6 +735,21 @@ class Agent:
             sys.stderr.write(f"[trainctl] could not record the node result: {exc}\n")
         emit("result", **result)
         return code
+
+
+def readable_endpoint(text: str, host: str) -> dict[str, Any]:
+    """A node's remote-start endpoint as its agent stored it; ValueError naming the host
+    when the stored copy is not one (corrupt, or written by something else)."""
+    try:
+        endpoint = json.loads(text)
+    except (ValueError, RecursionError):
+        endpoint = None
+    fields = {"address": str, "port": int, "token": str}
+    if not isinstance(endpoint, dict) or not all(
+        isinstance(endpoint.get(name), kind) for name, kind in fields.items()
+    ):
+        raise ValueError(f"the remote-start endpoint of {host} in the store is unreadable")
+    return endpoint
 
 
 def exit_text(code: int) -> str:
