@@ -37,7 +37,7 @@ from trainctl.node.output import (
     failure_from_output,
     yielding,
 )
-from trainctl.node.remote_start import ENDPOINTS_VARIABLE, RemoteStartServer
+from trainctl.node.remote_start import ENDPOINTS_VARIABLE, RemoteStartServer, read_endpoint
 from trainctl.node.staging import pack_directory, stage_channel, write_json
 from trainctl.procs import children, descendants, signal_all
 from trainctl.protocol import (
@@ -568,7 +568,7 @@ class Agent:
                     continue
                 try:
                     key = self.jobs.keys.remote_start(self.attempt, node.rank)
-                    endpoints[node.rank] = readable_endpoint(self.store.get_text(key), node.host)
+                    endpoints[node.rank] = read_endpoint(self.store.get_text(key), node.host)
                 except NotFoundError:
                     pass
             if len(endpoints) < len(self.cluster.nodes):
@@ -735,21 +735,6 @@ class Agent:
             sys.stderr.write(f"[trainctl] could not record the node result: {exc}\n")
         emit("result", **result)
         return code
-
-
-def readable_endpoint(text: str, host: str) -> dict[str, Any]:
-    """A node's remote-start endpoint as its agent stored it; ValueError naming the host
-    when the stored copy is not one (corrupt, or written by something else)."""
-    try:
-        endpoint = json.loads(text)
-    except (ValueError, RecursionError):
-        endpoint = None
-    fields = {"address": str, "port": int, "token": str}
-    if not isinstance(endpoint, dict) or not all(
-        isinstance(endpoint.get(name), kind) for name, kind in fields.items()
-    ):
-        raise ValueError(f"the remote-start endpoint of {host} in the store is unreadable")
-    return endpoint
 
 
 def exit_text(code: int) -> str:

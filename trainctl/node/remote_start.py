@@ -232,6 +232,21 @@ def _receive_exactly(conn: socket.socket, size: int) -> bytes | None:
     return data
 
 
+def read_endpoint(text: str, host: str) -> dict[str, str | int]:
+    """A node's endpoint as its agent stored it (`endpoint()`); ValueError naming the host
+    when the stored copy is not one (corrupt, or written by something else)."""
+    try:
+        endpoint = json.loads(text)
+    except (ValueError, RecursionError):
+        endpoint = None
+    fields = {"address": str, "port": int, "token": str}
+    if not isinstance(endpoint, dict) or not all(
+        isinstance(endpoint.get(name), kind) for name, kind in fields.items()
+    ):
+        raise ValueError(f"the remote-start endpoint of {host} in the store is unreadable")
+    return endpoint
+
+
 def write_endpoints(path: Path, endpoints: list[dict[str, str | int]]) -> None:
     """Rank 0's file of every node's endpoint, keyed by the address mpirun is given; only
     its owner reads it (it holds the tokens)."""
