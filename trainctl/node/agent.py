@@ -484,12 +484,9 @@ class Agent:
             self.idle = True
             self.say("idle")
             self.log("this host runs no launcher of its own; waiting for the job to end")
-            try:
-                while not self.stopping:
-                    time.sleep(0.5)
-            finally:
-                self.end_remote_starts()
-            return self.finish(0, None, None)
+            while not self.stopping:
+                time.sleep(0.5)
+            return self.finish(0, None, None)  # (which ends the remote starts)
         env = self.environment(command.env)
         if self.remote_starts is not None:
             try:
