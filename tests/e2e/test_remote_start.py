@@ -97,14 +97,15 @@ def test_garbage_and_floods_are_refused_and_the_node_keeps_serving(node, monkeyp
     deep = b"[" * 60_000 + b"\n"  # deeper than json reads: no traceback either
     for junk in (b"\xff\x00binary\n", b"[1, 2]\n", b"x" * (70 * 1024), b"{}\n", b"", deep):
         with socket.create_connection(("127.0.0.1", node.port), timeout=5) as conn:
-            conn.sendall(junk)
-            conn.shutdown(socket.SHUT_WR)
-            conn.settimeout(5)
+            # The node may refuse and close before all is sent or read (the flood, or a
+            # request it has already judged): the connection is then reset or gone.
             try:
+                conn.sendall(junk)
+                conn.shutdown(socket.SHUT_WR)
                 while conn.recv(4096):
                     pass
-            except ConnectionResetError:
-                pass  # the flood: closed with what it had not read
+            except OSError:
+                pass
     assert len(node.logged) == 6
     assert node.logged[5].endswith("a request that is not JSON")
     assert "a request over 65536 bytes" in node.logged[2]
