@@ -184,15 +184,19 @@ def _mpi_allreduce(source, **fields) -> Estimator:
 def test_mpi_runs_every_process_from_the_first_host(home, source):
     """distribution mpi: algo-1 runs `mpirun` over both hosts' slots (one address here, so
     no remote shell), algo-2 runs nothing; the processes find each other by Open MPI's
-    ranks and all-reduce."""
-    job = _mpi_allreduce(source).fit(logs=False)
+    ranks and all-reduce. Each process's lines stay whole in the log, with its rank, while
+    both print at once (untagged, two processes' lines shared one: "SUM 1 3SUM 0 3")."""
+    job = _mpi_allreduce(source, hyperparameters={"lines": 400}).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed", info
     assert info["launcher"] == "mpi"
     node0 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
     node1 = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-1.log")
     assert "launching: mpirun --allow-run-as-root --host 127.0.0.1:2 -np 2" in node0
-    assert "SUM 0 3" in node0 and "SUM 1 3" in node0
+    assert "[rank 0]\tSUM 0 3" in node0 and "[rank 1]\tSUM 1 3" in node0
+    printed = [line[line.index("[rank") :] for line in node0.splitlines() if "LINE" in line]
+    whole = {f"[rank {r}]\tLINE {r} {i} {'x' * 40}" for r in (0, 1) for i in range(400)}
+    assert sorted(printed) == sorted(whole), [p for p in printed if p not in whole][:5]
     assert "MPI rank" not in node1 and "runs no launcher of its own" in node1
 
 
@@ -210,6 +214,10 @@ def test_mpi_process_that_fails_fails_the_job_with_its_error(home, source):
         "algo-1: ValueError: rank 1 was told to fail",
         "algo-1: mpirun: MPI rank 1 exited with code 1 (its error output did not arrive)",
     ), info
+    if "ValueError" in info["failure_reason"]:  # the traceback is the process's, in order
+        node0 = raised.value.job.store.get_text(f"jobs/{info['name']}/logs/attempt-1/node-0.log")
+        assert "[rank 1]\tTraceback (most recent call last):" in node0
+        assert "[rank 1]\tValueError: rank 1 was told to fail" in node0
 
 
 def test_failing_script_fails_job_with_traceback(home, source, capsys):

@@ -22,7 +22,7 @@ from tests.helpers import log_lines
 from tests.rigs.sshd import SshdServer, free_port, job_processes
 from trainctl import Estimator
 from trainctl.errors import SpecError
-from trainctl.protocol import EXIT_INFRA
+from trainctl.protocol import EXIT_INFRA, split_rank
 from trainctl.provisioning.remote import SshProvisionError
 from trainctl.provisioning.ssh import SshProvider, SshTeardownError
 from trainctl.spec.build import build_spec
@@ -142,11 +142,14 @@ def test_mpi_across_hosts_starts_each_hosts_processes_through_its_agent(
     )
     launch = next(ln for ln in log_lines(node0) if "launching: mpirun" in ln)
     assert "-m trainctl.node.remote_start" in launch and "oob_tcp_if_include lo" in launch
-    assert "SUM 0 3" in node0 and "SUM 1 3" in node0
+    assert "[rank 0]\tSUM 0 3" in node0 and "[rank 1]\tSUM 1 3" in node0
+    # each line is its process's, tagged with its rank (the second host's came through its
+    # orted, started by its agent)
+    ranked = [split_rank(ln) for ln in log_lines(node0)]
     places = {
-        int(ln.split()[1]): json.loads(ln.split(" ", 2)[2])
-        for ln in log_lines(node0)
-        if ln.startswith("PLACE ")
+        rank: json.loads(text.split(" ", 2)[2])
+        for rank, text in ranked
+        if text.startswith("PLACE ") and text.split()[1] == str(rank)
     }
     threads = str(max(1, usable_cpus() // 2))  # both hosts are this machine
     for rank, server, python in (

@@ -212,8 +212,17 @@ def test_mpi_rank0_shared_address(src: Path) -> None:
     assert cmd.argv[0] == "mpirun"
     assert _mpi_flag(cmd.argv, "-np") == "4"
     assert _mpi_flag(cmd.argv, "--host") == "127.0.0.1:4"
-    # The script and its arguments come last, after the python to run it with.
-    assert cmd.argv[-(len(HP_ARGV) + 2) :] == [PY, "train.py", *HP_ARGV]
+    # The script and its arguments come last, after the python to run it with (the job's,
+    # named in the environment), its errors with its output; each piece tagged with its rank.
+    assert cmd.argv[-(len(HP_ARGV) + 5) :] == [
+        "/bin/sh",
+        "-c",
+        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@" 2>&1',
+        "python",
+        "train.py",
+        *HP_ARGV,
+    ]
+    assert "--tag-output" in cmd.argv and cmd.mpirun_output
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         i = cmd.argv.index(var)
         assert cmd.argv[i - 1] == "-x"
@@ -244,7 +253,7 @@ def test_mpi_rank0_distinct_addresses(src: Path) -> None:
     program = [
         "/bin/sh",
         "-c",
-        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@"',
+        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@" 2>&1',
         "python",
         "train.py",
     ]
@@ -292,19 +301,19 @@ def test_mpi_processes_per_host_and_custom_options(src: Path) -> None:
         distribution={
             "mpi": {
                 "processes_per_host": 3,
-                "custom_mpi_options": "-x NCCL_DEBUG=INFO --tag-output",
+                "custom_mpi_options": "-x NCCL_DEBUG=INFO --timestamp-output",
             }
         },
     )
     argv = build_node_command(spec, _cluster(("a", "b", "c")), 0, python=PY).argv
     assert _mpi_flag(argv, "-np") == "9"
     assert _mpi_flag(argv, "--host") == "a:3,b:3,c:3"
-    i = argv.index("--tag-output")
-    assert argv[i - 2 : i + 1] == ["-x", "NCCL_DEBUG=INFO", "--tag-output"]
+    i = argv.index("--timestamp-output")
+    assert argv[i - 2 : i + 1] == ["-x", "NCCL_DEBUG=INFO", "--timestamp-output"]
     assert argv[i + 1 :] == [
         "/bin/sh",
         "-c",
-        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@"',
+        'cd "$TRAINCTL_CODE_DIR" && exec "$TRAINCTL_JOB_PYTHON" "$@" 2>&1',
         "python",
         "train.py",
     ]

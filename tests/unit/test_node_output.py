@@ -31,6 +31,23 @@ def test_pieces_of_several_ranks_make_whole_lines():
     assert lines.flush() == [(2, "cut")]
 
 
+def test_pieces_mpirun_tags_make_whole_lines():
+    """mpirun --tag-output forwards each process's output in pieces as it read them, each
+    tagged `[job,rank]<stdout>:` (after a time with --timestamp-output); a line cut between
+    two reads is joined again, and text that only looks like a tag outside mpirun is text."""
+    lines = RankedLines(mpirun=True)
+    assert lines.feed("[1,0]<stdout>:SUM 0 3") == [(0, "SUM 0 3")]
+    assert lines.feed("[1,0]<stdout>:LINE 0 80 xx[1,1]<stdout>:SUM 1 3") == [(1, "SUM 1 3")]
+    assert lines.feed("[1,0]<stdout>:xx") == [(0, "LINE 0 80 xxxx")]
+    assert lines.feed("Sun Nov 29 04:42:36 2026[1,12]<stderr>:ValueError: x") == [
+        (12, "ValueError: x")
+    ]
+    assert lines.feed("mpirun noticed that process rank 1 exited") == [
+        (None, "mpirun noticed that process rank 1 exited")
+    ]
+    assert RankedLines().feed("[1,0]<stdout>:x") == [(None, "[1,0]<stdout>:x")]
+
+
 def test_a_ranked_line_is_stored_readable_and_printed_with_its_host():
     from trainctl.controller.logs import LogPrinter
 

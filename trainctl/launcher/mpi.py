@@ -25,11 +25,12 @@ CODE_DIR_VARIABLE = "TRAINCTL_CODE_DIR"
 # hosts' may be at other paths: an SSH host's home and `python`, a per-host requirements
 # environment), named by the environment the node's agent gives Open MPI's daemon there.
 # (mpirun would start them in its own directory, a path of the first host's.) `exec`
-# leaves no shell in between.
+# leaves no shell in between. A process's errors go with its output, so that they arrive
+# tagged and in order with it (mpirun's stderr is left to its own reports).
 _ON_EACH_HOST = [
     "/bin/sh",
     "-c",
-    f'cd "${CODE_DIR_VARIABLE}" && exec "${JOB_PYTHON_VARIABLE}" "$@"',
+    f'cd "${CODE_DIR_VARIABLE}" && exec "${JOB_PYTHON_VARIABLE}" "$@" 2>&1',
     "python",
 ]
 
@@ -57,9 +58,9 @@ def command(
     for node in cluster.nodes:
         slots[node.address] = slots.get(node.address, 0) + per_host
     total = per_host * len(cluster.nodes)
-    # (No --tag-output of trainctl's: mpirun forwards pieces of lines, and a piece of a rank's
-    # line and mpirun's own untagged report can share an output line, which no reader can
-    # split again; the failure reason then named the report's last line.)
+    # mpirun forwards pieces of its processes' output as they come: untagged, two processes'
+    # lines shared output lines ("SUM 1 3SUM 0 3"); tagged, each piece says its rank and the
+    # agent joins each process's pieces again (NodeCommand.mpirun_output).
     custom = shlex.split(mpi.custom_mpi_options if mpi else "")
     argv = [
         "mpirun",
@@ -70,20 +71,20 @@ def command(
         str(total),
         "--bind-to",
         "none",
+        "--tag-output",
         *_interface_options(cluster, custom),
     ]
     env = daemon_env(cluster, python, Layout(Path(cluster.node(rank).root)).code.as_posix())
-    program = [python]
     if starts_remotely(cluster):
         # Open MPI splits the agent's value at spaces and finds its first word on PATH.
         # No tree spawn: only this node has the table of the others' agents.
         shell = f"{agent_python or python} -m {REMOTE_START_MODULE}"
         argv += ["--mca", "plm_rsh_agent", shell, "--mca", "plm_rsh_no_tree_spawn", "1"]
-        program = _ON_EACH_HOST
     else:
         argv += ["-x", "PATH"]
     argv += ["-x", "PYTHONUNBUFFERED", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", *custom]
-    return NodeCommand([*argv, *program, spec.entry_point, *script_args(spec)], env)
+    program = [*_ON_EACH_HOST, spec.entry_point, *script_args(spec)]
+    return NodeCommand([*argv, *program], env, mpirun_output=True)
 
 
 def daemon_env(cluster: ClusterInfo, python: str, code_dir: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ Run as: python -m trainctl.node.agent --store URI --job NAME --attempt K --rank 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -115,6 +116,7 @@ class Agent:
         # Per rank (None: not told apart), a line of a script's that a control message cut.
         self.started_lines: dict[int | None, str] = {}
         self.noise = LauncherNoise()
+        self.forwarding = threading.Lock()  # mpirun's two outputs are read by two threads
         from trainctl.redact import Redactor
 
         # Nothing of the node is for other users of the machine (its config holds the job's
@@ -501,7 +503,7 @@ class Agent:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE if command.mpirun_output else subprocess.STDOUT,
                 text=True,
                 encoding="utf-8",
                 errors="replace",
@@ -515,7 +517,8 @@ class Agent:
         # A thread forwards the workers' output, at the agent's lower priority (the
         # launcher, already started, keeps its own). The job's end is the launcher's exit,
         # not the end of its output: a process the script left behind may hold the pipe.
-        reader = threading.Thread(target=yielding(self.read_output), name="output", daemon=True)
+        read = functools.partial(self.read_output, mpirun=command.mpirun_output)
+        reader = threading.Thread(target=yielding(read), name="output", daemon=True)
         reader.start()
         code = self.proc.wait()
         reader.join(timeout=STRAY_OUTPUT_SECONDS)
@@ -593,14 +596,31 @@ class Agent:
             self.log(f"could not remove the node's remote-start endpoint: {exc}")
         end_descendants(os.getpid(), grace=STRAY_GRACE_SECONDS)
 
-    def read_output(self) -> None:
+    def read_output(self, mpirun: bool = False) -> None:
+        """Forward the launcher's output (`mpirun`: its processes' on stdout, tagged, and its
+        own reports on stderr, read here in a thread of their own; see NodeCommand)."""
         assert self.proc is not None and self.proc.stdout is not None
-        pieces = RankedLines()
+        reports = None
+        if self.proc.stderr is not None:
+            reports = threading.Thread(
+                target=self.read_reports, args=(self.proc.stderr,), name="reports", daemon=True
+            )
+            reports.start()
+        pieces = RankedLines(mpirun=mpirun)
         for raw in self.proc.stdout:
             for rank, text in pieces.feed(raw.rstrip("\n")):
+                with self.forwarding:
+                    self.forward(rank, text)
+        with self.forwarding:
+            for rank, text in pieces.flush():
                 self.forward(rank, text)
-        for rank, text in pieces.flush():
-            self.forward(rank, text)
+        if reports is not None:
+            reports.join()  # (its pipe ends with the launcher, as stdout did)
+
+    def read_reports(self, stream: Any) -> None:
+        for raw in stream:
+            with self.forwarding:
+                self.forward(None, raw.rstrip("\n"))
 
     def end_strays(self) -> None:
         """End what the script left running once its launcher has exited (a daemon, a

@@ -91,17 +91,29 @@ TEARDOWN_ABORT_REASON = (
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
 
+# mpirun --tag-output's tag of a piece of a process's output (`[1,3]<stdout>:`: job 1, rank
+# 3), after the time when the user's options add --timestamp-output (trainctl stamps lines).
+_MPIRUN_TAG = re.compile(
+    r"(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?"
+    r"\[\d+,(\d+)\]<std(?:out|err|diag)>:"
+)
+
+
 class RankedLines:
     """The lines of several worker processes from one launcher's output, whole and with
     their ranks. torchrun's tee reads each worker's log file as it grows and writes what it
-    read with the worker's tag: a piece of a line that is still being written ends with no
+    read with the worker's tag, and mpirun forwards what each process wrote as it comes,
+    each piece tagged (`mpirun`): a piece of a line that is still being written ends with no
     newline, and another worker's piece may follow it on the same output line. The pieces
     of each rank are joined here until its line ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, mpirun: bool = False) -> None:
         self.partial: dict[int, str] = {}
+        self.mpirun = mpirun
 
     def feed(self, line: str) -> list[tuple[int | None, str]]:
+        if self.mpirun:
+            line = _MPIRUN_TAG.sub(lambda tag: f"{RANK_MARK}{tag[1]}{RANK_MARK}", line)
         if RANK_MARK not in line:
             return [(None, line)]
         head, *pieces = line.split(RANK_MARK)
