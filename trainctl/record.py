@@ -36,7 +36,8 @@ REMOTE_START_SUFFIX = ".remote-start.json"
 
 def nodes_only(key: str) -> bool:
     """Whether a job's object is for its nodes alone (it holds a token that lets mpirun
-    start processes on them): the dashboard neither lists nor serves it."""
+    start processes on them): neither the dashboard nor `trainctl artifacts` lists or
+    serves it."""
     return key.endswith(REMOTE_START_SUFFIX)
 
 

@@ -296,7 +296,7 @@ def test_of_two_submits_racing_for_one_name_exactly_one_wins(home, tmp_path, mon
 
 
 @pytest.mark.timeout(180)
-def test_secrets_stay_out_of_everything_shown(home, src):
+def test_secrets_stay_out_of_everything_shown(home, src, tmp_path):
     finished_job(
         home, src, "secretive",
         "-p", f"password={PASSWORD}", "-p", "epochs=2",
@@ -338,6 +338,23 @@ def test_secrets_stay_out_of_everything_shown(home, src):
     token = "f" * 64
     endpoint = store / "jobs" / "secretive" / "attempts" / "attempt-1" / "node-1.remote-start.json"
     endpoint.write_text(json.dumps({"address": "127.0.0.1", "port": 1, "token": token}))
+    # ... nor by `trainctl artifacts`: not listed, not fetched alone or with its folder
+    listed = cli("artifacts", "secretive", "-o", "json")
+    assert listed.returncode == 0 and "cluster.json" in listed.stdout
+    assert "remote-start" not in listed.stdout
+    fetched = cli(
+        "artifacts",
+        "secretive",
+        "get",
+        endpoint.relative_to(endpoint.parents[2]).as_posix(),
+        str(tmp_path / "got"),
+    )
+    assert fetched.returncode != 0 and token not in fetched.stdout + fetched.stderr
+    assert not (tmp_path / "got").exists()
+    folder = cli("artifacts", "secretive", "get", "attempts", str(tmp_path / "attempts"))
+    assert folder.returncode == 0, folder.stderr
+    got = [p.name for p in (tmp_path / "attempts").rglob("*") if p.is_file()]
+    assert "cluster.json" in got and not any("remote-start" in n for n in got), got
     # The dashboard: the API, the record's file view (redacted, never raw), DNS rebinding.
     port = free_port()
     ui = subprocess.Popen([TRAINCTL, "ui", "--port", str(port)], stderr=subprocess.PIPE, text=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import NotFoundError, SpecError
-from trainctl.record import JobKeys, JobStore, output_store
+from trainctl.record import JobKeys, JobStore, nodes_only, output_store
 from trainctl.store import ObjectInfo, Store, open_store
 
 
@@ -40,11 +41,12 @@ def list_uri(uri: str, *, recursive: bool = False) -> Listing:
 
 
 def job_artifacts(store: Store, name: str) -> list[tuple[str, list[ObjectInfo]]]:
-    """(root URI, files relative to it) for the job's directory and, if elsewhere, outputs."""
+    """(root URI, files relative to it) for the job's directory and, if elsewhere, outputs;
+    not what is for the job's nodes alone (a running MPI node's remote-start token)."""
     record = JobStore(store, name).load()
     prefix = JobKeys(name).prefix
     job_root = store.child(prefix)
-    groups = [(job_root.uri, list(job_root.list("")))]
+    groups = [(job_root.uri, _shown(job_root.list("")))]
     outputs = output_store(record)
     if not outputs.uri.startswith(job_root.uri + "/"):
         groups.append((outputs.uri, list(outputs.list(""))))
@@ -68,14 +70,18 @@ def download_artifact(store: Store, name: str, path: str, dest: str | Path | Non
     if clean == "output" or clean.startswith("output/"):
         candidates.append((output_store(record), clean[len("output/") :]))
     for root, key in candidates:
-        if key and root.exists(key):
+        if key and not nodes_only(key) and root.exists(key):
             target.parent.mkdir(parents=True, exist_ok=True)
             root.get_file(key, target)
             return target
-        below = list(root.list(key))
+        below = _shown(root.list(key))
         if below:
             return _download_folder(root, key, below, target)
     raise NotFoundError(f"{path} not found in job {name!r}; see `trainctl artifacts {name}`")
+
+
+def _shown(files: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+    return [info for info in files if not nodes_only(info.key)]
 
 
 def _download_folder(root: Store, key: str, files: list[ObjectInfo], target: Path) -> Path:
