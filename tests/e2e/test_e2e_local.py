@@ -185,8 +185,16 @@ def test_mpi_runs_every_process_from_the_first_host(home, source):
     """distribution mpi: algo-1 runs `mpirun` over both hosts' slots (one address here, so
     no remote shell), algo-2 runs nothing; the processes find each other by Open MPI's
     ranks and all-reduce. Each process's lines stay whole in the log, with its rank, while
-    both print at once (untagged, two processes' lines shared one: "SUM 1 3SUM 0 3")."""
-    job = _mpi_allreduce(source, hyperparameters={"lines": 400}).fit(logs=False)
+    both print at once (untagged, two processes' lines shared one: "SUM 1 3SUM 0 3").
+    A remote-start endpoint an agent left (killed before it could remove it) goes with the
+    attempt."""
+    from trainctl.record import JobKeys
+
+    job = _mpi_allreduce(source, hyperparameters={"lines": 400}).fit(wait=False)
+    left = JobKeys(job.name).remote_start(1, 1)
+    job.store.put_text(left, json.dumps({"address": "127.0.0.1", "port": 1, "token": "f" * 64}))
+    job.wait(timeout=100)
+    assert not job.store.exists(left)
     info = job.describe()
     assert info["state"] == "Completed", info
     assert info["launcher"] == "mpi"

@@ -394,6 +394,17 @@ class Controller:
             self._trained_before += current.training_seconds
         self.jobs.save(self.record)
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
+        if self.record.spec.launcher == "mpi":
+            self._forget_remote_starts(current)
+
+    def _forget_remote_starts(self, attempt: Attempt) -> None:
+        """An MPI node's agent removes its remote-start endpoint as it ends; one killed (its
+        instance lost) leaves it, a token of a listener that is gone: removed here."""
+        for node in attempt.nodes:
+            try:
+                self.store.delete(self.jobs.keys.remote_start(attempt.number, node.rank))
+            except Exception as exc:
+                self._info(f"could not remove node {node.rank}'s remote-start endpoint: {exc}")
 
     def _start_agents(self, cluster: ClusterInfo) -> dict[int, LiveNode]:
         """Start every node's agent, up to START_CONCURRENCY at a time: a start is network
