@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.provisioning.base import free_port  # noqa: F401  (shared by tests)
+from trainctl.provisioning.ports import free_port  # noqa: F401  (shared by tests)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -92,7 +92,7 @@ def test_an_agent_that_cannot_reach_the_store_is_the_machines_failure(
     that fails its health check. A job whose record is gone is not: no relaunch brings it
     back."""
     from tests.helpers import point_aws_at
-    from trainctl.provisioning.base import free_port
+    from trainctl.provisioning.ports import free_port
 
     result = _agent_start_result(str(tmp_path / "store"), os.environ.copy())  # no such job
     assert result["unhealthy"] is False, result

@@ -23,6 +23,7 @@ from tests.rigs.sshd import SshdServer, free_port, job_processes
 from trainctl import Estimator
 from trainctl.errors import SpecError
 from trainctl.protocol import EXIT_INFRA, split_rank
+from trainctl.provisioning.ports import MASTER_PORT_RANGE
 from trainctl.provisioning.remote import SshProvisionError
 from trainctl.provisioning.ssh import SshProvider, SshTeardownError
 from trainctl.spec.build import build_spec
@@ -88,6 +89,9 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
         env = probe["env"]
         assert env["SM_CURRENT_HOST"] == host and env["RANK"] == str(rank)
         assert env["MASTER_ADDR"] == env["SM_MASTER_ADDR"] == first.address
+        # the first host picked the rendezvous port as a local job's is picked (and claimed
+        # it there, provisioning.ports): below the ephemeral range, where bind(0) picked
+        assert MASTER_PORT_RANGE[0] <= int(env["MASTER_PORT"]) <= MASTER_PORT_RANGE[1]
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
         assert env["MY_FLAG"] == "1"
         assert probe["argv"] == ["--lr", "0.1"]

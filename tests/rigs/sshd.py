@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.procs import _is_zombie, _pids, job_processes  # noqa: F401  (for tests)
-from trainctl.provisioning.base import free_port
+from trainctl.provisioning.ports import free_port
 from trainctl.spec.capacity import SshHost
 
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path

@@ -1,4 +1,4 @@
-"""Master ports (trainctl.provisioning.base.free_port): a port another picker on this machine
+"""Master ports (trainctl.provisioning.ports.free_port): a port another picker on this machine
 handed out moments ago, or one held on any address, is never handed out again (EADDRINUSE in
 a loaded suite run: two jobs got one port in the seconds before torchrun bound it)."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from trainctl.provisioning import base
-from trainctl.provisioning.base import MASTER_PORT_RANGE, free_port
+from trainctl.provisioning import ports
+from trainctl.provisioning.ports import MASTER_PORT_RANGE, free_port
 
 
 @pytest.fixture
@@ -30,11 +30,11 @@ def test_ports_handed_out_are_claimed_and_never_handed_out_twice(claims):
 
 
 def test_a_live_claim_is_skipped_and_a_stale_one_is_taken_back(claims, monkeypatch):
-    monkeypatch.setattr(base, "MASTER_PORT_RANGE", (24000, 24001))
+    monkeypatch.setattr(ports, "MASTER_PORT_RANGE", (24000, 24001))
     claims.mkdir(mode=0o700)
     (claims / "24000").touch()
     assert free_port() == 24001
-    stale = time.time() - base.PORT_CLAIM_SECONDS - 5
+    stale = time.time() - ports.PORT_CLAIM_SECONDS - 5
     os.utime(claims / "24000", (stale, stale))
     os.utime(claims / "24001", (stale, stale))
     assert free_port() in (24000, 24001)
@@ -47,7 +47,7 @@ def test_a_port_held_on_another_address_is_not_free(claims, monkeypatch):
     held.bind(("127.0.0.2", 0))
     port = held.getsockname()[1]
     try:
-        monkeypatch.setattr(base, "MASTER_PORT_RANGE", (port, port))
+        monkeypatch.setattr(ports, "MASTER_PORT_RANGE", (port, port))
         # the only port in range is held on 127.0.0.2: the pick falls back to the kernel's
         assert free_port("127.0.0.1") != port
     finally:

@@ -38,15 +38,14 @@ from trainctl.image.container import IMAGE_PYTHON, container_mounts
 from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
 from trainctl.provisioning.base import (
     DEFAULT_MASTER_PORT,
-    LOOPBACK,
     CapacityProbe,
     FaultInjection,
     NoCapacityError,
     NodeRunner,
     Provider,
-    free_port,
     make_cluster,
 )
+from trainctl.provisioning.ports import LOOPBACK, free_port
 from trainctl.spec.job import JobSpec
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings

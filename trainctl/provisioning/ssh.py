@@ -54,18 +54,17 @@ T = TypeVar("T")
 NODES_DIR = ".trainctl/nodes"  # under the remote home
 
 # Per rank, at provision: make the node dir, (rank 0) find a free port for the master, and
-# count the host's GPUs (nvidia-smi -L; None without the driver).
+# count the host's GPUs (nvidia-smi -L; None without the driver). Run after the source of
+# provisioning.ports: the port is picked, and claimed on the host, as a local job's is (a
+# host's jobs share its addresses; bind(0) handed out ports that the host's outgoing
+# connections could take before torchrun bound them).
 PREPARE = r"""
-import json, os, shutil, socket, subprocess, sys
+import json, os, shutil, subprocess, sys
 job, attempt, rank, want_port = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "port"
 root = os.path.join(os.path.expanduser("~"), ".trainctl", "nodes", job, "attempt-" + attempt,
                     "node-" + rank)
 os.makedirs(root, exist_ok=True)
-port = None
-if want_port:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
+port = free_port("0.0.0.0") if want_port else None  # (provisioning.ports, sent with this)
 gpus = None
 if shutil.which("nvidia-smi"):
     try:
@@ -76,6 +75,13 @@ if shutil.which("nvidia-smi"):
         pass
 print("trainctl-prepare " + json.dumps({"root": root, "port": port, "gpus": gpus}))
 """
+
+def prepare_script() -> str:
+    """PREPARE with what it runs of provisioning.ports (standard library only)."""
+    from trainctl.provisioning import ports
+
+    return Path(ports.__file__).read_text() + PREPARE
+
 
 # End a job's processes on this host, found by their tags in /proc/*/environ (argv: JOB
 # NODE-or-empty GRACE keep|remove): SIGTERM, up to GRACE seconds, then SIGKILL until none
@@ -282,7 +288,7 @@ class SshProvider(Provider, FaultInjection):
             conn = self._connector(hosts[rank]).connect(timeout=self.connect_timeout)
             try:
                 text = conn.check_python(
-                    PREPARE,
+                    prepare_script(),
                     job,
                     str(attempt),
                     str(rank),

@@ -61,9 +61,9 @@ from trainctl.provisioning.base import (
     Provider,
     WarmPools,
     WarmStart,
-    free_port,
     make_cluster,
 )
+from trainctl.provisioning.ports import free_port
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
 from trainctl.spec.job import JobSpec
