@@ -554,6 +554,7 @@ def test_report_step_throttled(clean_env: Path, monkeypatch, capsys) -> None:
     assert capsys.readouterr().out == ""  # outside trainctl: nothing
     monkeypatch.setenv("TRAINCTL_JOB", "job-1")
     monkeypatch.setattr(progress_mod, "_last_sent", None)
+    monkeypatch.setattr(progress_mod, "_unsent", None)
     for step in range(1, 50):
         report_step(step)
     assert [protocol.parse(line) for line in capsys.readouterr().out.splitlines()] == [
@@ -567,6 +568,27 @@ def test_report_step_throttled(clean_env: Path, monkeypatch, capsys) -> None:
     assert [protocol.parse(line) for line in capsys.readouterr().out.splitlines()] == [
         {"event": "step", "step": 50}
     ]
+
+
+@pytest.mark.parametrize("ending", ["return", "finish"])
+def test_the_last_step_held_back_is_sent_as_the_script_ends(clean_env: Path, ending) -> None:
+    """A script that ends within the throttle's interval of its last report: the step it
+    reached still reaches the record (before, the record said the step of the last message
+    sent, up to half a second of steps earlier), when it returns or calls finish()."""
+    script = clean_env / "steps.py"
+    end = "from trainctl.train import finish\nfinish(0)\n" if ending == "finish" else ""
+    script.write_text(
+        "from trainctl.train import report_step\n"
+        "for step in range(1, 21):\n"
+        "    report_step(step)\n" + end
+    )
+    env = {**os.environ, "TRAINCTL_JOB": "job-1"}
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    sent = [protocol.parse(line) for line in out.stdout.splitlines()]
+    assert sent == [{"event": "step", "step": 1}, {"event": "step", "step": 20}]
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,7 @@ if shutil.which("nvidia-smi"):
 print("trainctl-prepare " + json.dumps({"root": root, "port": port, "gpus": gpus}))
 """
 
+
 def prepare_script() -> str:
     """PREPARE with what it runs of provisioning.ports (standard library only)."""
     from trainctl.provisioning import ports

@@ -27,6 +27,9 @@ def finish(code: int = 0) -> NoReturn:
     """
     _background.join_all()  # checkpoint fsyncs and pruning still running
     from trainctl.train.diagnosis import report_early_end
+    from trainctl.train.progress import flush_step
+
+    flush_step()  # the last step, if the throttle held it back (no atexit below)
 
     report_early_end()  # a diagnose run whose script ended before its steps were measured
     if "torch.distributed" not in sys.modules:

@@ -4,6 +4,7 @@
         ...
         step += 1
         report_step(step)      # cheap: rank 0 only, at most one message every 0.5 s
+                               # (the last step held back is sent as the process ends)
         report_step(step, loss=loss.item(), lr=lr)   # with metrics: every call is sent
 
 The controller uses the last reported step to measure how many steps an interruption cost;
@@ -23,6 +24,9 @@ __all__ = ["report_step"]
 MIN_INTERVAL = 0.5
 
 _last_sent: float | None = None
+# The last step the throttle held back: sent as the process ends (flush_step), so a job's
+# record ends at the step its script reached, not up to MIN_INTERVAL before it.
+_unsent: int | None = None
 
 
 def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
@@ -31,7 +35,9 @@ def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: flo
     Call it on every rank, once per optimizer step: under `trainctl diagnose` it counts
     the measured steps and ends the run (see trainctl.train.diagnosis).
 
-    The first call always sends. `Checkpointer.save` reports its step unthrottled. With
+    The first call always sends; a step the throttle held back is sent when the process
+    ends (or calls `finish()`), so the record ends at the step reached. `Checkpointer.save`
+    reports its step unthrottled. With
     `metrics` (numbers: loss=0.31, acc=0.9) every call is sent, so no value is lost; the
     controller thins a metric's history once it is long (see trainctl.metrics).
     """
@@ -53,13 +59,43 @@ def _send(step: int, min_interval: float, metrics: dict[str, float]) -> None:
     now = time.monotonic()
     if metrics:
         _last_sent = now
+        _sent()
         values = {k: float(v) for k, v in metrics.items()}
         protocol.send("step", step=int(step), metrics=values)
         return
     if _last_sent is not None and now - _last_sent < min_interval:
+        _hold(int(step))
         return
     _last_sent = now
+    _sent()
     protocol.send("step", step=int(step))
+
+
+def _hold(step: int) -> None:
+    global _unsent
+    if _unsent is None:
+        import atexit
+
+        atexit.register(flush_step)  # (once per held step: flush_step clears it)
+    _unsent = step
+
+
+def _sent() -> None:
+    global _unsent
+    if _unsent is not None:
+        import atexit
+
+        atexit.unregister(flush_step)
+    _unsent = None
+
+
+def flush_step() -> None:
+    """Send the step the throttle last held back, if any (at exit; trainctl.train.finish,
+    which ends the process without atexit handlers, calls it itself)."""
+    step = _unsent
+    if step is not None:
+        _sent()
+        protocol.send("step", step=step)
 
 
 def _report_now(step: int) -> None:
@@ -67,4 +103,5 @@ def _report_now(step: int) -> None:
     global _last_sent
     if protocol.under_trainctl():
         _last_sent = time.monotonic()
+        _sent()
         protocol.send("step", step=int(step))
