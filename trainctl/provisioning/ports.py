@@ -4,6 +4,12 @@ provisioning.ssh.PREPARE): it is standard library only, with nothing of trainctl
 
 from __future__ import annotations
 
+import os
+import random
+import socket
+import stat
+import tempfile
+import time
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -22,10 +28,6 @@ PORT_CLAIM_SECONDS = 120.0
 def _port_claims() -> Path | None:
     """This user's port-claim directory, or None where it cannot be used safely (another
     user made it, or the temp dir is not writable): then only the bind check guards."""
-    import os
-    import stat
-    import tempfile
-
     path = Path(tempfile.gettempdir()) / f"trainctl-ports-{os.getuid()}"
     try:
         path.mkdir(mode=0o700, exist_ok=True)
@@ -39,9 +41,6 @@ def _port_claims() -> Path | None:
 
 def _claim(claims: Path, port: int) -> bool:
     """Claim `port` for PORT_CLAIM_SECONDS; False if another picker holds a live claim."""
-    import os
-    import time
-
     marker = claims / str(port)
     for _ in range(2):
         try:
@@ -60,9 +59,6 @@ def _claim(claims: Path, port: int) -> bool:
 
 
 def _prune_claims(claims: Path) -> None:
-    import os
-    import time
-
     cutoff = time.time() - PORT_CLAIM_SECONDS
     try:
         with os.scandir(claims) as entries:
@@ -77,8 +73,6 @@ def _prune_claims(claims: Path) -> None:
 
 
 def _bindable(port: int, address: str) -> bool:
-    import socket
-
     # torchrun's store listens on every address: a port held on any one (another job's
     # node at 127.0.0.2, a server on 127.0.0.1) fails it, so the check binds them all too.
     for host in {address, "0.0.0.0"}:
@@ -94,9 +88,6 @@ def free_port(address: str = LOOPBACK) -> int:
     """A TCP port free on `address` (and on every address) now, claimed for the next
     PORT_CLAIM_SECONDS against other pickers on this machine, outside the ephemeral range
     when one there is free (MASTER_PORT_RANGE)."""
-    import random
-    import socket
-
     claims = _port_claims()
     if claims is not None:
         _prune_claims(claims)

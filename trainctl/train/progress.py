@@ -27,6 +27,7 @@ _last_sent: float | None = None
 # The last step the throttle held back: sent as the process ends (flush_step), so a job's
 # record ends at the step its script reached, not up to MIN_INTERVAL before it.
 _unsent: int | None = None
+_flush_at_exit = False  # flush_step is registered with atexit (once, at the first hold)
 
 
 def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
@@ -72,20 +73,17 @@ def _send(step: int, min_interval: float, metrics: dict[str, float]) -> None:
 
 
 def _hold(step: int) -> None:
-    global _unsent
-    if _unsent is None:
+    global _unsent, _flush_at_exit
+    if not _flush_at_exit:
         import atexit
 
-        atexit.register(flush_step)  # (once per held step: flush_step clears it)
+        atexit.register(flush_step)
+        _flush_at_exit = True
     _unsent = step
 
 
 def _sent() -> None:
     global _unsent
-    if _unsent is not None:
-        import atexit
-
-        atexit.unregister(flush_step)
     _unsent = None
 
 
