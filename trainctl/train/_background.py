@@ -1,17 +1,20 @@
 """Background work of the training helpers that must finish before the process ends.
 
 Threads are non-daemon, so a normal interpreter exit waits for them; `finish()` ends the
-process with os._exit, which would not, so it calls `join_all()` first.
+process with os._exit, which would not, so it calls `join_all()` first. Likewise what is
+to run as the process ends (`at_end`): atexit handlers, which `finish()` runs itself.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
 
 _lock = threading.Lock()
 _pending: set[threading.Thread] = set()
+_at_end: list[Callable[[], None]] = []
 
 
 def start(name: str, work: Callable[[], None]) -> threading.Thread:
@@ -42,3 +45,16 @@ def join_all() -> None:
         _pending.clear()
     for thread in threads:
         thread.join()
+
+
+def at_end(work: Callable[[], None]) -> None:
+    """Run `work` as the process ends: at interpreter exit, or in `finish()` (run_at_end)."""
+    if work not in _at_end:
+        _at_end.append(work)
+        atexit.register(work)
+
+
+def run_at_end() -> None:
+    """What `at_end` registered, now (finish() ends the process without atexit)."""
+    for work in list(_at_end):
+        work()

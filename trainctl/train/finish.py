@@ -26,10 +26,8 @@ def finish(code: int = 0) -> NoReturn:
     (a SystemExit that in-process callers, tests say, can catch).
     """
     _background.join_all()  # checkpoint fsyncs and pruning still running
+    _background.run_at_end()  # (the last step report_step held back; no atexit below)
     from trainctl.train.diagnosis import report_early_end
-    from trainctl.train.progress import flush_step
-
-    flush_step()  # the last step, if the throttle held it back (no atexit below)
 
     report_early_end()  # a diagnose run whose script ended before its steps were measured
     if "torch.distributed" not in sys.modules:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from trainctl import protocol
-from trainctl.train import diagnosis
+from trainctl.train import _background, diagnosis
 
 __all__ = ["report_step"]
 
@@ -27,7 +27,6 @@ _last_sent: float | None = None
 # The last step the throttle held back: sent as the process ends (flush_step), so a job's
 # record ends at the step its script reached, not up to MIN_INTERVAL before it.
 _unsent: int | None = None
-_flush_at_exit = False  # flush_step is registered with atexit (once, at the first hold)
 
 
 def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
@@ -73,12 +72,9 @@ def _send(step: int, min_interval: float, metrics: dict[str, float]) -> None:
 
 
 def _hold(step: int) -> None:
-    global _unsent, _flush_at_exit
-    if not _flush_at_exit:
-        import atexit
-
-        atexit.register(flush_step)
-        _flush_at_exit = True
+    global _unsent
+    if _unsent is None:
+        _background.at_end(flush_step)  # (registered once, however often called)
     _unsent = step
 
 
@@ -88,8 +84,7 @@ def _sent() -> None:
 
 
 def flush_step() -> None:
-    """Send the step the throttle last held back, if any (at exit; trainctl.train.finish,
-    which ends the process without atexit handlers, calls it itself)."""
+    """Send the step the throttle last held back, if any (as the process ends)."""
     step = _unsent
     if step is not None:
         _sent()
