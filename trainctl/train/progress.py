@@ -55,20 +55,21 @@ def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: flo
 
 
 def _send(step: int, min_interval: float, metrics: dict[str, float]) -> None:
-    global _last_sent
-    now = time.monotonic()
     if metrics:
-        _last_sent = now
-        _sent()
-        values = {k: float(v) for k, v in metrics.items()}
-        protocol.send("step", step=int(step), metrics=values)
+        _emit(int(step), metrics={k: float(v) for k, v in metrics.items()})
         return
-    if _last_sent is not None and now - _last_sent < min_interval:
+    if _last_sent is not None and time.monotonic() - _last_sent < min_interval:
         _hold(int(step))
         return
-    _last_sent = now
-    _sent()
-    protocol.send("step", step=int(step))
+    _emit(int(step))
+
+
+def _emit(step: int, **fields: object) -> None:
+    """Send a step now: it restarts the throttle interval and supersedes a held step."""
+    global _last_sent, _unsent
+    _last_sent = time.monotonic()
+    _unsent = None
+    protocol.send("step", step=step, **fields)
 
 
 def _hold(step: int) -> None:
@@ -78,23 +79,13 @@ def _hold(step: int) -> None:
     _unsent = step
 
 
-def _sent() -> None:
-    global _unsent
-    _unsent = None
-
-
 def flush_step() -> None:
     """Send the step the throttle last held back, if any (as the process ends)."""
-    step = _unsent
-    if step is not None:
-        _sent()
-        protocol.send("step", step=step)
+    if _unsent is not None:
+        _emit(_unsent)
 
 
 def _report_now(step: int) -> None:
     """Unthrottled (rank 0 callers only): also restarts the throttle interval."""
-    global _last_sent
     if protocol.under_trainctl():
-        _last_sent = time.monotonic()
-        _sent()
-        protocol.send("step", step=int(step))
+        _emit(int(step))
