@@ -23,6 +23,12 @@ from tests.rigs.registry import (  # noqa: F401  (image registry and isolated po
     registry,
 )
 
+# moto's EC2 starts every region with its ~1,300 current public AMIs: each reset rebuilds them
+# (0.15 CPU-s a test under mock_aws) and each `describe_images(Owners=["amazon"])` answers
+# 1.2 MB (2 CPU-s, server and client, per stand-in cloud). Its 44 long-standing AMIs are what
+# the tests use; set before anything imports moto, which reads it once.
+os.environ.setdefault("MOTO_AMIS_PATH", str(FIXTURES / "moto-amis.json"))
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
