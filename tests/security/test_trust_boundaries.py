@@ -20,6 +20,7 @@ import http.client
 import io
 import json
 import os
+import socket
 import stat
 import subprocess
 import tarfile
@@ -557,6 +558,28 @@ def test_an_unreadable_record_is_one_line_everywhere(home, src):
     finally:
         ui.terminate()
         ui.wait(timeout=10)
+
+    # rm: refused by name alone (its state is unknown), deleted with --unreadable, except
+    # while a controller holds it (here: a live lease of this test's own process).
+    refused = one_line_error(cli("rm", "--yes", "truncated", "good"))
+    assert "`trainctl rm --unreadable truncated`" in refused, refused
+    held = store_root(home) / "jobs" / "binary" / "lease.json"
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    lease = {"host": socket.gethostname(), "pid": os.getpid(), "renewed_at": time.time()}
+    held.write_text(json.dumps({**lease, "boot_id": boot}))
+    refused = one_line_error(cli("rm", "--yes", "--unreadable", "binary", "truncated"))
+    assert "binary's record cannot be read but a controller holds it" in refused, refused
+    assert (store_root(home) / "jobs" / "truncated" / "job.json").exists(), "none or all"
+    # A lease that is not one trainctl wrote holds nothing, and breaks no command.
+    (store_root(home) / "jobs" / "good" / "lease.json").write_text(
+        json.dumps({"host": socket.gethostname(), "pid": [1], "renewed_at": "soon"})
+    )
+    assert cli("status", "good").returncode == 0
+    gone = [k for k in CORRUPTIONS if k != "binary"]
+    removed = cli("rm", "--yes", "--unreadable", "good", *gone)
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.split() == [w for name in ["good", *gone] for w in ("removed", name)]
+    assert sorted(p.name for p in (store_root(home) / "jobs").iterdir()) == ["binary"]
 
 
 # -- 9. input limits ----------------------------------------------------------------------

@@ -862,6 +862,40 @@ def test_find_and_delete_leftovers_of_jobs_that_are_over(aws: Aws) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_an_unreadable_record_keeps_its_resources_and_stops_no_cleanup(aws: Aws, tmp_path: Path) -> None:
+    """A job whose record cannot be read may be running: its resources are not leftovers,
+    and the bad record does not stop gc judging the other jobs."""
+    from trainctl.controller.submit import job_is_live
+    from trainctl.record import JobKeys, JobRecord, JobStore
+    from trainctl.state import JobState
+    from trainctl.store import open_store
+
+    store = open_store(tmp_path.as_uri())
+    store.put_text(JobKeys("corrupt-job").record, '{"name": "corrupt-job", "state": ')
+    when = "2026-11-29T00:00:00Z"
+    fields = dict(store_uri=store.uri, source_uri=store.uri, source_sha256="0" * 64, owner="u")
+    fields |= dict(trainctl_version="0", created_at=when, updated_at=when)
+    done = JobRecord(name="done-job", state=JobState.COMPLETED, spec=aws.spec(), **fields)
+    JobStore(store, "done-job").save(done)
+    provider = aws.provider()
+    provider.provision(CapacityRequest.of(aws.spec()), "corrupt-job", 1)
+    provider.provision(CapacityRequest.of(aws.spec()), "done-job", 1)
+    assert job_is_live(store, "corrupt-job") is True
+    leftovers = provider.find_leftovers(REGION, lambda job: job_is_live(store, job))
+    assert {item["job"] for item in leftovers} == {"done-job"}
+    assert len(job_resources(aws, "corrupt-job")["instances"]) == 1
+    # Warm time left by a job whose record cannot be read is not added to it (nor does it
+    # stop a release of several pools); the readable job's cost takes it.
+    from trainctl.controller.usage import record_idle
+    from trainctl.provisioning.base import InstanceUsage
+
+    idle = [InstanceUsage(1, 0, "i-1", "g5.xlarge", "on-demand", None, 0.0, 3600.0, 1.0, True)]
+    assert record_idle(store, "corrupt-job", idle) is False
+    assert record_idle(store, "done-job", idle) is True
+    assert [c.instance_id for c in JobStore(store, "done-job").load().instances] == ["i-1"]
+
+
+@pytest.mark.timeout(60)
 def test_hourly_cost(aws: Aws) -> None:
     provider = aws.provider()
     on_demand = provider.hourly_cost(

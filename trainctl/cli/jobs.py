@@ -362,6 +362,12 @@ def rm(
         autocompletion=complete_job_names,
     ),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    unreadable: bool = typer.Option(
+        False,
+        "--unreadable",
+        help="Also delete named jobs whose record cannot be read (listed as Unreadable), "
+        "unless a controller holds them.",
+    ),
 ) -> None:
     """Delete ended jobs: their store prefix (record, logs, metrics, and the outputs and
     checkpoints kept there) and node directories. A job that has not ended is refused and
@@ -370,9 +376,9 @@ def rm(
     from trainctl.controller.submit import default_store
 
     store = default_store()
-    removable_jobs(store, names)  # every refusal before the question
+    removable_jobs(store, names, unreadable=unreadable)  # every refusal before the question
     _confirm(f"Delete {_some_jobs(names)}?", yes)
-    for name in remove_jobs(store, names):
+    for name in remove_jobs(store, names, unreadable=unreadable):
         sys.stdout.write(f"removed {name}\n")
 
 

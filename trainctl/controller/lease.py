@@ -40,11 +40,15 @@ class LeaseView:
 def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
     """Whether the lease's holder is alive: renewed within `seconds`, not released, and (on
     this host) its process still exists, so a controller killed here is known dead at once."""
-    if not lease or "renewed_at" not in lease:
+    try:
+        renewed = float(lease["renewed_at"]) if lease else None
+    except (KeyError, TypeError, ValueError):  # not a lease trainctl wrote: nobody holds it
+        renewed = None
+    if not lease or renewed is None or renewed != renewed:  # (NaN)
         return LeaseView(lease, False, None)
     if "released_at" in lease:  # its controller let go of the job: nobody holds it now
-        return LeaseView(lease, False, max(0.0, clock().time() - float(lease["renewed_at"])))
-    silent = max(0.0, clock().time() - float(lease["renewed_at"]))
+        return LeaseView(lease, False, max(0.0, clock().time() - renewed))
+    silent = max(0.0, clock().time() - renewed)
     if silent > seconds:
         return LeaseView(lease, False, silent)
     if same_machine(lease):
@@ -53,7 +57,7 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
         try:
             if not alive(int(lease.get("pid", 0))):  # gone, or a zombie nobody reaped yet
                 return LeaseView(lease, False, silent)
-        except ValueError:
+        except (TypeError, ValueError, OverflowError):
             pass
     return LeaseView(lease, True, silent)
 

@@ -6,6 +6,10 @@ directories under `$TRAINCTL_HOME/nodes`, and its claims on local checkpoint dir
 What the user named as a destination outside the job's prefix (an `output_path`, a
 `checkpoint_s3_uri`) is the user's and stays, as do the content-addressed source archives
 other jobs may share. A job that has not ended is never removed.
+
+A job whose record cannot be read (truncated, edited, another tool's or another version's)
+has no state to judge it by: it is removed only when asked for by name with `unreadable`
+(`trainctl rm --unreadable`), and never while a controller holds its lease.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trainctl.errors import SpecError
+from trainctl.errors import SpecError, UnreadableRecordError
 from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
@@ -36,23 +40,39 @@ def refusal(store: Store, record: JobRecord) -> str | None:
     return None
 
 
-def removable_jobs(store: Store, names: list[str]) -> list[JobRecord]:
-    """The records of `names` if every one may be removed: else NotFoundError for an
-    unknown name, SpecError for a job that has not ended."""
-    records = [JobStore(store, name).load() for name in dict.fromkeys(names)]
-    for record in records:
+def removable_jobs(store: Store, names: list[str], *, unreadable: bool = False) -> list[str]:
+    """`names` (each once) if every one may be removed: else NotFoundError for an unknown
+    name, SpecError for a job that has not ended, or whose record cannot be read (unless
+    `unreadable`: then only while no controller holds it)."""
+    from trainctl.controller.lease import lease_is_live
+
+    chosen = list(dict.fromkeys(names))
+    for name in chosen:
+        jobs = JobStore(store, name)
+        try:
+            record = jobs.load()
+        except UnreadableRecordError as exc:
+            if not unreadable:
+                raise SpecError(
+                    "JOB", f"{exc}; `trainctl rm --unreadable {name}` deletes it as it is"
+                ) from None
+            if lease_is_live(jobs):
+                raise SpecError(
+                    "JOB", f"job {name}'s record cannot be read but a controller holds it"
+                ) from None
+            continue
         if why := refusal(store, record):
             raise SpecError("JOB", why)
-    return records
+    return chosen
 
 
-def remove_jobs(store: Store, names: list[str]) -> list[str]:
+def remove_jobs(store: Store, names: list[str], *, unreadable: bool = False) -> list[str]:
     """Remove every job of `names`, or none (see removable_jobs: nothing is deleted when
-    one may not be)."""
-    records = removable_jobs(store, names)
-    for record in records:
-        _remove(store, record.name)
-    return [r.name for r in records]
+    one may not be); `unreadable`: those whose record cannot be read too."""
+    chosen = removable_jobs(store, names, unreadable=unreadable)
+    for name in chosen:
+        _remove(store, name)
+    return chosen
 
 
 def prune_candidates(

@@ -466,14 +466,17 @@ def start_detached(store: Store, record: JobRecord) -> None:
 
 def job_is_live(store: Store, name: str) -> bool:
     """Whether `name` may still be using its resources, for `trainctl gc`: unknown jobs
-    (another store's, say) count as live, so gc never deletes what it cannot judge."""
-    from trainctl.errors import NotFoundError
+    (another store's, say) and jobs whose record cannot be read count as live, so gc never
+    deletes what it cannot judge (and one bad record does not stop it judging the rest)."""
+    from trainctl.errors import NotFoundError, UnreadableRecordError
 
     jobs = JobStore(store, name)
     try:
         record = jobs.load()
     except NotFoundError:
         return _controller_is_live(store, name)
+    except UnreadableRecordError:
+        return True
     if record.state.is_terminal():
         return False
     return lease_is_live(jobs) or record.state is JobState.PENDING
@@ -485,7 +488,7 @@ def _controller_is_live(store: Store, name: str) -> bool:
     booting to take that job). A controller of another store (none of its keys here), like
     any other unknown name, counts as live."""
     from trainctl.controller.service import ServiceKeys, assigned_jobs, service_is_live
-    from trainctl.errors import NotFoundError
+    from trainctl.errors import NotFoundError, UnreadableRecordError
     from trainctl.provisioning.aws.controller import is_controller_job, service_of
 
     if not is_controller_job(name):
@@ -501,6 +504,8 @@ def _controller_is_live(store: Store, name: str) -> bool:
                 return True
         except NotFoundError:
             continue
+        except UnreadableRecordError:
+            return True  # a job it may be booting for, for all gc can tell
     return False
 
 

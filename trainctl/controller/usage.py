@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainctl.clock import clock
-from trainctl.errors import NotFoundError
+from trainctl.errors import NotFoundError, UnreadableRecordError
 from trainctl.provisioning.base import InstanceUsage
 from trainctl.record import InstanceCost, JobStore
 from trainctl.store import Store
@@ -43,13 +43,14 @@ def merge_costs(recorded: list[InstanceCost], fresh: list[InstanceCost]) -> list
 
 def record_idle(store: Store, job: str, idle: list[InstanceUsage]) -> bool:
     """Add the warm time of instances `job` left behind to its cost; False if the job is not
-    in this store (it was submitted with another one)."""
+    in this store (it was submitted with another one) or its record cannot be read (what
+    released the instances goes on to the next)."""
     if not idle:
         return True
     jobs = JobStore(store, job)
     try:
         record = jobs.load()
-    except NotFoundError:
+    except (NotFoundError, UnreadableRecordError):
         return False
     record.instances = merge_costs(record.instances, instance_costs(idle))
     jobs.save(record)
