@@ -123,6 +123,7 @@ def test_a_host_that_is_not_a_node_of_the_job_is_one_line(node, monkeypatch, cap
     assert "TRAINCTL_REMOTE_STARTS is not set" in capfd.readouterr().err
 
 
+@pytest.mark.timeout(120)
 def test_when_mpirun_ends_its_remote_shell_the_daemon_ends_too(node, tmp_path):
     """mpirun kills its remote shells to end a job's daemons: the node ends what it started
     (the client here is the real module, started as mpirun starts it)."""
@@ -133,8 +134,11 @@ def test_when_mpirun_ends_its_remote_shell_the_daemon_ends_too(node, tmp_path):
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 15
+        # Two Python starts (the client, the node's stand-in orted): seconds each on a
+        # loaded 2-core machine, so the wait is generous; a dead client fails at once.
+        deadline = time.monotonic() + 60
         while not node.pid_file.exists() or not node.pid_file.read_text().strip():
+            assert client.poll() is None, f"the client ended: {client.stderr.read()!r}"
             assert time.monotonic() < deadline, "orted never started"
             time.sleep(0.05)
         orted = int(node.pid_file.read_text())

@@ -862,7 +862,9 @@ def test_find_and_delete_leftovers_of_jobs_that_are_over(aws: Aws) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_an_unreadable_record_keeps_its_resources_and_stops_no_cleanup(aws: Aws, tmp_path: Path) -> None:
+def test_an_unreadable_record_keeps_its_resources_and_stops_no_cleanup(
+    aws: Aws, tmp_path: Path
+) -> None:
     """A job whose record cannot be read may be running: its resources are not leftovers,
     and the bad record does not stop gc judging the other jobs."""
     from trainctl.controller.submit import job_is_live
