@@ -39,6 +39,7 @@ from trainctl.replay.strategies import (
     FIXED_INTERVAL_SECONDS,
     TIME_GOAL,
     Replay,
+    Strategy,
     attempt_node_seconds,
     recommended_interval,
     replay_all,
@@ -184,6 +185,20 @@ def render_check(check: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bench_only(nodes: int, hours: float) -> list[Strategy]:
+    """What the benchmark sets the strategies against: the fallback at once as it was before
+    a job went back to spot (it stays on demand to the end)."""
+    at_once = next(s for s in strategies(nodes, hours) if s.name == "fallback-now")
+    return [
+        Strategy(
+            "fallback-now-stays",
+            "spot + on-demand fallback at once, stays on demand (spot_probe_seconds=0)",
+            at_once.fields,
+            {"TRAINCTL_SPOT_PROBE_SECONDS": "0"},
+        )
+    ]
+
+
 def plan(
     traces: list[str], sizes: list[int], starts: int, hours: float, names: list[str]
 ) -> list[Replay]:
@@ -200,7 +215,8 @@ def plan(
                 "recommended": recommended_interval(workload),
                 "fixed": FIXED_INTERVAL_SECONDS,
             }
-            for strategy in (s for s in strategies(nodes, hours) if s.name in names):
+            tried = [*strategies(nodes, hours), *bench_only(nodes, hours)]
+            for strategy in (s for s in tried if s.name in names):
                 for label, interval in intervals.items():
                     for start in offsets if strategy.name != "on-demand" else [0]:
                         jobs.append(Replay(trace, workload, strategy, interval, start, label))
@@ -245,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="64,256")
     parser.add_argument("--hours", type=float, default=6.0, help="training on demand")
     parser.add_argument("--starts", type=int, default=4, help="start points per trace")
-    parser.add_argument("--strategies", default="on-demand,spot,elastic,fallback,elastic-fallback")
+    parser.add_argument(
+        "--strategies",
+        default="on-demand,spot,elastic,fallback,fallback-now,elastic-fallback",
+        help="of: on-demand, spot, elastic, fallback, fallback-now, elastic-fallback, "
+        "fallback-now-stays",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--check-elastic",

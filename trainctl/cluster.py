@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +36,9 @@ class ClusterInfo(BaseModel):
     processes_per_host: int = Field(ge=1)
     # Extra environment for every node from the provider (e.g. GLOO_SOCKET_IFNAME=lo locally).
     network_env: dict[str, str] = Field(default_factory=dict)
+    # How the nodes are bought where capacity is bought (EC2): "on-demand" if any node is
+    # (a spot job's fallback), else "spot". None: machines of one's own (local, SSH hosts).
+    market: Literal["spot", "on-demand"] | None = None
 
     @property
     def hosts(self) -> list[str]:

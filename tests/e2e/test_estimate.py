@@ -61,7 +61,9 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     assert (estimate.nodes, estimate.instance_type, estimate.starts) == (8, "p3.2xlarge", 1)
     assert 0.1 <= estimate.step_seconds < 0.5  # measured from the job's own steps
     by_name = {s.strategy: s for s in estimate.strategies}
-    assert list(by_name) == ["on-demand", "spot", "elastic", "fallback", "elastic-fallback"]
+    assert list(by_name) == [
+        "on-demand", "spot", "elastic", "fallback", "fallback-now", "elastic-fallback"
+    ]  # fmt: skip
     assert all(s.completed == s.runs == 1 for s in estimate.strategies), estimate
     on_demand, spot, fallback = by_name["on-demand"], by_name["spot"], by_name["fallback"]
     assert on_demand.cost_ratio.median == 1.0 and on_demand.relaunches.max == 0
@@ -71,6 +73,10 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     assert 0.25 < spot.cost_ratio.median < 0.4
     # the deadline (max_wait 1.15x the training) bounds the fallback: on-demand in time
     assert fallback.time_ratio.median <= 1.2 and fallback.on_demand_share.median > 0.3
+    # without one, the fallback is at once: no wait, the rest of the hour on demand
+    at_once = by_name["fallback-now"]
+    assert at_once.time_ratio.median < fallback.time_ratio.median
+    assert at_once.on_demand_share.median > fallback.on_demand_share.median
 
     table = _trainctl(
         "estimate", measured_job, "--trace", "synthetic-rare", "--instance-type",

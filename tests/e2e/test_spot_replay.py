@@ -125,3 +125,42 @@ def test_on_demand_fallback_waits_for_spot_while_the_deadline_allows():
     assert long["spot_node_hours"] > 0 and long["on_demand_node_hours"] > 0
     assert long["hours"] < 1.6, long  # within max_wait
     assert long["on_demand_node_hours"] > long["spot_node_hours"], long
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
+    """Spot is gone from 10 minutes to 70 into a 3-hour job with on_demand_fallback and no
+    deadline: it falls back at once, tries spot after 30 minutes on demand (none yet: on
+    demand again), doubles the wait, then finds spot and finishes there. Without the tries
+    (spot_probe_seconds=0) it stays on demand to the end, at a higher cost."""
+    fallback = Strategy(
+        "fallback",
+        "fallback",
+        {"use_spot_instances": True, "on_demand_fallback": True, "max_run": 86400},
+    )
+    market = trace((0, 600, 8), (600, 4200, 0))
+    job = workload(hours=3.0)
+    back = replay(
+        market, job, fallback, interval_seconds=900,
+        settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
+    )  # fmt: skip
+    assert back["state"] == "Completed", back
+    tries = [c for c in back["causes"] if c and c.startswith("trying spot again")]
+    assert len(tries) == 2, back["causes"]  # one that found none, one that found spot
+    assert back["relaunches"] == 3, back["causes"]  # the reclaim and the two tries
+    stays = replay(
+        market, job, fallback, interval_seconds=900,
+        settings={"TRAINCTL_SPOT_PROBE_SECONDS": "0"},
+    )  # fmt: skip
+    assert stays["state"] == "Completed", stays
+    assert stays["relaunches"] == 1 and stays["spot_node_hours"] < 8 * 0.2, stays
+    assert back["spot_node_hours"] > 8 * 1.0, back  # most of the training back on spot
+    assert back["redone_node_hours"] == 0  # each try relaunched from its notice checkpoint
+    assert back["cost_usd"] < 0.75 * stays["cost_usd"], (back, stays)
+    assert back["hours"] < stays["hours"] + 0.5, (back, stays)  # at the price of restarts
+    # A job whose on-demand attempt saves nothing would start over: it does not try.
+    unsaved = replay(
+        market, job, fallback, interval_seconds=10 * HOUR,
+        settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
+    )  # fmt: skip
+    assert unsaved["state"] == "Completed" and unsaved["relaunches"] == 1, unsaved["causes"]

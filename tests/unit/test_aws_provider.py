@@ -607,6 +607,10 @@ def test_capacity_falls_back_over_subnets_then_types_then_on_demand(aws: Aws) ->
     assert {i["SubnetId"] for i in instances} == {s2}
     assert {i["InstanceType"] for i in instances} == {"g5.12xlarge"}
     assert cluster.instance_type == "g5.12xlarge" and cluster.processes_per_host == 4
+    assert cluster.market == "on-demand"  # the fallback: the controller tries spot again later
+    aws.capacity.failing.clear()
+    spot = aws.provider().provision(CapacityRequest.of(spec), "back", 1)
+    assert spot.market == "spot"
 
 
 @pytest.mark.timeout(60)

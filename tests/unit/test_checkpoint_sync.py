@@ -178,3 +178,15 @@ def test_a_checkpoint_saved_in_place_and_cut_short_keeps_its_last_whole_copy(tmp
 def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def test_the_controller_is_told_once_when_a_checkpoint_is_stored(tmp_path, store):
+    local = tmp_path / "node0"
+    told: list[str] = []
+    sync = CheckpointSync(store, local, 0, interval=60, log=print, on_state=lambda: told.append(1))
+    local.mkdir()
+    assert sync.sync_once() == 0 and told == []  # nothing saved yet
+    write(local / "step-1/state.pt", "s1")
+    assert sync.sync_once() == 1 and told == [1]
+    write(local / "step-2/state.pt", "s2")
+    assert sync.sync_once() == 1 and told == [1]

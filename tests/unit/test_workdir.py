@@ -292,3 +292,20 @@ def test_which_files_cannot_be_whole(tmp_path, name, content, whole):
     path = tmp_path / name
     path.write_bytes(content)
     assert (unfinished(path, len(content)) is None) == whole
+
+
+def test_the_controller_is_told_once_when_saved_state_is_stored(store, tmp_path):
+    """A relaunch by choice (back to spot) needs state to resume from: a snapshot in a
+    saved-state format counts, other files the script writes do not."""
+    roots = roots_at(tmp_path / "n0")
+    told: list[str] = []
+    sync = WorkdirSync(
+        store, 0, 1, roots, max_bytes=2**30, interval=60, log=lambda _: None,
+        on_state=lambda: told.append("state"),
+    )  # fmt: skip
+    (roots.dirs["code"] / "losses.csv").write_text("1,0.5\n")
+    assert sync.sync_once() == 1 and told == []
+    (roots.dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("s"))
+    assert sync.sync_once() == 1 and told == ["state"]
+    (roots.dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("t"))
+    assert sync.sync_once() == 1 and told == ["state"]  # once

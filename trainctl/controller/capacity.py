@@ -9,6 +9,13 @@ A spot job with `on_demand_fallback` and a `max_wait` waits for spot capacity fo
 its deadline allows, and only then lets the provider fall back to on-demand: while the time
 left before max_wait exceeds what is left of max_run (the most training it can still need)
 and a start-up, it asks for spot alone. Without a max_wait, the provider falls back at once.
+
+A job that fell back does not stay on demand for good: after `spot_probe_seconds` of
+training there (`back_to_spot`), it checkpoints and relaunches, and the provider, asked as
+it was (spot first, then on-demand), gives it spot if spot is back. A try that finds none
+doubles the wait before the next. EC2 cannot be asked for capacity without launching, so a
+try costs a relaunch either way: only a job that saves state tries, and one with a deadline
+only while it can afford two start-ups.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ RETRY_SECONDS = 2.0
 # What a relaunch takes before it trains (an EC2 GPU instance's boot, the rendezvous, the
 # restore), kept in hand when deciding that the deadline leaves no more time to wait for spot.
 STARTUP_ALLOWANCE_SECONDS = 600.0
+# Tries back to spot that find none double the wait before the next, up to this many times.
+SPOT_PROBE_DOUBLINGS = 3
 
 
 class StoppedWaiting(Exception):
@@ -59,12 +68,16 @@ class CapacitySizer:
         self.info = info
         self.deadline_slack = deadline_slack
         self._fell_back = False
+        self._trying_spot = False  # the next attempt is a try back to spot (back_to_spot)
+        self._spot_misses = 0  # tries back to spot in a row that found none
 
     def _market(self, request: CapacityRequest) -> CapacityRequest:
         """`request`, asking for spot alone while the deadline leaves time to wait for it;
         once it does not, the job's full size with the on-demand fallback."""
         if not (request.use_spot_instances and request.on_demand_fallback):
             return request
+        if self._trying_spot:
+            return request  # spot if it is back, else on-demand at once (see back_to_spot)
         slack = self.deadline_slack()
         if slack is None:
             return request  # no deadline: the provider falls back at once
@@ -86,6 +99,23 @@ class CapacitySizer:
 
     def provision(self, attempt: int) -> tuple[ClusterInfo, str | None]:
         """The attempt's nodes, and how its size changed (None: it did not)."""
+        cluster, resized = self._provision_sized(attempt)
+        if self._trying_spot:
+            self._trying_spot = False
+            back = cluster.market != "on-demand"
+            self._spot_misses = 0 if back else self._spot_misses + 1
+            self.jobs.event("spot_probe", attempt=attempt, found=back, misses=self._spot_misses)
+            if back:
+                self.info(f"attempt {attempt}: back on spot capacity")
+            else:
+                wait = self._spot_probe_wait()
+                self.info(
+                    f"attempt {attempt}: spot is still short; on demand again, trying spot "
+                    f"after {wait / 60:.0f} min more training"
+                )
+        return cluster, resized
+
+    def _provision_sized(self, attempt: int) -> tuple[ClusterInfo, str | None]:
         spec = self.record.spec
         request = self.request
         if not spec.elastic:
@@ -176,3 +206,32 @@ class CapacitySizer:
         if available <= size:
             return None
         return f"growing: capacity for {min(available, spec.instance_count)} node(s) is back"
+
+    def _spot_probe_wait(self) -> float:
+        doublings = min(self._spot_misses, SPOT_PROBE_DOUBLINGS)
+        return self.settings.spot_probe_seconds * 2**doublings
+
+    def back_to_spot(self, cluster: ClusterInfo, trained_for: float, saved: bool) -> str | None:
+        """Why a spot job running on on-demand nodes (its fallback), `trained_for` seconds
+        into this attempt's training, should checkpoint now and relaunch to try spot again;
+        None while it should not. `saved`: the attempt has put state in the store that a
+        relaunch resumes from (else a relaunch would start its training over)."""
+        spec = self.record.spec
+        if not (spec.use_spot_instances and spec.on_demand_fallback):
+            return None
+        if cluster.market != "on-demand" or not self.settings.spot_probe_seconds:
+            return None
+        if not saved or trained_for < self._spot_probe_wait():
+            return None
+        slack = self.deadline_slack()
+        if slack is not None and slack < 2 * STARTUP_ALLOWANCE_SECONDS:
+            return None  # a try that finds no spot would cost the deadline its start-up
+        if isinstance(self.provider, CapacityProbe):
+            try:
+                spot = self.provider.available_nodes(self.request.spot_only(), self.record.name)
+            except Exception:  # asking is best effort: the next check asks again
+                return None
+            if spot is not None and spot < len(cluster.nodes):
+                return None
+        self._trying_spot = True
+        return f"trying spot again after {trained_for / 60:.0f} min on demand"

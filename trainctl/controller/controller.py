@@ -153,7 +153,10 @@ class Controller:
         # Earlier attempts whose loss was counted from a resume guessed (rank 0 stepped
         # before it said `resumed`): the script's own `resumed` counts them again.
         self._guessed_resume: list[Attempt] | None = None
-        self._growing: str | None = None  # an elastic job is checkpointing to grow
+        # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
+        # job on its on-demand fallback trying spot again (None: it is not).
+        self._growing: str | None = None
+        self._state_stored = False  # the attempt's nodes put saved state in the store
         # Each fault fires once, in the first attempt that trains long enough.
         self._faults = FaultSchedule(self.record.spec.parsed_faults)
         self._lease: Lease | None = None
@@ -467,6 +470,7 @@ class Controller:
         self._first_step_at = None
         self._notices = {}
         self._guessed_resume = None
+        self._state_stored = False
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
                 target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
@@ -649,7 +653,7 @@ class Controller:
             return AttemptEnd("interrupted", f"algo-{first.rank + 1} lost: {first.lost}")
         if now >= watch.next_capacity_check:
             watch.next_capacity_check = now + ELASTIC_CHECK_SECONDS
-            self._grow_if_capacity(cluster, nodes, now)
+            self._relaunch_if_better(cluster, nodes, now)
         if self._notices:
             grace = self.settings.notice_grace_seconds + 30.0
             first_notice = min(self._notices.values())
@@ -675,21 +679,25 @@ class Controller:
             return AttemptEnd("failed", hang, exit_code=1)
         return None
 
-    def _grow_if_capacity(
+    def _relaunch_if_better(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
     ) -> None:
-        """An elastic job below its full size, once the provider has room for more: every
-        node gets an interruption notice, checkpoints and exits, and the next attempt is
-        provisioned at the larger size (growing happens at a checkpoint boundary)."""
+        """An elastic job below its full size, once the provider has room for more, or a job
+        on its on-demand fallback, once it is time to try spot again: every node gets an
+        interruption notice, checkpoints and exits, and the next attempt is provisioned
+        (a relaunch by choice happens at a checkpoint boundary)."""
         if self._growing or self._notices or self._training_started is None:
             return
         if any(n.lost for n in nodes.values()):
             return
-        why = self.capacity.growth(len(cluster.nodes), now - self._training_started)
+        trained_for = now - self._training_started
+        saved = self._state_stored or self.record.attempts[-1].last_checkpoint_step is not None
+        grow = self.capacity.growth(len(cluster.nodes), trained_for)
+        why = grow or self.capacity.back_to_spot(cluster, trained_for, saved)
         if why is None:
             return
         self._growing = why
-        self.jobs.event("growing", attempt=cluster.attempt, why=why)
+        self.jobs.event("growing" if grow else "trying_spot", attempt=cluster.attempt, why=why)
         self._info(f"attempt {cluster.attempt}: {why}; checkpointing to relaunch")
         for rank in nodes:
             self.store.put_text(
@@ -819,6 +827,8 @@ class Controller:
             self._started_up(attempt, nodes)
         elif event == "notice":
             self._notices.setdefault(node.rank, clock().monotonic())
+        elif event == "state_stored":
+            self._state_stored = True
         elif event == "uploading":
             if self.record.state in (JobState.TRAINING, JobState.STARTING):
                 self.jobs.transition(self.record, JobState.UPLOADING)

@@ -197,6 +197,7 @@ class Agent:
             interval=self.settings.checkpoint_sync_seconds,
             log=self.log,
             known=known,
+            on_state=self.stored_state,
         ).start()
         return known
 
@@ -236,6 +237,7 @@ class Agent:
             interval=self.settings.workdir_sync_seconds,
             log=self.log,
             known=restored.known,
+            on_state=self.stored_state,
         ).start()
         return restored.summary()
 
@@ -413,6 +415,11 @@ class Agent:
             if workers:
                 return workers
         return [proc.pid]
+
+    def stored_state(self) -> None:
+        """A sync put this attempt's saved state in the store (first time only): a relaunch
+        now resumes from it, so the controller may relaunch by choice (back to spot)."""
+        emit("state_stored", rank=self.rank)
 
     def say(self, event: str, **fields: Any) -> None:
         """A control message of the agent's own, for the controller and the node's status."""

@@ -95,8 +95,9 @@ class CheckpointSync(PeriodicSync):
         log: Callable[[str], None],
         known: dict[str, Signature] | None = None,
         workers: int = 8,
+        on_state: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(interval=interval, log=log)
+        super().__init__(interval=interval, log=log, on_state=on_state)
         self.store = store
         self.local = local
         self.rank = rank
@@ -149,6 +150,8 @@ class CheckpointSync(PeriodicSync):
             "files": {rel: sig[0] for rel, sig in sorted(self.uploaded.items())},
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        if changed:
+            self.stored_state()
         for rel in removed:  # only once no manifest of ours lists them
             self.store.delete(rel)
         return len(changed)

@@ -190,13 +190,22 @@ def upload_present(store: Store, items: list[tuple[str, Path]], *, workers: int 
 class PeriodicSync:
     """A `sync_once` pass in a background thread every `interval` seconds, or at once when
     woken; `close()` stops the thread and runs one last pass (what was written just before
-    the node ended goes up too). Subclasses write `sync_once`."""
+    the node ended goes up too). Subclasses write `sync_once`, and call `stored_state()`
+    when a pass has put saved training state in the store (what a relaunch resumes from)."""
 
     name = "sync"
 
-    def __init__(self, *, interval: float, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        *,
+        interval: float,
+        log: Callable[[str], None],
+        on_state: Callable[[], None] | None = None,
+    ) -> None:
         self.interval = interval
         self.log = log
+        self._on_state = on_state
+        self._told = False
         self._lock = threading.Lock()  # one pass at a time (the thread vs. the final flush)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -218,6 +227,12 @@ class PeriodicSync:
                     self.sync_once()
             except Exception as exc:  # the store retries; a failed pass is retried next time
                 self.log(f"{self.name} failed (will retry): {exc}")
+
+    def stored_state(self) -> None:
+        """Tell `on_state` (once) that saved state is in the store."""
+        if self._on_state is not None and not self._told:
+            self._told = True
+            self._on_state()
 
     def wake(self) -> None:
         """Sync now: the script says it saved something (don't wait for the next poll)."""

@@ -44,6 +44,7 @@ from typing import Any
 
 from trainctl.errors import NotFoundError
 from trainctl.node.sync import (
+    SAVED_STATE_SUFFIXES,
     PeriodicSync,
     Signature,
     download_all,
@@ -271,8 +272,9 @@ class WorkdirSync(PeriodicSync):
         interval: float,
         log: Callable[[str], None],
         known: dict[str, tuple[Signature, str]] | None = None,
+        on_state: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(interval=interval, log=log)
+        super().__init__(interval=interval, log=log, on_state=on_state)
         self.store = store
         self.rank = rank
         self.attempt = attempt
@@ -326,6 +328,7 @@ class WorkdirSync(PeriodicSync):
             self.store, [(keys[rel], p) for rel, p in paths.items() if p is not None]
         )
         stale: list[str] = []
+        uploaded_rels: list[str] = []
         for rel in changed:
             if keys[rel] not in uploaded:
                 continue
@@ -337,6 +340,7 @@ class WorkdirSync(PeriodicSync):
                 stale.append(self.known[rel][1])
             self.known[rel] = (current[rel], keys[rel])
             self.uploads += 1
+            uploaded_rels.append(rel)
         for rel in removed:
             stale.append(self.known.pop(rel)[1])
         manifest = {
@@ -349,6 +353,8 @@ class WorkdirSync(PeriodicSync):
             },
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        if any(PurePosixPath(r).suffix.lower() in SAVED_STATE_SUFFIXES for r in uploaded_rels):
+            self.stored_state()  # a snapshot.pt, not just any file the script wrote
         for key in stale:  # only once the manifest no longer names them
             try:
                 self.store.delete(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.errors import TrainctlError
@@ -139,6 +139,7 @@ def make_cluster(
     master_port: int = DEFAULT_MASTER_PORT,
     gpus: int | None = None,
     network_env: dict[str, str] | None = None,
+    market: Literal["spot", "on-demand"] | None = None,
 ) -> ClusterInfo:
     """The one place a ClusterInfo is made. Workers per node: the request's, else one per GPU
     (`gpus`: what every node has, default the instance type's), else one."""
@@ -156,6 +157,7 @@ def make_cluster(
         master_port=master_port,
         processes_per_host=request.processes_per_host or gpus or 1,
         network_env=network_env or {},
+        market=market,
     )
 
 

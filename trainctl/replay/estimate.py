@@ -262,7 +262,6 @@ def estimate(
         scale = CATALOG[kind].on_demand_usd_per_hour / trace_prices.on_demand_usd_per_hour
     for row in rows:
         row["cost_usd"] *= scale
-    titles = {s.name: s.title for s in tried}
     return Estimate(
         job=record.name,
         trace=market.name,
@@ -275,11 +274,11 @@ def estimate(
         on_demand_usd_per_hour=trace_prices.on_demand_usd_per_hour * scale,
         spot_usd_per_hour=trace_prices.spot_usd_per_hour * scale,
         starts=starts,
-        strategies=[_strategy_row(r, titles) for r in summarize(rows)],
+        strategies=[_strategy_row(r) for r in summarize(rows)],
     )
 
 
-def _strategy_row(summary: dict[str, Any], titles: dict[str, str]) -> StrategyEstimate:
+def _strategy_row(summary: dict[str, Any]) -> StrategyEstimate:
     keys = (
         "hours",
         "cost_usd",
@@ -291,7 +290,7 @@ def _strategy_row(summary: dict[str, Any], titles: dict[str, str]) -> StrategyEs
     )
     return StrategyEstimate(
         strategy=summary["strategy"],
-        title=titles[summary["strategy"]],
+        title=summary["title"],
         runs=summary["runs"],
         completed=summary["completed"],
         not_completed=summary["not_completed"],

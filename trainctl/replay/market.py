@@ -129,7 +129,7 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
         with self._lock:
             self._held.setdefault(job, {})[attempt] = _Held(zone, market, count, clock().time())
         clock().sleep(self.boot_seconds)  # launched: billed while the instances boot
-        return super().provision(request, job, attempt)
+        return super().provision(request, job, attempt).model_copy(update={"market": market})
 
     def _no_capacity_round(self, request: Any) -> None:
         """One EC2 capacity round without capacity, and its backoff (at most max_wait)."""

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +41,20 @@ TIME_GOAL = 1.15  # the deadline strategies' max_wait, in multiples of the on-de
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to run a job on spot: a name, words for a table, the job's fields."""
+    """One way to run a job on spot: a name, words for a table, the job's fields, and
+    TRAINCTL_* settings for its controller (over the replay's own)."""
 
     name: str
     title: str
     fields: dict[str, Any]
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
-    """The strategies, as job fields. The fallback ones have a deadline: max_wait 1.15x the
+    """The strategies, as job fields. Two fallbacks have a deadline: max_wait 1.15x the
     training on demand (the goal's time), max_run 1.05x (what the training needs, saves
-    included, with room: the sizer keeps the rest of max_run in hand)."""
+    included, with room: the sizer keeps the rest of max_run in hand). The other falls back
+    at once and tries spot again after spot_probe_seconds on demand."""
     spot = {"use_spot_instances": True, "max_run": 14 * 86400, "max_wait": 28 * 86400}
     elastic = {"min_instance_count": max(1, nodes // 2)}
     deadline = {
@@ -65,6 +68,11 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
         Strategy("spot", "spot, relaunch at full size", spot),
         Strategy("elastic", "spot + elastic (down to half)", {**spot, **elastic}),
         Strategy("fallback", "spot + on-demand fallback at the deadline", deadline),
+        Strategy(
+            "fallback-now",
+            "spot + on-demand fallback at once, back to spot",
+            {**spot, "on_demand_fallback": True},
+        ),
         Strategy(
             "elastic-fallback",
             "spot + elastic + on-demand fallback at the deadline",
@@ -137,8 +145,10 @@ def replay(
     notice_seconds: float = 120.0,
     quantum: float = QUANTUM_SECONDS,
     probe: bool = False,
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One job, one strategy, from `start_s` into the trace; what it took and cost."""
+    """One job, one strategy, from `start_s` into the trace; what it took and cost
+    (`settings`: TRAINCTL_* values for the controller, over the replay's own)."""
     from trainctl.replay.market import TraceMarket, TraceProvider
 
     wall = time.monotonic()
@@ -156,7 +166,12 @@ def replay(
 
     ec2 = {"instance_type": trace.instance_type, **strategy.fields}
     record, training, advances = simulate(
-        workload, interval_seconds, provider_for, recorded_as=ec2, quantum=quantum
+        workload,
+        interval_seconds,
+        provider_for,
+        recorded_as=ec2,
+        quantum=quantum,
+        settings={**strategy.settings, **(settings or {})},
     )
     spot_h = sum(c.seconds for c in record.instances if c.market == "spot") / 3600
     od_h = sum(c.seconds for c in record.instances if c.market != "spot") / 3600
@@ -169,6 +184,7 @@ def replay(
         "workload": workload.name,
         "nodes": workload.nodes,
         "strategy": strategy.name,
+        "title": strategy.title,
         "interval_s": round(interval_seconds),
         "start_s": start_s,
         "state": record.state.value,
@@ -303,6 +319,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "trace": trace,
                 "nodes": nodes,
                 "strategy": strategy,
+                "title": runs[0]["title"],
                 "interval": interval,
                 "interval_s": runs[0]["interval_s"],
                 "runs": len(runs),
@@ -328,7 +345,6 @@ def _cell(s: dict[str, float] | None, fmt: str) -> str:
 def table(summary_rows: list[dict[str, Any]]) -> str:
     """The strategies side by side, per trace and size (markdown: the docs carry it); the
     figures are over the starts whose job completed."""
-    titles = {s.name: s.title for s in strategies(64)}
     lines = []
     for trace, nodes in dict.fromkeys((r["trace"], r["nodes"]) for r in summary_rows):
         lines += [
@@ -343,7 +359,7 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
             if (r["trace"], r["nodes"]) != (trace, nodes):
                 continue
             lines.append(
-                f"| {titles[r['strategy']]} | {r['interval_s'] / 60:.0f} min ({r['interval']}) "
+                f"| {r['title']} | {r['interval_s'] / 60:.0f} min ({r['interval']}) "
                 f"| {r['completed']}/{r['runs']} "
                 f"| {_cell(r['hours'], '.2f')} | {_cell(r['time_ratio'], '.2f')} "
                 f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['wasted_node_hours'], '.0f')} "

@@ -314,7 +314,8 @@ class JobSpec(StrictModel):
         bool,
         Door(
             "Spot capacity short: fall back to on-demand (with max_wait: once waiting longer "
-            "for spot would miss it, max_run's training still to come).",
+            "for spot would miss it, max_run's training still to come); back to spot once "
+            "it returns (setting spot_probe_seconds).",
             cli="flag",
         ),
     ] = Field(default=False, strict=True)

@@ -89,6 +89,15 @@ class Settings(BaseSettings):
         "capacity without launching (EC2) tries the full size again after this long "
         "training: a checkpoint and a relaunch, shrinking back if the capacity is not there.",
     )
+    spot_probe_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="A spot job that fell back to on-demand capacity (on_demand_fallback) "
+        "tries spot again after this long training on demand, doubling after each try that "
+        "finds none: a checkpoint and a relaunch, back on demand if spot is still short. "
+        "Only a job that saves state and, with a max_wait, has the slack for a relaunch; "
+        "0: never.",
+    )
     startup_timeout_seconds: float = Field(
         default=1800.0,
         ge=0,

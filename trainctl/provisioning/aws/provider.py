@@ -627,6 +627,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             )
             for rank, (address, root) in enumerate(zip(addresses, roots, strict=True))
         ]
+        spot = all(i.get("InstanceLifecycle") == "spot" for i in instances)
         return make_cluster(
             request,
             job,
@@ -636,6 +637,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
             nodes,
             master_port=master_port,
             network_env=network_env,
+            market="spot" if spot else "on-demand",
         )
 
     @staticmethod
