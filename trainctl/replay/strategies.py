@@ -71,7 +71,7 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
         Strategy(
             "fallback-now",
             "spot + on-demand fallback at once, back to spot",
-            {**spot, "on_demand_fallback": True},
+            {"use_spot_instances": True, "on_demand_fallback": True, "max_run": 14 * 86400},
         ),
         Strategy(
             "elastic-fallback",
