@@ -158,9 +158,16 @@ def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
     assert back["redone_node_hours"] == 0  # each try relaunched from its notice checkpoint
     assert back["cost_usd"] < 0.75 * stays["cost_usd"], (back, stays)
     assert back["hours"] < stays["hours"] + 0.5, (back, stays)  # at the price of restarts
-    # A job whose on-demand attempt saves nothing would start over: it does not try.
+    # A job that saves neither on its own schedule nor at a notice (reclaimed without one)
+    # would start over: it does not try. (One that saves at a notice tries without having
+    # saved yet: its relaunch loses nothing.)
     unsaved = replay(
-        market, job, fallback, interval_seconds=10 * HOUR,
+        market, job, fallback, interval_seconds=10 * HOUR, notice_seconds=0,
         settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
     )  # fmt: skip
     assert unsaved["state"] == "Completed" and unsaved["relaunches"] == 1, unsaved["causes"]
+    at_notice = replay(
+        market, job, fallback, interval_seconds=10 * HOUR,
+        settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
+    )  # fmt: skip
+    assert at_notice["relaunches"] == 3 and at_notice["redone_node_hours"] == 0, at_notice

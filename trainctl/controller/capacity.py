@@ -214,8 +214,8 @@ class CapacitySizer:
     def back_to_spot(self, cluster: ClusterInfo, trained_for: float, saved: bool) -> str | None:
         """Why a spot job running on on-demand nodes (its fallback), `trained_for` seconds
         into this attempt's training, should checkpoint now and relaunch to try spot again;
-        None while it should not. `saved`: the attempt has put state in the store that a
-        relaunch resumes from (else a relaunch would start its training over)."""
+        None while it should not. `saved`: a relaunch resumes from state in the store (the
+        attempt saved some, or the script saves when told to stop), not from scratch."""
         spec = self.record.spec
         if not (spec.use_spot_instances and spec.on_demand_fallback):
             return None

@@ -691,7 +691,11 @@ class Controller:
         if any(n.lost for n in nodes.values()):
             return
         trained_for = now - self._training_started
-        saved = self._state_stored or self.record.attempts[-1].last_checkpoint_step is not None
+        saved = (
+            self._state_stored
+            or self.record.attempts[-1].last_checkpoint_step is not None
+            or self._resumes_where_stopped()
+        )
         grow = self.capacity.growth(len(cluster.nodes), trained_for)
         why = grow or self.capacity.back_to_spot(cluster, trained_for, saved)
         if why is None:
@@ -704,6 +708,15 @@ class Controller:
                 self.jobs.keys.notice(cluster.attempt, rank), json.dumps({"source": why})
             )
             self._notices.setdefault(rank, now)
+
+    def _resumes_where_stopped(self) -> bool:
+        """Whether an earlier attempt of the job saved at its last step and the next resumed
+        there: the script saves when it is told to stop (a notice), so a relaunch by choice
+        loses nothing even before this attempt's first save."""
+        return any(
+            a.steps_lost == 0 and a.last_step and a.last_checkpoint_step == a.last_step
+            for a in self.record.attempts[:-1]
+        )
 
     def _deadline_slack(self) -> float | None:
         """Seconds the job can still spend not training and end by its max_wait, if all of
