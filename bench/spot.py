@@ -12,15 +12,17 @@ cost (boot, rendezvous, restore) for every attempt. What the controller decides 
 relaunch in another zone, shrink, grow back, fall back to on-demand), what it bills and
 what it records are trainctl's own code.
 
-Per trace and job size, four strategies, each with the checkpoint interval that trainctl
-diagnose recommends for the trace's interruption rate (Young/Daly) and with a fixed one:
-on-demand only; spot, relaunched at full size (SkyPilot's managed-job recovery); spot +
-elastic (min_instance_count, adaptive batch: throughput follows the world size); spot +
-elastic + on-demand fallback. Each row: time to completion, cost (spot and on-demand hours
+Per trace and job size, the strategies (trainctl.replay.strategies), each with the
+checkpoint interval that trainctl diagnose recommends for the trace's interruption rate
+(Young/Daly) and with a fixed one: on-demand only; spot, relaunched at full size
+(SkyPilot's managed-job recovery); spot + elastic (min_instance_count, adaptive batch:
+throughput follows the world size); spot + on-demand fallback at the deadline, with and
+without elastic; spot + on-demand fallback at once, going back to spot (and, on request,
+`fallback-now-stays`: the same without going back, as a baseline). Each row: time to completion, cost (spot and on-demand hours
 at the trace's prices, from the job record), node-hours wasted (redone steps, restarts,
 checkpoint stalls, idle), relaunches; ratios against on-demand.
 
-    python -m bench.spot [--traces NAME,...] [--nodes 64,256] [--starts 2] [--quick]
+    python -m bench.spot [--traces NAME,...] [--nodes 64,256] [--starts 4] [--strategies ...]
 """
 
 from __future__ import annotations
