@@ -155,7 +155,7 @@ class Controller:
         self._guessed_resume: list[Attempt] | None = None
         # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
         # job on its on-demand fallback trying spot again (None: it is not).
-        self._growing: str | None = None
+        self._relaunching: str | None = None
         self._state_stored = False  # the attempt's nodes put saved state in the store
         # Each fault fires once, in the first attempt that trains long enough.
         self._faults = FaultSchedule(self.record.spec.parsed_faults)
@@ -540,7 +540,7 @@ class Controller:
     def _watch_until_end(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """Take each line (or a poll's silence), then, at most every POLL_SECONDS, look at
         every node and decide."""
-        self._growing = None
+        self._relaunching = None
         now = clock().monotonic()
         watch = WatchState(
             next_capacity_check=now + ELASTIC_CHECK_SECONDS,
@@ -659,7 +659,7 @@ class Controller:
             first_notice = min(self._notices.values())
             if all(n.exit_code is not None for n in runners) or now - first_notice > grace:
                 ranks = ", ".join(f"algo-{r + 1}" for r in sorted(self._notices))
-                why = self._growing or f"interruption notice to {ranks}"
+                why = self._relaunching or f"interruption notice to {ranks}"
                 self._stop_nodes(nodes, self.settings.stop_grace_seconds, why)
                 return AttemptEnd("interrupted", why)
             return None
@@ -686,7 +686,7 @@ class Controller:
         on its on-demand fallback, once it is time to try spot again: every node gets an
         interruption notice, checkpoints and exits, and the next attempt is provisioned
         (a relaunch by choice happens at a checkpoint boundary)."""
-        if self._growing or self._notices or self._training_started is None:
+        if self._relaunching or self._notices or self._training_started is None:
             return
         if any(n.lost for n in nodes.values()):
             return
@@ -700,7 +700,7 @@ class Controller:
         why = grow or self.capacity.back_to_spot(cluster, trained_for, saved)
         if why is None:
             return
-        self._growing = why
+        self._relaunching = why
         self.jobs.event("growing" if grow else "trying_spot", attempt=cluster.attempt, why=why)
         self._info(f"attempt {cluster.attempt}: {why}; checkpointing to relaunch")
         for rank in nodes:
