@@ -18,9 +18,10 @@ checkpoint interval that trainctl diagnose recommends for the trace's interrupti
 (SkyPilot's managed-job recovery); spot + elastic (min_instance_count, adaptive batch:
 throughput follows the world size); spot + on-demand fallback at the deadline, with and
 without elastic; spot + on-demand fallback at once, going back to spot (and, on request,
-`fallback-now-stays`: the same without going back, as a baseline). Each row: time to completion, cost (spot and on-demand hours
-at the trace's prices, from the job record), node-hours wasted (redone steps, restarts,
-checkpoint stalls, idle), relaunches; ratios against on-demand.
+`fallback-now-stays`: the same without going back, as a baseline). Each row: time to
+completion, cost (spot and on-demand hours at the trace's prices, from the job record),
+node-hours wasted (redone steps, restarts, checkpoint stalls, idle), relaunches; ratios
+against on-demand.
 
     python -m bench.spot [--traces NAME,...] [--nodes 64,256] [--starts 4] [--strategies ...]
 """
