@@ -13,6 +13,7 @@ gets LeaseHeld. A controller whose renewal finds someone else's lease has been t
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -44,7 +45,7 @@ def view_lease(lease: dict[str, Any] | None, seconds: float) -> LeaseView:
         renewed = float(lease["renewed_at"]) if lease else None
     except (KeyError, TypeError, ValueError):  # not a lease trainctl wrote: nobody holds it
         renewed = None
-    if not lease or renewed is None or renewed != renewed:  # (NaN)
+    if renewed is None or math.isnan(renewed):
         return LeaseView(lease, False, None)
     if "released_at" in lease:  # its controller let go of the job: nobody holds it now
         return LeaseView(lease, False, max(0.0, clock().time() - renewed))
