@@ -73,11 +73,10 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     assert 0.25 < spot.cost_ratio.median < 0.4
     # the deadline (max_wait 1.15x the training) bounds the fallback: on-demand in time
     assert fallback.time_ratio.median <= 1.2 and fallback.on_demand_share.median > 0.3
-    # without one, the fallback is at once (here as soon as the deadline's: its slack is
-    # less than a start-up at the outage), and the rest of the hour on demand
+    # without one, the fallback is at once (on this trace about when the deadline's is: its
+    # slack is under a start-up at the outage), and the rest of the hour is on demand
     at_once = by_name["fallback-now"]
-    assert at_once.time_ratio.median <= fallback.time_ratio.median
-    assert at_once.on_demand_share.median > 0.3
+    assert at_once.time_ratio.median <= 1.2 and at_once.on_demand_share.median > 0.3
 
     table = _trainctl(
         "estimate", measured_job, "--trace", "synthetic-rare", "--instance-type",
