@@ -63,15 +63,18 @@ def _kill_controller(job) -> int:
     return pid
 
 
+def _statuses(job) -> list[dict]:
+    return [
+        json.loads(job.store.get_text(k.key))
+        for k in job.store.list(f"jobs/{job.name}/attempts/attempt-1")
+        if k.key.endswith(".status.json")
+    ]
+
+
 def _wait_step(job, step: int, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        statuses = [
-            job.store.get_text(k.key)
-            for k in job.store.list(f"jobs/{job.name}/attempts/attempt-1")
-            if k.key.endswith(".status.json")
-        ]
-        steps = [json.loads(s).get("checkpoint", 0) for s in statuses]
+        steps = [s.get("checkpoint", 0) for s in _statuses(job)]
         if len(steps) == 2 and min(steps) >= step:
             return
         time.sleep(0.2)
@@ -86,6 +89,9 @@ def _events(job, kind: str) -> list[dict]:
 def test_nodes_still_training_are_adopted_and_lose_no_step(home, uninterrupted):
     job = digits(epochs=EPOCHS, step_delay=STEP_DELAY).fit(wait=False)
     _wait_step(job, 20)
+    # What a taking-over controller learns from the store: the nodes stored a checkpoint (a
+    # relaunch by choice would resume from it). Step 10's upload is long done by step 20.
+    assert all(s.get("state_stored") for s in _statuses(job)), _statuses(job)
     _kill_controller(job)
     info = job.describe()
     assert info["state"] == "Training"

@@ -444,7 +444,9 @@ class Controller:
         if adopted is None:
             return AttemptEnd("interrupted", "controller lost")
         cluster, followers = adopted
-        end = self._watch(cluster, self._follow(cluster, dict(followers)))
+        nodes = self._follow(cluster, dict(followers))
+        self._state_stored = any((f.status() or {}).get("state_stored") for f in followers.values())
+        end = self._watch(cluster, nodes)
         if end.outcome == "interrupted" and went_with_the_controller(followers):
             return AttemptEnd("interrupted", "controller lost")
         return end

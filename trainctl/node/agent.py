@@ -418,8 +418,9 @@ class Agent:
 
     def stored_state(self) -> None:
         """A sync put this attempt's saved state in the store (first time only): a relaunch
-        now resumes from it, so the controller may relaunch by choice (back to spot)."""
-        emit("state_stored", rank=self.rank)
+        now resumes from it, so the controller may relaunch by choice (back to spot). Said
+        in the node's status too, for a controller that takes the attempt over."""
+        self.say("state_stored")
 
     def say(self, event: str, **fields: Any) -> None:
         """A control message of the agent's own, for the controller and the node's status."""
