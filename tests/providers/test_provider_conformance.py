@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import TRAINCTL, digits_estimator, log_lines, wait_for_uploaded_checkpoint
-from tests.rigs.cloud import cloud, ec2_fields, job_resources
+from tests.rigs.cloud import cloud, ec2_fields, job_resources, refuse_capacity
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator
 from trainctl.controller.submit import default_store
@@ -213,32 +213,15 @@ def test_an_unchanged_tutorial_script_goes_back_to_spot_from_its_working_directo
     spot_probe_seconds have passed, it relaunches, gets spot, and resumes from its working
     directory. On EC2 stand-ins here; the working directory after a lost node, on local
     nodes through the CLI in test_e2e_cli."""
-    import botocore.exceptions
-
-    from trainctl.provisioning.aws import clients
     from trainctl.record import JobKeys
 
     monkeypatch.setenv("TRAINCTL_SPOT_PROBE_SECONDS", "2")
-    refused: list[str] = []
-
-    def no_spot_at_first(params, **_):
-        specs = params.get("TagSpecifications", [])
-        tags = {t["Key"]: t["Value"] for spec in specs for t in spec["Tags"]}
-        if tags.get("trainctl:attempt") == "1" and "InstanceMarketOptions" in params:
-            refused.append(params["InstanceType"])
-            raise botocore.exceptions.ClientError(
-                {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no spot"}},
-                "RunInstances",
-            )
-
-    plain = clients.default_session
-
-    def session(region):
-        made = plain(region)
-        made.events.register("provide-client-params.ec2.RunInstances", no_spot_at_first)
-        return made
-
-    monkeypatch.setattr(clients, "default_session", session)
+    refused = refuse_capacity(
+        monkeypatch,
+        lambda params, tags: (
+            tags.get("trainctl:attempt") == "1" and "InstanceMarketOptions" in params
+        ),  # no spot at first
+    )
     tutorial = {"entry_point": "multinode.py", "source_dir": str(source("snapshot"))}
     job = rig.estimator(
         **tutorial, arguments=["24", "1"], hyperparameters={"epoch_delay": 0.15},

@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -203,6 +204,39 @@ class TerminationEndsProcesses(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join(timeout=10)
+
+
+def refuse_capacity(
+    monkeypatch, refuse: Callable[[dict[str, Any], dict[str, str]], bool]
+) -> list[dict[str, Any]]:
+    """EC2 answers RunInstances with InsufficientInstanceCapacity where `refuse(params,
+    tags)` says so: a botocore hook on the provider's sessions, the one part AWS itself would
+    play. Returns the refused requests' parameters, filled as they come."""
+    import botocore.exceptions
+
+    from trainctl.provisioning.aws import clients
+
+    refused: list[dict[str, Any]] = []
+
+    def hook(params: dict[str, Any], **_: Any) -> None:
+        specs = params.get("TagSpecifications", [])
+        tags = {t["Key"]: t["Value"] for spec in specs for t in spec["Tags"]}
+        if refuse(params, tags):
+            refused.append(params)
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none left"}},
+                "RunInstances",
+            )
+
+    plain = clients.default_session
+
+    def session(region):
+        made = plain(region)
+        made.events.register("provide-client-params.ec2.RunInstances", hook)
+        return made
+
+    monkeypatch.setattr(clients, "default_session", session)
+    return refused
 
 
 def ec2_fields(cloud) -> dict:

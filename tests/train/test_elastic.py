@@ -257,10 +257,7 @@ def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
     the job goes on with 2; after elastic_probe_seconds it tries 3 again and gets them."""
     import json
 
-    import botocore.exceptions
-
-    from tests.rigs.cloud import ec2_fields
-    from trainctl.provisioning.aws import clients
+    from tests.rigs.cloud import ec2_fields, refuse_capacity
     from trainctl.provisioning.aws.keys import default_key_path, ensure_key
 
     third = sshd.start("127.0.0.6")
@@ -272,29 +269,10 @@ def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
     monkeypatch.setenv("TRAINCTL_ELASTIC_WAIT_SECONDS", "3")
     monkeypatch.setenv("TRAINCTL_ELASTIC_PROBE_SECONDS", "6")
 
-    refused: list[int] = []
-
-    def no_capacity_for_the_relaunch(params, **_):
-        tags = {
-            t["Key"]: t["Value"]
-            for spec in params.get("TagSpecifications", [])
-            for t in spec["Tags"]
-        }
-        if tags.get("trainctl:attempt") == "2" and params["MinCount"] >= 3:
-            refused.append(params["MinCount"])
-            raise botocore.exceptions.ClientError(
-                {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none left"}},
-                "RunInstances",
-            )
-
-    plain = clients.default_session
-
-    def session(region):
-        made = plain(region)
-        made.events.register("provide-client-params.ec2.RunInstances", no_capacity_for_the_relaunch)
-        return made
-
-    monkeypatch.setattr(clients, "default_session", session)
+    refused = refuse_capacity(
+        monkeypatch,
+        lambda params, tags: tags.get("trainctl:attempt") == "2" and params["MinCount"] >= 3,
+    )
     job = Estimator(
         "train.py",
         source_dir=str(SOURCE),
