@@ -116,6 +116,12 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
         rows.append(("cost", esc(f"${cost['usd']:.2f}")))
     if info.get("failure_reason"):
         rows.append(("failure", esc(info["failure_reason"])))
+    if info.get("attempts"):
+        current = info["attempts"][-1]
+        if len(by_node := current.get("restored_by_node") or {}) > 1:
+            rows.append(("restored", esc(" · ".join(f"{k}: {v}" for k, v in by_node.items()))))
+        if split := (current.get("restored") or {}).get("split"):
+            rows.append(("split resume", f"<b style='color:#cf222e'>{esc(split)}</b>"))
     last = latest(points)
     if last:
         rows.append(

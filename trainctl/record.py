@@ -125,13 +125,95 @@ class AttemptNode(BaseModel):
     address: str
 
 
-class Restored(BaseModel):
-    """What an attempt's nodes put back before the script started (node.workdir and the
-    checkpoint restore), summed over the nodes that said."""
+class StateCopy(BaseModel):
+    """Which copy of a saved-state file (snapshot.pt, last.ckpt...) a node put back: the node
+    that wrote it, in which attempt, when (ms since the epoch) and its size."""
 
     model_config = ConfigDict(extra="forbid")
 
+    node: int
+    attempt: int | None = None
+    written_ms: int = 0
+    size: int = 0
+
+    def text(self) -> str:
+        attempt = f"attempt {self.attempt}, " if self.attempt else ""
+        when = datetime.fromtimestamp(self.written_ms / 1000, timezone.utc).strftime("%H:%M:%S")
+        return f"{attempt}algo-{self.node + 1}'s copy of {when}, {_size(self.size)}"
+
+
+# Saved-state files a node's restore is recorded with (the newest; all are compared).
+STATE_FILES_RECORDED = 8
+
+
+class NodeRestored(BaseModel):
+    """What one node put back before its script started (the agent's `restored` message)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
     files: int = 0  # working-directory files (with SM_MODEL_DIR's and SM_OUTPUT_DATA_DIR's)
+    bytes: int = 0
+    from_attempt: int | None = None
+    largest: list[str] = Field(default_factory=list)
+    checkpoint_files: int = 0
+    checkpoint_bytes: int = 0
+    left_out: int = 0  # files not restored: over workdir_max_mb
+    state: dict[str, StateCopy] = Field(default_factory=dict)  # the newest saved-state files
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> NodeRestored:
+        def count(key: str) -> int:
+            value = msg.get(key)
+            return value if isinstance(value, int) and value >= 0 else 0
+
+        state: dict[str, StateCopy] = {}
+        if isinstance(msg.get("state"), dict):
+            for path, copy in msg["state"].items():
+                try:
+                    state[str(path)] = StateCopy.model_validate(copy)
+                except ValueError:
+                    continue  # an odd entry from a node: left out, not a failure
+        attempt = msg.get("from_attempt")
+        return cls(
+            rank=count("rank"),
+            files=count("files"),
+            bytes=count("bytes"),
+            from_attempt=attempt if isinstance(attempt, int) else None,
+            largest=[n for n in msg.get("largest") or [] if isinstance(n, str)][:3],
+            checkpoint_files=count("checkpoint_files"),
+            checkpoint_bytes=count("checkpoint_bytes"),
+            left_out=count("left_out"),
+            state=state,
+        )
+
+    def nothing(self) -> bool:
+        return not self.files and not self.checkpoint_files
+
+    def text(self) -> str:
+        """'snapshot.pt +2, 1.2 MB from attempt 1; 3 checkpoint file(s), 4.0 MB' or
+        'nothing'."""
+        parts = []
+        if self.files:
+            more = f" +{self.files - len(self.largest)}" if self.files > len(self.largest) else ""
+            source = f" from attempt {self.from_attempt}" if self.from_attempt else ""
+            parts.append(f"{', '.join(self.largest)}{more}, {_size(self.bytes)}{source}")
+        if self.checkpoint_files:
+            parts.append(
+                f"{self.checkpoint_files} checkpoint file(s), {_size(self.checkpoint_bytes)}"
+            )
+        if self.left_out:
+            parts.append(f"{self.left_out} file(s) left out (workdir_max_mb)")
+        return "; ".join(parts) or "nothing"
+
+
+class Restored(BaseModel):
+    """What an attempt's nodes put back before the script started (node.workdir and the
+    checkpoint restore): each node's report, and their sums."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: int = 0  # the most working-directory files a node restored
     bytes: int = 0
     from_attempt: int | None = None  # the attempt that left them (the newest, over nodes)
     largest: list[str] = Field(default_factory=list)  # up to 3 paths, largest first
@@ -139,40 +221,59 @@ class Restored(BaseModel):
     checkpoint_files: int = 0
     checkpoint_bytes: int = 0
     nodes: int = 0  # how many nodes reported
+    by_node: list[NodeRestored] = Field(default_factory=list)
+    # The nodes started from different state (controller.restores.split_resume): in words.
+    split: str | None = None
 
-    def add(self, node: dict[str, Any]) -> None:
+    def add(self, node: NodeRestored) -> None:
         """One node's report (the agent's `restored` message)."""
-
-        def count(key: str) -> int:
-            value = node.get(key)
-            return value if isinstance(value, int) and value >= 0 else 0
-
         self.nodes += 1
-        if count("files"):
-            self.files += count("files")
-            self.bytes += count("bytes")
-            names = [n for n in node.get("largest") or [] if isinstance(n, str)]
-            self.largest = list(dict.fromkeys([*self.largest, *names]))[:3]
-            attempt = node.get("from_attempt")
-            if isinstance(attempt, int):
-                self.from_attempt = max(attempt, self.from_attempt or 0)
-        self.checkpoint_files = max(self.checkpoint_files, count("checkpoint_files"))
-        self.checkpoint_bytes = max(self.checkpoint_bytes, count("checkpoint_bytes"))
+        self.by_node = sorted([*self.by_node, node], key=lambda n: n.rank)
+        if node.files:
+            self.files = max(self.files, node.files)
+            self.bytes = max(self.bytes, node.bytes)
+            self.largest = list(dict.fromkeys([*self.largest, *node.largest]))[:3]
+            if node.from_attempt is not None:
+                self.from_attempt = max(node.from_attempt, self.from_attempt or 0)
+        self.checkpoint_files = max(self.checkpoint_files, node.checkpoint_files)
+        self.checkpoint_bytes = max(self.checkpoint_bytes, node.checkpoint_bytes)
+
+    def _where(self, having: list[int]) -> str:
+        """' on every node' / ' on algo-1 only (nothing on algo-2)' (nodes that reported)."""
+        if not self.by_node or len(self.by_node) < 2:
+            return ""
+        if len(having) == len(self.by_node):
+            return " on every node"
+        without = [n.rank for n in self.by_node if n.rank not in having]
+        return f" on {_hosts(having)} only (nothing on {_hosts(without)})"
 
     def files_text(self) -> str:
-        """'snapshot.pt, 2.1 MB, from attempt 1'; with more files than names (several nodes,
-        or many files): 'snapshot.pt (2 files on 2 nodes), 4.2 MB, from attempt 1'."""
+        """'snapshot.pt, 2.1 MB on every node, from attempt 1'; with more files than names:
+        'snapshot.pt (5 files), ...'; where some nodes restored nothing, it names them:
+        'snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1'."""
         names = ", ".join(self.largest)
         if self.files > len(self.largest):
-            where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
-            names += f" ({self.files} files{where})"
+            names += f" ({self.files} files)"
+        where = self._where([n.rank for n in self.by_node if n.files])
         source = f", from attempt {self.from_attempt}" if self.from_attempt else ""
-        return f"{names}, {_size(self.bytes)}{source}"
+        return f"{names}, {_size(self.bytes)}{where}{source}"
+
+    def checkpoints_text(self) -> str:
+        where = self._where([n.rank for n in self.by_node if n.checkpoint_files])
+        size = _size(self.checkpoint_bytes)
+        return f"{self.checkpoint_files} checkpoint file(s), {size}{where}"
 
     def files_short(self) -> str:
-        """'snapshot.pt +1': the largest file and how many more."""
+        """'snapshot.pt +1': the largest file and how many more ('split' if the nodes
+        started from different state)."""
+        if self.split:
+            return "split"
         more = f" +{self.files - 1}" if self.files > 1 else ""
         return f"{self.largest[0] if self.largest else 'files'}{more}"
+
+
+def _hosts(ranks: list[int]) -> str:
+    return ", ".join(f"algo-{r + 1}" for r in sorted(ranks))
 
 
 def _size(n: int) -> str:
@@ -200,6 +301,9 @@ class Attempt(BaseModel):
     # or "grown to 3 of 3 node(s): ..." (None: the same size as the attempt before).
     resized: str | None = None
     training_seconds: float | None = None
+    # The longest stretch without progress (a step, a new log line) while its nodes' code
+    # ran: what a relaunch's hang bound is made of (controller.hangs).
+    longest_quiet_seconds: float | None = None
     # Where the attempt's start-up went, seconds per stage (slowest node for node stages):
     # capacity, ssh, agent, image, code, venv, launch (launcher start -> first step), total.
     startup: dict[str, float] | None = None
@@ -223,15 +327,20 @@ class Attempt(BaseModel):
         if files:
             return files if short else f"restored {files}"
         if restored and restored.checkpoint_files:
-            size = _size(restored.checkpoint_bytes)
             if short:
-                return f"{restored.checkpoint_files} ckpt files"
-            return f"restored {restored.checkpoint_files} checkpoint file(s), {size}"
+                return "split" if restored.split else f"{restored.checkpoint_files} ckpt files"
+            return f"restored {restored.checkpoints_text()}"
         if restored is None and self.resumed_from_step is None and self.number > 1:
             return "-"  # nothing reported (a controller that took over the attempt)
         if short:
             return "scratch"
         return "from scratch" if self.number == 1 else "from scratch: nothing to restore"
+
+    def restored_by_node(self) -> dict[str, str]:
+        """What each node put back, in words ('algo-2': 'nothing'); {} if not reported."""
+        if self.restored is None:
+            return {}
+        return {f"algo-{n.rank + 1}": n.text() for n in self.restored.by_node}
 
     def restored_nothing(self) -> bool:
         """Whether the attempt's nodes said they had nothing to put back."""
@@ -345,7 +454,12 @@ class JobRecord(BaseModel):
                 "hyperparameters": redactor.hyperparameters(spec.hyperparameters),
                 "environment": redactor.env(spec.environment),
                 "attempts": [
-                    {**a.model_dump(), "started_from": a.started_from()} for a in self.attempts
+                    {
+                        **a.model_dump(),
+                        "started_from": a.started_from(),
+                        "restored_by_node": a.restored_by_node(),
+                    }
+                    for a in self.attempts
                 ],
                 "failure_reason": self.failure_reason,
                 "failure_detail": self.failure_detail,

@@ -274,20 +274,23 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
 
 @pytest.mark.timeout(30)
 def test_each_attempt_says_where_it_started_and_a_relaunch_from_scratch_warns(home, source):
-    """The nodes' `restored` reports make the attempt's start: the files (summed over nodes,
-    the largest named), the checkpoint files (the most any node got: each restores all of
-    them), or nothing - and a relaunch with nothing after attempt 1 reached steps warns."""
+    """The nodes' `restored` reports make the attempt's start: the files (per node: each
+    restores every node's), the checkpoint files (the most any node got: each restores all
+    of them), or nothing - and a relaunch with nothing after attempt 1 reached steps warns."""
     from trainctl.controller.logs import LogPrinter
 
     probe = source("probe")
     ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
-    for rank, node in nodes.items():
-        report = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
-        ctl._on_control(node, {**report, "largest": ["snapshot.pt"], "rank": rank}, nodes)
-    assert second.started_from() == (
-        "restored snapshot.pt (2 files on 2 nodes), 4.2 MB, from attempt 1"
-    )
-    assert second.started_from(short=True) == "snapshot.pt +1"
+    copy = {"node": 0, "attempt": 1, "written_ms": 1_700_000_000_000, "size": 2_100_000}
+    report = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
+    report |= {"largest": ["snapshot.pt"], "state": {"snapshot.pt": copy}}
+    for node in nodes.values():
+        ctl._on_control(node, report, nodes)
+        ctl._on_control(node, {"event": "launched"}, nodes)
+    assert second.started_from() == "restored snapshot.pt, 2.1 MB on every node, from attempt 1"
+    assert second.started_from(short=True) == "snapshot.pt"
+    assert [n.rank for n in second.restored.by_node] == [0, 1]
+    assert second.restored.split is None
     second.resumed_from_step = 120
     assert second.started_from().startswith("step 120 (restored snapshot.pt")
     assert second.started_from(short=True) == "step 120"
@@ -308,3 +311,35 @@ def test_each_attempt_says_where_it_started_and_a_relaunch_from_scratch_warns(ho
         "from scratch",
         "from scratch: nothing to restore",
     ]
+
+
+@pytest.mark.timeout(30)
+def test_nodes_that_restored_different_state_are_a_split_resume_warning(home, source):
+    """Node 1 put back no snapshot.pt (a copy pruned while it fetched it, a store read that
+    failed) while node 0 did: before the ranks resume at different points and hang, one
+    warning names the nodes and what each had; the record says so per node, and the attempt
+    never reads as 'restored' on a node that restored nothing."""
+    from trainctl.controller.logs import LogPrinter
+
+    out = io.StringIO()
+    ctl, _, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
+    ctl.printer = LogPrinter(out)
+    copy = {"node": 0, "attempt": 1, "written_ms": 1_700_000_000_000, "size": 2_100_000}
+    restored = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
+    restored |= {"largest": ["snapshot.pt"], "state": {"snapshot.pt": copy}}
+    ctl._on_control(nodes[0], restored, nodes)
+    ctl._on_control(nodes[1], {"event": "restored", "files": 0, "checkpoint_files": 0}, nodes)
+    for node in nodes.values():
+        ctl._on_control(node, {"event": "launched"}, nodes)
+    said = out.getvalue()
+    assert "warning: attempt 2's nodes start from different state" in said, said
+    assert "snapshot.pt: algo-1 restored attempt 1, algo-1's copy of" in said, said
+    assert "2.1 MB; algo-2 restored nothing" in said, said
+    events = [e for e in ctl.jobs.events() if e["type"] == "split_resume"]
+    assert len(events) == 1 and "algo-2 restored nothing" in events[0]["differences"]
+    assert second.started_from() == (
+        "restored snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1"
+    )
+    assert second.started_from(short=True) == "split"
+    by_node = ctl.record.describe()["attempts"][1]["restored"]["by_node"]
+    assert [n["files"] for n in by_node] == [1, 0]

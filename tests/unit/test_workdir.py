@@ -104,13 +104,57 @@ def test_a_node_gets_back_its_own_files_with_their_times(store, tmp_path):
     assert any("restored 3 file(s)" in line for line in logs), logs
     # what was restored is known to be stored: the next attempt's first pass uploads nothing
     assert sync_for(store, 0, again, attempt=2, known=restored.known).sync_once() == 0
+    # another node of the next attempt gets them too, as node 0's copies
+    other = restore(store, 1, roots_at(tmp_path / "other"), print)
+    assert other.files == 3 and not other.known and len(other.borrowed) == 3
 
-    assert restore(store, 1, roots_at(tmp_path / "other"), print).files == 0  # not rank 1's
+
+def sync_after(store, rank, roots, restored, **kwargs):
+    """The next attempt's sync, started from what its restore left (as the agent does)."""
+    return WorkdirSync(
+        store, rank, 2, roots, max_bytes=kwargs.get("max_bytes", 2**30), interval=60,
+        log=lambda _: None, known=restored.known, borrowed=restored.borrowed,
+        superseded=restored.superseded,
+    )  # fmt: skip
+
+
+def test_a_file_one_node_wrote_comes_back_on_every_node(store, tmp_path):
+    """Today's DDP tutorial, Lightning, Hugging Face's Trainer: global rank 0 saves, every
+    rank loads. Every node of the next attempt gets rank 0's files (SageMaker's rule for its
+    checkpoint directory), and each rank's own file (Trainer's rng_state_<rank>.pth) too; a
+    node does not upload another node's copy again while it is unchanged."""
+    nodes = [roots_at(tmp_path / f"n{r}") for r in (0, 1)]
+    (nodes[0].dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("epoch 20"))
+    for rank in (0, 1):
+        (nodes[rank].dirs["code"] / f"rng_state_{rank}.pth").write_bytes(zip_bytes(f"r{rank}"))
+        sync_for(store, rank, nodes[rank]).sync_once()
+    fresh = [roots_at(tmp_path / f"m{r}") for r in (0, 1, 2)]
+    results = [restore(store, r, fresh[r], print) for r in (0, 1, 2)]
+    for rank in (0, 1, 2):  # rank 2: a node new to the job (an elastic job grown)
+        code = fresh[rank].dirs["code"]
+        assert (code / "snapshot.pt").read_bytes() == zip_bytes("epoch 20")
+        assert (code / "rng_state_0.pth").read_bytes() == zip_bytes("r0")
+        assert (code / "rng_state_1.pth").read_bytes() == zip_bytes("r1")
+        assert results[rank].files == 3
+    assert results[1].state["snapshot.pt"] == results[0].state["snapshot.pt"]
+    assert results[1].state["snapshot.pt"]["node"] == 0
+    assert set(results[1].borrowed) == {"code/snapshot.pt", "code/rng_state_0.pth"}
+    assert set(results[1].known) == {"code/rng_state_1.pth"}
+    before = sorted(i.key for i in store.list(""))
+    assert sync_after(store, 1, fresh[1], results[1]).sync_once() == 0
+    assert sorted(i.key for i in store.list("")) == before  # stored once, by its writer
+    # rewritten by this node's script: now this node's own copy
+    (fresh[1].dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("epoch 21"))
+    again = sync_after(store, 1, fresh[1], results[1])
+    assert again.sync_once() == 1
+    manifest = json.loads(store.get_text(manifest_key(1)))
+    assert manifest["files"]["code/snapshot.pt"]["key"].startswith("node-1/a2-")
 
 
 def test_a_file_every_node_wrote_comes_back_newest_on_every_node(store, tmp_path):
-    """The DDP tutorial: each node saves snapshot.pt. Node 1 was lost before its last copy
-    went up; both nodes must resume from the same (newest) snapshot."""
+    """The DDP tutorial before 2025: each node's local rank 0 saves snapshot.pt. Node 1 was
+    lost before its last copy went up; both nodes must resume from the same (newest)
+    snapshot, and node 1's older copy leaves the store."""
     nodes = [roots_at(tmp_path / f"n{r}") for r in (0, 1)]
     for rank, (epoch, when) in enumerate([(20, 2 * 10**18), (10, 10**18)]):
         code = nodes[rank].dirs["code"]
@@ -118,20 +162,40 @@ def test_a_file_every_node_wrote_comes_back_newest_on_every_node(store, tmp_path
         os.utime(code / "snapshot.pt", ns=(when, when))
         (code / f"rank{rank}.log").write_text(f"node {rank}")  # only this node's
         sync_for(store, rank, nodes[rank]).sync_once()
+    old_copy = json.loads(store.get_text(manifest_key(1)))["files"]["code/snapshot.pt"]["key"]
     fresh = [roots_at(tmp_path / f"m{r}") for r in (0, 1, 2)]
     results = [restore(store, r, fresh[r], print) for r in (0, 1, 2)]
-    for rank in (0, 1, 2):  # rank 2: a node new to the job (an elastic job grown)
+    for rank in (0, 1, 2):
         assert (fresh[rank].dirs["code"] / "snapshot.pt").read_text() == "epoch 20"
-    assert (fresh[0].dirs["code"] / "rank0.log").exists()
-    assert not (fresh[0].dirs["code"] / "rank1.log").exists()
-    assert (fresh[1].dirs["code"] / "rank1.log").read_text() == "node 1"
-    # node 0's own copy is in the store; node 1 took node 0's and must upload it as its own
+        assert (fresh[rank].dirs["code"] / "rank0.log").read_text() == "node 0"
+        assert (fresh[rank].dirs["code"] / "rank1.log").read_text() == "node 1"
     assert "code/snapshot.pt" in results[0].known
-    assert "code/snapshot.pt" not in results[1].known
-    again = sync_for(store, 1, fresh[1], attempt=2, known=results[1].known)
-    assert again.sync_once() == 1
+    assert "code/snapshot.pt" in results[1].borrowed and results[1].superseded == [old_copy]
+    sync_after(store, 1, fresh[1], results[1]).sync_once()
     manifest = json.loads(store.get_text(manifest_key(1)))
-    assert manifest["files"]["code/snapshot.pt"]["key"].startswith("node-1/a2-")
+    assert "code/snapshot.pt" not in manifest["files"]
+    assert not store.exists(old_copy)
+
+
+def test_over_the_cap_every_node_restores_the_same_newest_files(store, tmp_path):
+    """At most workdir_max_mb restored per node, newest first: the same choice on every
+    node (a cap must not start the nodes from different files), the rest named."""
+    nodes = [roots_at(tmp_path / f"n{r}") for r in (0, 1)]
+    for rank, name, when in [(0, "snapshot.pt", 3), (1, "cache.bin", 2), (0, "old.pt", 1)]:
+        path = nodes[rank].dirs["code"] / name
+        path.write_bytes(b"x" * 400)
+        os.utime(path, ns=(when * 10**18, when * 10**18))
+    for rank in (0, 1):
+        sync_for(store, rank, nodes[rank]).sync_once()
+    for rank in (0, 1):
+        logs: list[str] = []
+        fresh = roots_at(tmp_path / f"m{rank}")
+        restored = restore(store, rank, fresh, logs.append, max_bytes=900)
+        assert sorted(p.name for p in fresh.dirs["code"].iterdir()) == ["cache.bin", "snapshot.pt"]
+        assert restored.left_out == 1
+        assert any(
+            "1 file(s), 400 bytes not restored" in line and "old.pt" in line for line in logs
+        )
 
 
 def test_a_file_written_while_it_uploads_is_not_listed_until_it_is_still(store, tmp_path):

@@ -185,7 +185,13 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
     if (cost := info["cost"]) is not None:
         rows.append(("cost", _cost_text(cost)))
     if record.attempts:
-        rows.append(("started from", record.attempts[-1].started_from()))
+        latest = record.attempts[-1]
+        rows.append(("started from", latest.started_from()))
+        by_node = latest.restored_by_node()
+        if len(by_node) > 1:
+            rows.append(("restored", " · ".join(f"{k}: {v}" for k, v in by_node.items())))
+        if latest.restored is not None and latest.restored.split:
+            rows.append(("split resume", latest.restored.split))
     if record.attempts and (startup := record.attempts[-1].startup):
         rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
     _print_fields(console, rows)

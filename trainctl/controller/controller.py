@@ -27,9 +27,12 @@ from trainctl.controller.attempts import (
 )
 from trainctl.controller.capacity import CapacitySizer, StoppedWaiting
 from trainctl.controller.faults import FaultSchedule
+from trainctl.controller.groups import trained_apart
+from trainctl.controller.hangs import STACKS_GRACE_SECONDS, PaceBound, hung_failure, pace_bound
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
+from trainctl.controller.restores import AttemptRestores, from_scratch
 from trainctl.controller.takeover import adopt_attempt, went_with_the_controller
 from trainctl.controller.telemetry import Telemetry
 from trainctl.errors import UnrunnableJobError
@@ -48,7 +51,6 @@ from trainctl.record import (
     AttemptNode,
     JobRecord,
     JobStore,
-    Restored,
     now_iso,
     output_store,
 )
@@ -71,9 +73,6 @@ MACHINE_CHECK_SECONDS = 5.0
 ELASTIC_CHECK_SECONDS = 3.0
 # Node agents started at once (each start is SSH round trips on remote providers).
 START_CONCURRENCY = 32
-# A relaunch that restores nothing after an attempt that trained this long (or reported a
-# step) starts over: worth a warning.
-FROM_SCRATCH_WARNING_SECONDS = 30.0
 
 
 class LeaseLost(Exception):
@@ -93,6 +92,7 @@ class WatchState:
     progress: ProgressWatch
     next_capacity_check: float
     next_save: float
+    pace: PaceBound | None = None  # a relaunch's hang bound from the job's own pace
     next_stop_check: float = 0.0
     next_checks: float = 0.0
     first_abnormal: float | None = None
@@ -136,6 +136,10 @@ class Controller:
         self.stop_reason: str | None = None
         self.interrupted_by_user = False
         self._nodes: dict[int, LiveNode] = {}
+        self._restores: AttemptRestores | None = None  # the nodes' restores, this attempt's
+        self._said_apart = False  # the nodes trained apart: said (controller.groups)
+        # A hung attempt's nodes: rank -> {worker rank: where it waits} (controller.hangs).
+        self._stacks: dict[int, dict[str, str]] = {}
         # (attempt, rank, line or None at the end of a node's stream), from every attempt's
         # pumps: one that still drains after its attempt ended is told apart by its number.
         self._lines: queue.Queue[tuple[int, int, str | None]] = clock().queue()
@@ -534,10 +538,23 @@ class Controller:
         stops (it reports to this watch only: instances that leave at teardown are not
         lost machines)."""
         try:
-            return self._watch_until_end(cluster, nodes)
+            end = self._watch_until_end(cluster, nodes)
         finally:
             if self._nodes is nodes:
                 self._nodes = {}
+        self._check_together(cluster, nodes)
+        return end
+
+    def _check_together(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> None:
+        """Once per job: a torchrun job whose nodes never formed a process group across them
+        trained a model per node (controller.groups)."""
+        if self._said_apart or self.record.spec.launcher != "torchrun":
+            return
+        runners = [n.result for n in nodes.values() if not n.idle]
+        if (apart := trained_apart(cluster, runners)) is not None:
+            self._said_apart = True
+            self.jobs.event("trained_apart", attempt=cluster.attempt, why=apart)
+            self._info(f"warning: {apart}")
 
     def _watch_until_end(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """Take each line (or a poll's silence), then, at most every POLL_SECONDS, look at
@@ -551,6 +568,9 @@ class Controller:
                 self.settings.startup_timeout_seconds,
                 self.settings.progress_timeout_seconds,
                 now,
+            ),
+            pace=pace_bound(
+                self.record, self.settings.hang_pace_factor, self.settings.hang_floor_seconds
             ),
         )
         while True:
@@ -569,9 +589,11 @@ class Controller:
             self._mark_lost(nodes, now, watch)
             if now >= watch.next_save:  # progress (steps, metrics) visible to `status`
                 watch.next_save = now + RECORD_SAVE_SECONDS
+                self._pace(watch)
                 self.telemetry.save_progress()
             end = self._verdict(cluster, nodes, now, watch)
             if end is not None:
+                self._pace(watch)
                 return end
 
     def _take_line(
@@ -672,14 +694,32 @@ class Controller:
             return self._classify_failure(nodes)
         started = self._training_started is not None  # staging is not the user's time
         if first_abnormal is None and started and (hang := watch.progress.hung(now)) is not None:
-            # The user's code is stuck (a rendezvous that never forms, a deadlock): it
-            # fails, counted against max_restarts, and everything is torn down.
-            self.jobs.event("hung", attempt=cluster.attempt, reason=hang)
-            self._info(f"attempt {cluster.attempt} hung: {hang}")
-            grace = min(self.settings.stop_grace_seconds, 5.0)
-            self._stop_nodes(nodes, grace, f"the attempt hung ({hang})")
-            return AttemptEnd("failed", hang, exit_code=1)
+            return self._hung(cluster.attempt, nodes, hang)
         return None
+
+    def _pace(self, watch: WatchState) -> None:
+        """The attempt's longest quiet stretch into its record (what the next attempts'
+        bound is made of), and its own bound from the earlier attempts' (controller.hangs)."""
+        attempt = self.record.attempts[-1]
+        if watch.progress.longest_quiet is not None:
+            attempt.longest_quiet_seconds = round(watch.progress.longest_quiet, 1)
+        if watch.pace is not None:
+            watch.progress.pace_bound = watch.pace.seconds(attempt)
+            watch.progress.pace_reason = watch.pace.reason(attempt)
+
+    def _hung(self, attempt: int, nodes: dict[int, LiveNode], hang: str) -> AttemptEnd:
+        """The user's code is stuck (a rendezvous that never forms, ranks that resumed
+        apart, a deadlock): each rank's stack goes to its node's log, then the attempt fails,
+        counted against max_restarts, naming where the ranks wait."""
+        self.jobs.event("hung", attempt=attempt, reason=hang)
+        self._info(f"attempt {attempt} hung: {hang}; taking each rank's stack")
+        self._stacks = {}
+        grace = max(min(self.settings.stop_grace_seconds, 5.0), STACKS_GRACE_SECONDS)
+        self._stop_nodes(nodes, grace, f"the attempt hung ({hang})", stacks=True)
+        reason, detail = hung_failure(hang, nodes, self._stacks)
+        if self._stacks:
+            self.jobs.event("hung_stacks", attempt=attempt, where=detail)
+        return AttemptEnd("failed", reason, exit_code=1, detail=detail)
 
     def _relaunch_if_better(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float
@@ -821,11 +861,10 @@ class Controller:
                 if self.record.state is JobState.STARTING:
                     self.jobs.transition(self.record, JobState.TRAINING)
                 self._info("training started on every node")
-                self._warn_if_from_scratch(attempt)
+                self._check_restores(attempt)
                 self._started_up(attempt, nodes)  # a quick node may have stepped already
         elif event == "restored":
-            attempt.restored = attempt.restored or Restored()
-            attempt.restored.add(msg)
+            self._attempt_restores(attempt).add({**msg, "rank": node.rank})
         elif self.telemetry.progress_message(attempt, node.rank, msg):
             if attempt.resumed_from_step is None and node.rank == 0:
                 # Stepping without a resume: from scratch. Only rank 0's stream tells: its
@@ -852,22 +891,28 @@ class Controller:
         elif event == "diagnosis":
             self._diagnosis(attempt, msg)
 
-    def _warn_if_from_scratch(self, attempt: Attempt) -> None:
-        """A relaunch whose nodes found nothing to restore, after an attempt that trained
-        a while, starts over: say so (the script keeps no state trainctl can see)."""
-        if attempt.number < 2 or not attempt.restored_nothing():
-            return
-        before = self.record.attempts[attempt.number - 2]
-        trained = before.training_seconds or 0.0
-        if not before.last_step and trained < FROM_SCRATCH_WARNING_SECONDS:
-            return
-        what = f"step {before.last_step}" if before.last_step else f"{trained:.0f} s of training"
-        self.jobs.event("from_scratch", attempt=attempt.number, lost=what)
-        self._info(
-            f"warning: attempt {attempt.number} starts from scratch: nothing to restore after "
-            f"attempt {before.number} reached {what}. Save state in the working directory or "
-            "SM_CHECKPOINT_DIR (trainctl.train.Checkpointer) to resume from it"
-        )
+    def _attempt_restores(self, attempt: Attempt) -> AttemptRestores:
+        if self._restores is None or self._restores.attempt is not attempt:
+            self._restores = AttemptRestores(attempt)
+        return self._restores
+
+    def _check_restores(self, attempt: Attempt) -> None:
+        """Once every node has said what it restored: a split resume (the nodes start from
+        different state) and a relaunch that starts from scratch are each said once."""
+        if split := self._attempt_restores(attempt).split():
+            self.jobs.event("split_resume", attempt=attempt.number, differences=split)
+            self._info(
+                f"warning: attempt {attempt.number}'s nodes start from different state (their "
+                f"ranks would resume at different points, and hang or fail): {split}"
+            )
+        if lost := from_scratch(self.record.attempts, attempt):
+            before = attempt.number - 1
+            self.jobs.event("from_scratch", attempt=attempt.number, lost=lost)
+            self._info(
+                f"warning: attempt {attempt.number} starts from scratch: nothing to restore "
+                f"after attempt {before} reached {lost}. Save state in the working directory "
+                "or SM_CHECKPOINT_DIR (trainctl.train.Checkpointer) to resume from it"
+            )
 
     def _diagnosis(self, attempt: Attempt, msg: dict[str, Any]) -> None:
         """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
@@ -920,14 +965,18 @@ class Controller:
         self._print(lambda printer: printer.node_line(rank, line))
         self.telemetry.log_line(rank, line)
 
-    def _stop_nodes(self, nodes: dict[int, LiveNode], grace: float, why: str) -> None:
+    def _stop_nodes(
+        self, nodes: dict[int, LiveNode], grace: float, why: str, *, stacks: bool = False
+    ) -> None:
         """SIGTERM every agent (the agents forward it), then let teardown make sure. The
         grace is for the nodes that answer: a lost one (silent, its machine gone) is not
-        waited for. `why` goes to the store first: each stopped node says it in its log."""
+        waited for. `why` goes to the store first: each stopped node says it in its log
+        (and with `stacks`, first logs its ranks' stacks and says where each waits)."""
         if any(n.exit_code is None for n in nodes.values()):
             try:
                 attempt = self.record.attempts[-1].number
-                self.store.put_text(self.jobs.keys.stopping(attempt), json.dumps({"why": why}))
+                said = {"why": why, **({"stacks": True} if stacks else {})}
+                self.store.put_text(self.jobs.keys.stopping(attempt), json.dumps(said))
             except Exception as exc:  # the nodes then only say they were stopped
                 self._info(f"could not record why the nodes stop: {exc}")
         for node in nodes.values():
@@ -954,6 +1003,8 @@ class Controller:
             elif line is not None and (msg := parse_control(line)):
                 if msg.get("event") == "result":
                     nodes[rank].result = msg
+                elif msg.get("event") == "stacks" and isinstance(msg.get("ranks"), dict):
+                    self._stacks[rank] = {str(k): str(v) for k, v in msg["ranks"].items()}
                 elif msg.get("event") == "diagnosis":
                     self._diagnosis(self.record.attempts[-1], msg)
                 else:  # the last steps and their metric values before the nodes stopped

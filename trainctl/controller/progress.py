@@ -1,13 +1,18 @@
 """No silent hang: whether an attempt's nodes are making progress, and if not, why not.
 
-Progress is a training step (a `step` or `checkpoint` control message), or, before the
-first step and between steps, a log line a node has not printed before. "Before" is judged
-with digits and hex runs masked, so a hang that repeats the same complaint with a new
-timestamp each time (c10d retrying a name it cannot resolve, a watchdog's warning) is not
-progress. An attempt with no step and no new line for `startup_timeout_seconds` before its
-first step, or for `progress_timeout_seconds` after it, has hung: it fails as the user's
-failure, with a reason that names the node, how long, its last line, and what the line
-says when it is a known rendezvous or name-resolution error.
+Progress is a training step (a `step` or `checkpoint` control message), or a log line a node
+has not printed before. A line that repeats an earlier one exactly is not new; nor is one
+that says what is wrong in a shape seen before ("the same text with other numbers": c10d
+retrying a name it cannot resolve, a watchdog's warning, a retry with a timestamp). A
+training loop's lines (`epoch 3 | loss 0.41`) are progress. An attempt with no progress for
+its bound has hung: it fails as the user's failure, with a reason that names the node, how
+long, its last line, and what the line says when it is a known rendezvous or
+name-resolution error.
+
+The bound: `startup_timeout_seconds` before the first step and `progress_timeout_seconds`
+after it; for a relaunch, the job's own pace (controller.hangs: a few times the longest quiet
+stretch of its earlier attempts, with a floor) when that is shorter. The longest quiet
+stretch of this attempt is measured here for the ones that follow.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ DIAGNOSES: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+# A line that reports trouble: in a shape seen before, a repeat (a retry loop), not progress.
+_COMPLAINT = re.compile(
+    r"\b(warn(ing)?|error|exception|retry(ing)?|timed? ?out|waiting|failed|refused|unable)\b"
+    r"|^\[?[WE]\d{4} ",
+    re.IGNORECASE,
+)
+
+
 def diagnose(line: str) -> str | None:
     """What a log line says went wrong in a distributed start, or None."""
     for pattern, summary in DIAGNOSES:
@@ -73,6 +86,14 @@ class ProgressWatch:
         self._seen: dict[int, OrderedDict[str, None]] = {}
         self.last_line: dict[int, tuple[float, str]] = {}
         self.diagnosis: dict[int, str] = {}
+        # The job's own pace, for a relaunch (controller.hangs): the bound in both phases
+        # when shorter than the timeouts, and what it was made of (for the reason).
+        self.pace_bound: float | None = None
+        self.pace_reason = ""
+        # The longest stretch without progress since the nodes' code started (None: not
+        # started), what the next attempts' bound is made of.
+        self.longest_quiet: float | None = None
+        self._started = False
 
     def line(self, rank: int, line: str, now: float) -> None:
         text = line.strip()
@@ -83,31 +104,48 @@ class ProgressWatch:
         if found:
             self.diagnosis[rank] = found
         seen = self._seen.setdefault(rank, OrderedDict())
-        key = _MASK.sub("#", text)
-        if key in seen:
+        shape = _MASK.sub("#", text)
+        repeat = text in seen or (shape in seen and (found or _COMPLAINT.search(text)))
+        for key in (text, shape):
+            seen[key] = None
             seen.move_to_end(key)
-            return
-        seen[key] = None
-        if len(seen) > SEEN_LINES:
+        while len(seen) > SEEN_LINES:
             seen.popitem(last=False)
-        self.last_progress = now
+        if not repeat:
+            self._progress(now)
 
     def activity(self, now: float) -> None:
         """Something that is progress without being a step (a node's code started)."""
+        self._started = True
         self.last_progress = now
 
     def step(self, now: float) -> None:
         self.stepped = True
-        self.last_progress = now
+        self._progress(now)
         self.diagnosis.clear()  # whatever a node complained of, it is training now
 
-    def hung(self, now: float) -> str | None:
-        """The failure reason once the attempt has made no progress for its timeout."""
+    def _progress(self, now: float) -> None:
+        if self._started:
+            quiet = now - self.last_progress
+            self.longest_quiet = max(quiet, self.longest_quiet or 0.0)
+        self.last_progress = now
+
+    def bound(self) -> float:
+        """How long the attempt may go without progress now (0: unbounded)."""
         timeout = self.progress_timeout if self.stepped else self.startup_timeout
+        if self.pace_bound is not None and timeout:
+            return min(timeout, self.pace_bound)
+        return timeout
+
+    def hung(self, now: float) -> str | None:
+        """The failure reason once the attempt has made no progress for its bound."""
+        timeout = self.bound()
         silent = now - self.last_progress
         if not timeout or silent < timeout:
             return None
         phase = "since its last step" if self.stepped else "before its first step"
+        if self.pace_bound is not None and timeout == self.pace_bound:
+            phase = f"since its last progress ({self.pace_reason})"
         rank = self._culprit()
         if rank is None:
             return f"no progress for {silent:.0f} s {phase}: no node printed anything new"

@@ -112,6 +112,8 @@ class Agent:
         self.sync = None
         self.workdir = None  # the working directory's sync (node.workdir), once staged
         self.remote_starts: RemoteStartServer | None = None  # multi-host MPI (see there)
+        # Where the job's rank processes register (node.ranks), once launched.
+        self.ranks_dir: Path | None = None
         self.idle = False  # runs no launcher of its own (an MPI host that mpirun reaches)
         # Per rank (None: not told apart), a line of a script's that a control message cut.
         self.started_lines: dict[int | None, str] = {}
@@ -202,8 +204,9 @@ class Agent:
         return known
 
     def start_workdir_sync(self, shipped: list[str]) -> dict[str, Any]:
-        """Put back this rank's working directory as an earlier attempt left it, and keep
-        copying it (node.workdir); returns what was restored."""
+        """Put back the working directories the nodes of earlier attempts left (every node's
+        files, newest copies), and keep copying this one (node.workdir); returns what was
+        restored."""
         from trainctl.node.workdir import (
             NodeRestore,
             StateRoots,
@@ -227,16 +230,19 @@ class Agent:
             ignore=ignore_spec(self.spec.workdir_ignore),
         )
         store = open_store(self.record.store_uri).child(self.jobs.keys.workdir)
-        restored = restore(store, self.rank, roots, self.log)
+        max_bytes = int(self.spec.workdir_max_mb * 2**20)
+        restored = restore(store, self.rank, roots, self.log, max_bytes=max_bytes)
         self.workdir = WorkdirSync(
             store,
             self.rank,
             self.attempt,
             roots,
-            max_bytes=int(self.spec.workdir_max_mb * 2**20),
+            max_bytes=max_bytes,
             interval=self.settings.workdir_sync_seconds,
             log=self.log,
             known=restored.known,
+            borrowed=restored.borrowed,
+            superseded=restored.superseded,
             on_state=self.stored_state,
         ).start()
         return restored.summary()
@@ -309,18 +315,61 @@ class Agent:
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
         env.update(self.spec.environment)  # the user's explicit values win
+        if self.ranks_dir is not None:  # (the hook goes first: the user's PYTHONPATH follows)
+            from trainctl.node.ranks import hook_env
+
+            env = hook_env(env, self.ranks_dir)
         return env
 
     # -- running ------------------------------------------------------------------------
     def on_sigterm(self, signum: int, frame: Any) -> None:
+        first = not self.stopping
         self.stopping = True
         if self.proc and self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
-            except ProcessLookupError:
-                pass
+            if first:  # (off the signal handler: it reads the store)
+                threading.Thread(target=self.stop_launcher, name="stop", daemon=True).start()
         elif not self.idle:  # (an idle node's loop sees `stopping` and ends it in order)
             raise SystemExit(128 + signum)
+
+    def stop_launcher(self) -> None:
+        """SIGTERM to the launcher (torchrun forwards it to the workers); first, where the
+        controller asks (a hung attempt), every rank's stacks into the node log."""
+        self.log_stacks_if_asked()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def stop_request(self) -> dict[str, Any]:
+        """What the controller said as it stopped this attempt's nodes ({} if nothing)."""
+        try:
+            said = json.loads(self.store.get_text(self.jobs.keys.stopping(self.attempt)))
+        except Exception:  # not said (a stop from elsewhere), or unreadable: nothing asked
+            return {}
+        return said if isinstance(said, dict) else {}
+
+    def log_stacks_if_asked(self) -> None:
+        """The controller found the attempt hung: each rank's Python stack (faulthandler, in
+        the rank itself: see node.ranks) goes to the node log, and where each waits to the
+        controller, before anything is stopped."""
+        from trainctl.node.ranks import dump_stacks
+
+        if self.ranks_dir is None or not self.stop_request().get("stacks"):
+            return
+        try:
+            dumps = dump_stacks(self.ranks_dir, str(self.layout.code))
+        except Exception as exc:  # a diagnosis, never a reason not to stop
+            self.log(f"could not take the ranks' stacks: {exc}")
+            return
+        if not dumps:
+            self.log("no rank's stack to show (no rank registered, or none answered)")
+        for dump in dumps:
+            self.log(f"rank {dump.rank} (pid {dump.pid}) is in {dump.waits_in}; its stacks:")
+            for line in dump.text.splitlines():
+                self.logs.write(line, shown=False)
+        self.say("stacks", ranks={str(d.rank): d.waits_in for d in dumps})
 
     def watch_lease(self) -> None:
         """Shut the node down when its controller has been gone past the orphan timeout.
@@ -391,12 +440,14 @@ class Agent:
                 return
             self.notice = detail or "interruption notice"
         self.say("notice")
-        self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
-        grace = self.settings.notice_grace_seconds
         proc = self.proc
         if proc is None:  # still staging: nothing to save
+            self.log(f"interruption notice ({self.notice}); nothing to save yet")
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        self.log_stacks_if_asked()  # (an adopted node is stopped through a notice)
+        self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
+        grace = self.settings.notice_grace_seconds
         signal_all(self.worker_pids(proc), signal.SIGTERM)
         try:
             proc.wait(timeout=grace)
@@ -485,6 +536,10 @@ class Agent:
         command = build_node_command(
             self.spec, self.cluster, self.rank, python=python, agent_python=sys.executable
         )
+        from trainctl.node.ranks import prepare
+
+        self.ranks_dir = self.layout.root / "ranks"
+        prepare(self.ranks_dir)
         if self.spec.launcher == "mpi" and starts_remotely(self.cluster):
             try:
                 self.take_remote_starts(python)
@@ -496,6 +551,7 @@ class Agent:
             self.log("this host runs no launcher of its own; waiting for the job to end")
             while not self.stopping:
                 time.sleep(0.5)
+            self.log_stacks_if_asked()  # (of the ranks mpirun started here)
             return self.finish(0, None, None)  # (which ends the remote starts)
         env = self.environment(command.env)
         if self.remote_starts is not None:
@@ -749,6 +805,11 @@ class Agent:
             "notice": self.notice,
             "unhealthy": unhealthy,
         }
+        if self.ranks_dir is not None:  # the process groups its ranks formed (node.ranks)
+            from trainctl.node.ranks import groups
+
+            found = groups(self.ranks_dir)
+            result["groups"] = {"ranks": found.ranks, "largest": found.largest}
         # The log's last lines go up before the result: whoever reads the result from the
         # store (a controller that took over) then has the whole log.
         self.logs.close()

@@ -260,10 +260,13 @@ class LogShipper:
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, *, shown: bool = True) -> None:
+        """A line of the log; `shown=False`: of the stored log only, not on the controller's
+        pipe (a hung rank's stack: the failure says where it waits, the log has the rest)."""
         line = self.redact(line)
         with self._lock:
-            console(line + "\n")
+            if shown:
+                console(line + "\n")
             self._file.write(stamped_line(line) + "\n")  # the stored log has each line's time
 
     def ship(self) -> None:

@@ -2,22 +2,28 @@
 
 What a script writes where it runs (the code directory, its working directory), in
 SM_MODEL_DIR and in SM_OUTPUT_DATA_DIR is copied to the store while it trains, and put back
-in place when a later attempt starts on a node of the same rank: on this machine or on new
-capacity. A torchrun script that saves `snapshot.pt` to a relative path and loads it at
-start when present then resumes after a relaunch, unchanged.
+in place when a later attempt starts: on this machine or on new capacity. A torchrun script
+that saves `snapshot.pt` to a relative path and loads it at start when present then resumes
+after a relaunch, unchanged, whichever rank saved it.
 
-- Per node, except what every node wrote: a path that each node of the job kept (the DDP
-  tutorial's `snapshot.pt`, saved by every node's local rank 0) is one replicated file, and
-  every node restores its newest copy. A node lost without warning may not have copied its
-  last version; taking its own older one would start the nodes at different epochs (and
-  hang DDP). Files only some nodes wrote go back to their own node. (SageMaker's checkpoint
-  directory goes further: every node gets every file, the last writer's copy winning.)
+- Every node gets every file (SageMaker's checkpoint-directory rule): a file one node wrote
+  (global rank 0's `snapshot.pt` in today's DDP tutorial, Lightning's `checkpoints/last.ckpt`,
+  a Hugging Face Trainer's `checkpoint-500/`, each rank's `rng_state_<rank>.pth`) is restored
+  on every node of the next attempt, whatever its rank, on new capacity too. A path several
+  nodes wrote (each node's local rank 0 saving `snapshot.pt`, the tutorial before 2025) comes
+  back as its newest copy everywhere: one coherent version, even when a node was lost before
+  its last copy went up. Every node computes the same plan from the same manifests, so the
+  nodes of an attempt start from the same files (the controller checks: see
+  controller.restores).
+- A copy restored from another node is not uploaded again as this node's own while it is
+  unchanged (the store holds it once); once the script rewrites it, it is this node's.
 
 - Not kept: the files shipped with the source (the code is what the job's record names, never
   a copy from an earlier attempt), `__pycache__/` and `*.pyc`, files ending in `.tmp` (or in a
   `.tmp` directory: still being written), links, the checkpoint directory when it lies inside
   (it has its own sync), and what the job's `workdir_ignore` patterns (gitignore syntax)
-  match. At most `workdir_max_mb` per node, newest files first; the rest is named in the log.
+  match. At most `workdir_max_mb` per node, newest files first, both ways: what a node keeps
+  in the store, and what it restores of all the nodes' files; the rest is named in the log.
 - Copied like checkpoints: a pass every `workdir_sync_seconds`, and a last one when the node
   ends for any reason (a notice, a stop, a failure; on success the model and output data go
   up packed instead).
@@ -57,6 +63,8 @@ from trainctl.store import Store
 
 # Never state: Python's byte code, and what a notebook server leaves beside a notebook.
 DEFAULT_IGNORE = ("__pycache__/", "*.py[cod]", ".ipynb_checkpoints/")
+# Saved-state files a node's report of its restore lists (the controller compares them).
+STATE_FILES_REPORTED = 500
 # Roots whose files go up packed on success (model.tar.gz, output.tar.gz): not copied twice.
 PACKED_ROOTS = ("model", "output")
 
@@ -141,8 +149,16 @@ class NodeRestore:
     bytes: int = 0
     from_attempt: int | None = None
     largest: list[str] = field(default_factory=list)  # up to 3 paths, largest first
-    # 'root/path' -> (local signature, store key): what is in the store already
+    # 'root/path' -> (local signature, store key): this node's own copies in the store
     known: dict[str, tuple[Signature, str]] = field(default_factory=dict)
+    # 'root/path' -> local signature: another node's copies, not uploaded again unchanged
+    borrowed: dict[str, Signature] = field(default_factory=dict)
+    # This node's own stored versions that a newer copy of another node's replaced: deleted
+    # once a manifest no longer names them.
+    superseded: list[str] = field(default_factory=list)
+    # Saved state put back (SAVED_STATE_SUFFIXES): shown path -> which copy (see state_entry)
+    state: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    left_out: int = 0  # files not restored: over workdir_max_mb
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -150,6 +166,13 @@ class NodeRestore:
             "bytes": self.bytes,
             "from_attempt": self.from_attempt,
             "largest": self.largest,
+            # the newest saved-state files, bounded for a node that keeps thousands
+            "state": dict(
+                sorted(self.state.items(), key=lambda i: (-(i[1]["written_ms"] or 0), i[0]))[
+                    :STATE_FILES_REPORTED
+                ]
+            ),
+            "left_out": self.left_out,
         }
 
 
@@ -181,28 +204,47 @@ def stored_manifests(store: Store, log: Callable[[str], None]) -> dict[int, dict
     return manifests
 
 
-def restore_plan(manifests: dict[int, dict[str, Any]], rank: int) -> dict[str, tuple[int, dict]]:
-    """What node `rank` restores: 'root/path' -> (the node whose copy, its entry).
+@dataclass(frozen=True)
+class RestorePlan:
+    """What a node restores: 'root/path' -> (the node whose copy, its entry), and the paths
+    left out for the size cap, largest first."""
 
-    Its own files; and a path that every node of the earlier attempt kept (the DDP tutorial's
-    `snapshot.pt`, written by each node's local rank 0) is one replicated file: every node
-    takes its newest copy, so all resume from the same point even when a node was lost
-    before its last copy went up, and a node new to the job (an elastic job grown) gets it.
-    """
-    plan: dict[str, tuple[int, dict]] = {
-        rel: (rank, entry)
-        for rel, entry in manifests.get(rank, {}).get("files", {}).items()
-        if isinstance(entry, dict)
-    }
-    if len(manifests) < 2:
-        return plan
-    everyone = set.intersection(*(set(m["files"]) for m in manifests.values()))
-    for rel in everyone:
-        copies = [(node, m["files"][rel]) for node, m in manifests.items()]
-        copies = [(node, e) for node, e in copies if isinstance(e, dict)]
-        if copies:
-            plan[rel] = max(copies, key=lambda c: (_int(c[1], "mtime_ns"), c[0] == rank))
-    return plan
+    copies: dict[str, tuple[int, dict]]
+    left_out: list[str]
+    left_out_bytes: int
+
+
+def restore_plan(
+    manifests: dict[int, dict[str, Any]], rank: int, max_bytes: int | None = None
+) -> RestorePlan:
+    """What node `rank` restores: every path any node kept, each as its newest copy (the
+    node's own on a tie, then the lowest rank's). Within `max_bytes`, newest first: every
+    node computes the same choice from the same manifests, so a cap never splits them."""
+    newest: dict[str, tuple[int, dict]] = {}
+    for node in sorted(manifests):
+        for rel, entry in manifests[node]["files"].items():
+            if not isinstance(entry, dict):
+                continue
+            best = newest.get(rel)
+            if best is None or (_int(entry, "mtime_ns"), node == rank) > (
+                _int(best[1], "mtime_ns"),
+                best[0] == rank,
+            ):
+                newest[rel] = (node, entry)
+    if max_bytes is None:
+        return RestorePlan(newest, [], 0)
+    kept: dict[str, tuple[int, dict]] = {}
+    left: list[str] = []
+    total = 0
+    for rel, copy in sorted(newest.items(), key=lambda i: (-_int(i[1][1], "mtime_ns"), i[0])):
+        size = _int(copy[1], "size")
+        if total + size <= max_bytes:
+            kept[rel] = copy
+            total += size
+        else:
+            left.append(rel)
+    left.sort(key=lambda rel: -_int(newest[rel][1], "size"))
+    return RestorePlan(kept, left, sum(_int(newest[rel][1], "size") for rel in left))
 
 
 def _int(entry: dict, name: str) -> int:
@@ -210,19 +252,53 @@ def _int(entry: dict, name: str) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], None]) -> NodeRestore:
-    """Put back the newest complete copy of this rank's state (see restore_plan)."""
+def state_entry(node: int, manifest: dict[str, Any], entry: dict) -> dict[str, int | None]:
+    """Which copy of a saved-state file a node put back: the node that wrote it, in which
+    attempt, and when (ms): the controller compares these across the nodes of an attempt."""
+    attempt = manifest.get("attempt")
+    return {
+        "node": node,
+        "attempt": attempt if isinstance(attempt, int) else None,
+        "written_ms": _int(entry, "mtime_ns") // 10**6,
+        "size": _int(entry, "size"),
+    }
+
+
+def restore(
+    store: Store,
+    rank: int,
+    roots: StateRoots,
+    log: Callable[[str], None],
+    *,
+    max_bytes: int | None = None,
+) -> NodeRestore:
+    """Put back the newest complete copy of every node's state (see restore_plan)."""
     manifests = stored_manifests(store, log)
+    plan = restore_plan(manifests, rank, max_bytes)
+    if plan.left_out:
+        listed = ", ".join(shown(r) for r in plan.left_out[:3])
+        more = " ..." if len(plan.left_out) > 3 else ""
+        log(
+            f"working directory: {len(plan.left_out)} file(s), {size_text(plan.left_out_bytes)} "
+            f"not restored: over workdir_max_mb ({(max_bytes or 0) / 2**20:g} MB per node) "
+            f"({listed}{more}); newer files go first"
+        )
     targets: dict[str, tuple[str, Path, int, dict]] = {}  # key -> (rel, path, node, entry)
-    for rel, (node, entry) in restore_plan(manifests, rank).items():
+    for rel, (node, entry) in plan.copies.items():
         path = roots.path(str(rel))
         key = entry.get("key")
         if path is None or not isinstance(key, str) or not key.startswith(f"node-{node}/"):
             log(f"working directory: skipping {rel!r} (not a path inside the node's dirs)")
             continue
         targets[key] = (str(rel), path, node, entry)
+    result = NodeRestore(left_out=len(plan.left_out))
+    own = manifests.get(rank, {}).get("files", {})
+    for rel, (node, _) in plan.copies.items():  # this node's copies that a newer one replaces
+        mine = own.get(rel)
+        if node != rank and isinstance(mine, dict) and isinstance(mine.get("key"), str):
+            result.superseded.append(mine["key"])
     if not targets:
-        return NodeRestore()
+        return result
     started = time.monotonic()
     arrived = download_all(
         store,
@@ -233,24 +309,31 @@ def restore(store: Store, rank: int, roots: StateRoots, log: Callable[[str], Non
     )
     sources = {targets[key][2] for key in arrived}
     attempts = [a for n in sources if isinstance(a := manifests[n].get("attempt"), int)]
-    result = NodeRestore(from_attempt=max(attempts, default=None))
+    result.from_attempt = max(attempts, default=None)
     sizes: dict[str, int] = {}
     for key, (size, _) in arrived.items():
         rel, path, node, entry = targets[key]
         written = _int(entry, "mtime_ns")
         if written:  # the time it was written, not restored: what "newest" compares
             os.utime(path, ns=(written, written))
-        if node == rank:  # another node's copy is uploaded again as this node's own
-            result.known[rel] = (signature(path) or (size, written), key)
+        local = signature(path) or (size, written)
+        if node == rank:
+            result.known[rel] = (local, key)
+        else:
+            result.borrowed[rel] = local
+        if PurePosixPath(rel).suffix.lower() in SAVED_STATE_SUFFIXES:
+            result.state[shown(rel)] = state_entry(node, manifests[node], entry)
         sizes[rel] = size
     result.files = len(sizes)
     result.bytes = sum(sizes.values())
     result.largest = [shown(rel) for rel in sorted(sizes, key=lambda r: -sizes[r])[:3]]
     if result.files:
         names = ", ".join(result.largest) + (" ..." if result.files > 3 else "")
+        nodes = ", ".join(f"algo-{n + 1}" for n in sorted(sources))
         log(
             f"working directory: restored {result.files} file(s), {size_text(result.bytes)} "
-            f"from attempt {result.from_attempt} ({names}) in {time.monotonic() - started:.1f} s"
+            f"from attempt {result.from_attempt} ({names}; written by {nodes}) in "
+            f"{time.monotonic() - started:.1f} s"
         )
     return result
 
@@ -272,8 +355,11 @@ class WorkdirSync(PeriodicSync):
         interval: float,
         log: Callable[[str], None],
         known: dict[str, tuple[Signature, str]] | None = None,
+        borrowed: dict[str, Signature] | None = None,
+        superseded: Iterable[str] = (),
         on_state: Callable[[], None] | None = None,
     ) -> None:
+        """`known`, `borrowed` and `superseded`: what the node's restore left (NodeRestore)."""
         super().__init__(interval=interval, log=log, on_state=on_state)
         self.store = store
         self.rank = rank
@@ -281,6 +367,8 @@ class WorkdirSync(PeriodicSync):
         self.roots = roots
         self.max_bytes = max_bytes
         self.known: dict[str, tuple[Signature, str]] = dict(known or {})
+        self.borrowed: dict[str, Signature] = dict(borrowed or {})
+        self._superseded = list(superseded)
         self.passes = 0
         self.uploads = 0
         self._left_out: frozenset[str] = frozenset()
@@ -310,7 +398,12 @@ class WorkdirSync(PeriodicSync):
         """One pass over `roots` (default all): returns how many files went up. The entries
         of roots not scanned stay as they are."""
         scanned = tuple(roots or self.roots.dirs)
-        current = self._within_cap(self.roots.scan(scanned))
+        # Another node's copy, unchanged here, is that node's to keep (and not in this
+        # node's cap); once the script rewrites it, it is this node's.
+        scan = self.roots.scan(scanned)
+        current = self._within_cap(
+            {rel: sig for rel, sig in scan.items() if self.borrowed.get(rel) != sig}
+        )
         in_scope = {rel for rel in self.known if rel.split("/", 1)[0] in scanned}
         changed = [rel for rel, sig in current.items() if self.known.get(rel, (None,))[0] != sig]
         changed = self.whole_only(
@@ -318,7 +411,7 @@ class WorkdirSync(PeriodicSync):
             what="working directory",
         )  # fmt: skip
         removed = [rel for rel in in_scope if rel not in current]
-        if not changed and not removed:
+        if not changed and not removed and not self._superseded:
             return 0
         self.passes += 1
         version = f"node-{self.rank}/a{self.attempt}-p{self.passes}"
@@ -338,6 +431,7 @@ class WorkdirSync(PeriodicSync):
                 continue
             if rel in self.known:
                 stale.append(self.known[rel][1])
+            self.borrowed.pop(rel, None)  # rewritten here: this node's own from now on
             self.known[rel] = (current[rel], keys[rel])
             self.uploads += 1
             uploaded_rels.append(rel)
@@ -353,6 +447,8 @@ class WorkdirSync(PeriodicSync):
             },
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        stale += self._superseded
+        self._superseded = []
         if any(PurePosixPath(r).suffix.lower() in SAVED_STATE_SUFFIXES for r in uploaded_rels):
             self.stored_state()  # a snapshot.pt, not just any file the script wrote
         for key in stale:  # only once the manifest no longer names them

@@ -111,6 +111,21 @@ class Settings(BaseSettings):
         description="After the first step: no step and no new log line for this long and "
         "the attempt has hung: it fails (0: never).",
     )
+    hang_pace_factor: float = Field(
+        default=4.0,
+        ge=0,
+        description="A relaunched attempt has hung once it goes this many times the longest "
+        "quiet stretch (no step, no new log line) of the job's earlier attempts without "
+        "progress, never less than hang_floor_seconds (plus time to load what its nodes "
+        "restored), when that is shorter than the timeouts above: each rank's Python stack "
+        "goes to the node log and the failure names where it waits. 0: the timeouts alone.",
+    )
+    hang_floor_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="The least a relaunched attempt may go without progress before it counts "
+        "as hung (see hang_pace_factor).",
+    )
     stop_grace_seconds: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL grace when a job is stopped."
     )

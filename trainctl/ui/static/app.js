@@ -61,6 +61,13 @@
       if (info.stop_reason) rows.push(["stopped", esc(info.stop_reason)]);
       if (info.tuning_job) rows.push(["tuning job", '<a id="tuning-link" href="/tuning/' + encodeURIComponent(info.tuning_job) + '">' + esc(info.tuning_job) + "</a>"]);
       if (info.controller && info.controller.lost) rows.push(["controller", "lost " + Math.round(info.controller.silent_seconds) + " s ago"]);
+      var current = info.attempts.length ? info.attempts[info.attempts.length - 1] : null;
+      if (current) {  /* what each node of the latest attempt put back, and a split resume */
+        var byNode = current.restored_by_node || {};
+        if (Object.keys(byNode).length > 1) rows.push(["restored", "<span id='restored-by-node'>" + Object.keys(byNode).map(function (k) {
+          return esc(k) + ": " + esc(byNode[k]); }).join(" · ") + "</span>"]);
+        if (current.restored && current.restored.split) rows.push(["split resume", "<span id='split-resume' class='state-Failed'>" + esc(current.restored.split) + "</span>"]);
+      }
       document.getElementById("summary").innerHTML = "<table>" + rows.map(function (r) {
         return "<tr><th>" + r[0] + "</th><td>" + r[1] + "</td></tr>"; }).join("") + "</table>";
       document.getElementById("attempts").innerHTML = "<table id='attempts-table'><tr><th>#</th><th>nodes</th><th>started</th><th>ended</th><th>outcome</th>" +

@@ -1,0 +1,45 @@
+"""Whether the ranks of a multi-node job trained together.
+
+A script run under torchrun on several nodes that never forms a process group across them
+still runs, and each node trains a model of its own: Lightning with its default
+`Trainer(num_nodes=1)` does this (it takes one node's ranks for the whole world), as does a
+script that only calls `init_process_group` when its own setting says so. Nothing fails;
+the job Completes with N different models. Each node's agent says what process groups its
+ranks formed (node.ranks, from the worker hook); the controller says once when none spanned
+the nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainctl.cluster import ClusterInfo
+
+
+def trained_apart(cluster: ClusterInfo, results: list[dict[str, Any]]) -> str | None:
+    """The warning for an attempt whose nodes trained each on its own; None when a group
+    spanned nodes, or when it cannot be told (one node, a node without the hook's report)."""
+    nodes = len(cluster.nodes)
+    reports = [r.get("groups") for r in results]
+    if nodes < 2 or len(reports) < nodes:
+        return None
+    if not all(isinstance(g, dict) and isinstance(g.get("ranks"), int) for g in reports):
+        return None
+    if any(g["ranks"] == 0 for g in reports):  # the hook did not run there (no site, say)
+        return None
+    largest = max(int(g.get("largest") or 0) for g in reports)
+    per_node = cluster.processes_per_host
+    if largest > per_node:
+        return None
+    world = nodes * per_node
+    formed = (
+        "no rank formed a process group"
+        if largest == 0
+        else f"the largest process group had {largest} rank(s), one node's"
+    )
+    return (
+        f"the {nodes} nodes never trained together: {formed} (torchrun gave the ranks "
+        f"WORLD_SIZE={world}), so each node trained a model of its own. The script's own "
+        f"setting usually decides: for Lightning, Trainer(num_nodes={nodes}); for a script "
+        "that starts its own process group, its world size"
+    )
