@@ -264,10 +264,7 @@ class Restored(BaseModel):
         return f"{self.checkpoint_files} checkpoint file(s), {size}{where}"
 
     def files_short(self) -> str:
-        """'snapshot.pt +1': the largest file and how many more ('split' if the nodes
-        started from different state)."""
-        if self.split:
-            return "split"
+        """'snapshot.pt +1': the largest file and how many more."""
         more = f" +{self.files - 1}" if self.files > 1 else ""
         return f"{self.largest[0] if self.largest else 'files'}{more}"
 
@@ -315,7 +312,14 @@ class Attempt(BaseModel):
     def started_from(self, *, short: bool = False) -> str:
         """Where the attempt started, in words: the step it resumed from (the script said,
         through report_step or Checkpointer), the files it restored, or from scratch.
-        `short`: a table cell ('step 120', 'snapshot.pt +1', 'scratch')."""
+        `short`: a table cell ('step 120', 'snapshot.pt +1', 'scratch'). Nodes that
+        restored different state (a split resume) say so: 'split' in short."""
+        text = self._started_from(short=short)
+        if self.restored is None or not self.restored.split or text == "-":
+            return text
+        return "split" if short else f"{text}; not the same state on every node (split resume)"
+
+    def _started_from(self, *, short: bool) -> str:
         restored = self.restored
         files = None
         if restored and restored.files:
@@ -328,7 +332,7 @@ class Attempt(BaseModel):
             return files if short else f"restored {files}"
         if restored and restored.checkpoint_files:
             if short:
-                return "split" if restored.split else f"{restored.checkpoint_files} ckpt files"
+                return f"{restored.checkpoint_files} ckpt files"
             return f"restored {restored.checkpoints_text()}"
         if restored is None and self.resumed_from_step is None and self.number > 1:
             return "-"  # nothing reported (a controller that took over the attempt)

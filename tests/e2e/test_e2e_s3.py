@@ -8,31 +8,18 @@ import tarfile
 
 import pytest
 
-from tests.helpers import EXAMPLES, free_port, log_lines, point_aws_at
+from tests.helpers import EXAMPLES, log_lines
+from tests.rigs.faulty_s3 import moto_s3
 from trainctl import Estimator
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def s3(monkeypatch, tmp_path):
+def s3(monkeypatch):
     """A moto S3 server on 127.0.0.1 and the environment that points boto3 (and nodes) at it."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    point_aws_at(monkeypatch, f"http://127.0.0.1:{port}")
-    import uuid
-
-    import boto3
-
-    client = boto3.client("s3")
-    # moto keeps its state per process, not per server: a bucket of its own per test.
-    bucket = f"trainctl-{uuid.uuid4().hex[:10]}"
-    client.create_bucket(Bucket=bucket)
-    yield client, bucket
-    server.stop()
+    with moto_s3(monkeypatch) as (client, bucket, _):
+        yield client, bucket
 
 
 def test_job_with_s3_store_inputs_and_outputs(home, s3, source, monkeypatch):

@@ -145,7 +145,7 @@ class ProgressWatch:
             return None
         phase = "since its last step" if self.stepped else "before its first step"
         if self.pace_bound is not None and timeout == self.pace_bound:
-            phase = f"since its last progress ({self.pace_reason})"
+            phase = f"({self.pace_reason})"
         rank = self._culprit()
         if rank is None:
             return f"no progress for {silent:.0f} s {phase}: no node printed anything new"
