@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,7 @@ from tests.helpers import FIXTURES, TORCHRUN, free_port, log_lines
 from tests.rigs.cloud import cloud
 from tests.rigs.providers import rig
 from trainctl import Estimator
+from trainctl.procs import descendants, signal_all
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cloud", "rig"]  # the fixtures behind the rigs
@@ -122,7 +124,13 @@ def reference(pattern_name: str, tmp_path_factory) -> dict[str, Any]:
                 argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
             )
         )
-    outputs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
+    try:
+        outputs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
+    finally:
+        for proc in procs:  # (a reference that hangs fails the test, leaving nothing)
+            if proc.poll() is None:
+                signal_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
+                proc.wait()
     assert [p.returncode for p in procs] == [0, 0], outputs
     node0 = base / "node0"
     path = node0 / "model" / pattern.model if pattern.model else node0 / pattern.saved
