@@ -123,6 +123,9 @@ class AttemptNode(BaseModel):
     rank: int
     host: str
     address: str
+    # Why the controller counted it lost, as soon as it did (a controller that takes the
+    # attempt over then does not wait for the node to fall silent).
+    lost: str | None = None
 
 
 class StateCopy(BaseModel):

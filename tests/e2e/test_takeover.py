@@ -148,6 +148,41 @@ def test_nodes_gone_with_their_controller_relaunch_from_the_checkpoint(home, mon
     assert final["exit_code"] == 0 and final["failure_reason"] is None
 
 
+@pytest.mark.timeout(300)
+def test_a_takeover_knows_the_faults_that_fired_and_a_node_gone_meanwhile(home, uninterrupted):
+    """What the dead controller knew is the next one's: the fault it fired (attempt 1's kill)
+    does not fire again under the controller that takes over, and a node lost while no
+    controller ran is found at once (its processes are gone), not after a heartbeat timeout.
+    The job resumes from its checkpoint and ends with the uninterrupted run's model."""
+    from trainctl.cluster import ClusterInfo
+    from trainctl.provisioning.local import LocalProvider
+    from trainctl.record import parse_iso
+
+    job = digits(epochs=EPOCHS, step_delay=STEP_DELAY, faults=["kill:1@step15"]).fit(wait=False)
+    deadline = time.monotonic() + 150
+    def resumed() -> bool:  # attempt 2 resumed from attempt 1's checkpoint
+        return any(e["attempt"] == 2 and e["step"] for e in _events(job, "resumed"))
+
+    while not resumed() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert resumed(), job.describe()
+    _kill_controller(job)
+    cluster = ClusterInfo.model_validate_json(job.store.get_text(JobKeys(job.name).cluster(2)))
+    LocalProvider().kill_node(cluster, 1)  # no controller sees this one go
+    final = job.wait(timeout=200)  # this process takes the job over
+    assert final["state"] == "Completed", final
+    assert len(_events(job, "fault")) == 1, _events(job, "fault")  # fired once, not again
+    attempts = final["attempts"]
+    assert [a["faults"] for a in attempts] == [["kill:1@step15"], [], []], attempts
+    (takeover,) = _events(job, "takeover")
+    ended = next(e for e in _events(job, "attempt_end") if e["attempt"] == 2)
+    assert ended["cause"].startswith("algo-2 lost: its processes are gone"), ended
+    waited = parse_iso(ended["time"]) - parse_iso(takeover["time"])
+    assert waited < 15, waited  # the heartbeat timeout is 60 s
+    assert attempts[2]["resumed_from_step"] >= 10, attempts  # from its checkpoint
+    assert_bit_identical(model_tensors(job), uninterrupted)
+
+
 @pytest.mark.timeout(240)
 def test_two_clients_racing_to_take_over_one_wins_the_other_follows(home):
     job = digits(epochs=EPOCHS, step_delay=STEP_DELAY).fit(wait=False)

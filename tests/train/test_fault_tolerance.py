@@ -338,7 +338,8 @@ def test_nodes_that_restored_different_state_are_a_split_resume_warning(home, so
     events = [e for e in ctl.jobs.events() if e["type"] == "split_resume"]
     assert len(events) == 1 and "algo-2 restored nothing" in events[0]["differences"]
     assert second.started_from() == (
-        "restored snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1"
+        "restored snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1; "
+        "not the same state on every node (split resume)"
     )
     assert second.started_from(short=True) == "split"
     by_node = ctl.record.describe()["attempts"][1]["restored"]["by_node"]

@@ -161,8 +161,10 @@ class Controller:
         # job on its on-demand fallback trying spot again (None: it is not).
         self._relaunching: str | None = None
         self._state_stored = False  # the attempt's nodes put saved state in the store
-        # Each fault fires once, in the first attempt that trains long enough.
-        self._faults = FaultSchedule(self.record.spec.parsed_faults)
+        # Each fault fires once, in the first attempt that trains long enough; those the
+        # record says fired (under a controller this one took over from) never again.
+        fired = [f for a in self.record.attempts for f in a.faults]
+        self._faults = FaultSchedule(self.record.spec.parsed_faults, fired)
         self._lease: Lease | None = None
         self.telemetry = Telemetry(self.jobs, self.record, self._info)
         self.capacity = CapacitySizer(
@@ -493,8 +495,11 @@ class Controller:
                 self._info(f"could not check the instances: {exc}")
                 gone = {}
             for rank, why in gone.items():
+                node = nodes[rank]
+                if node.result or node.proc.poll() == 0:
+                    continue  # it ended and said how (a machine left behind is not lost)
                 # written on this attempt's own nodes: a late watcher touches no other attempt
-                if nodes[rank].machine_lost is None and self._nodes is nodes:
+                if node.machine_lost is None and self._nodes is nodes:
                     nodes[rank].machine_lost = why
                     self._info(f"algo-{rank + 1}: {why}")
                     try:
@@ -618,7 +623,7 @@ class Controller:
             if not node.result and node.lost is None and not node.idle:
                 # its machine already reported gone (a reclaim) says why better than its end
                 ended = f"agent ended without a result (exit code {node.exit_code})"
-                node.lost = node.machine_lost or ended
+                self._node_lost(node, node.machine_lost or ended, now)
             if node.exit_code != 0 or node.lost:
                 watch.abnormal(now)
         elif (msg := parse_control(line)) is not None:
@@ -637,13 +642,28 @@ class Controller:
         for node in nodes.values():
             why = node.machine_lost
             if why and node.lost is None and (node.exit_code is None or not node.result):
-                node.lost = why
-                node.exited_at = node.exited_at or now
+                if node.exit_code is None and node.proc.poll() is not None:
+                    continue  # it ended as the machine went: its end says how, at once
+                self._node_lost(node, why, now)
                 watch.abnormal(now)
             silent = now - node.last_seen
             if node.exit_code is None and silent > self.settings.heartbeat_timeout_seconds:
-                node.lost = node.lost or f"no heartbeat for {silent:.0f} s"
+                if node.lost is None:
+                    self._node_lost(node, f"no heartbeat for {silent:.0f} s", now)
                 watch.abnormal(now)
+
+    def _node_lost(self, node: LiveNode, why: str, now: float) -> None:
+        """`node` counts as lost (infrastructure, not the user's code): said in the record at
+        once, so a controller that takes the attempt over knows it without waiting."""
+        node.lost = why
+        node.exited_at = node.exited_at or now
+        recorded = self.record.attempts[-1].nodes
+        if node.rank < len(recorded) and recorded[node.rank].rank == node.rank:
+            recorded[node.rank].lost = why
+            try:
+                self.jobs.save(self.record)
+            except Exception as exc:  # the watch acts on it all the same
+                self._info(f"could not record algo-{node.rank + 1}'s loss: {exc}")
 
     def _verdict(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], now: float, watch: WatchState
@@ -826,7 +846,9 @@ class Controller:
         reached = self.record.attempts[-1].last_step
         fault = self._faults.take_due(set(nodes), elapsed, reached)
         if fault is not None:
+            # In the record before it fires: a controller that takes over never repeats it.
             self.record.attempts[-1].faults.append(str(fault))
+            self.jobs.save(self.record)
             self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
             hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)
             self._info(f"injecting fault {fault} ({hosts}, {elapsed:.1f} s in)")
@@ -836,8 +858,7 @@ class Controller:
                 provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
             for rank in fault.ranks:
                 if fault.kind in ("kill", "nocapacity"):
-                    nodes[rank].lost = nodes[rank].lost or f"killed by injected fault {fault}"
-                    nodes[rank].exited_at = now
+                    self._node_lost(nodes[rank], f"killed by injected fault {fault}", now)
                     provider.kill_node(cluster, rank)
                 else:
                     self.store.put_text(

@@ -13,8 +13,15 @@ class FaultSchedule:
     script has reported its step, whatever the time. A fault naming a node the attempt
     does not have (an elastic job's shrunk one) waits for an attempt that has it."""
 
-    def __init__(self, faults: list[Fault]) -> None:
-        self.pending = sorted(faults, key=lambda f: (f.step is not None, f.at, f.step or 0))
+    def __init__(self, faults: list[Fault], fired: list[str] | None = None) -> None:
+        """`fired`: the faults the job's record says fired already (a controller that takes
+        the job over must not fire them again); each takes one of the same spelling."""
+        left = list(faults)
+        for spelled in fired or []:
+            match = next((f for f in left if str(f) == spelled), None)
+            if match is not None:
+                left.remove(match)
+        self.pending = sorted(left, key=lambda f: (f.step is not None, f.at, f.step or 0))
 
     def __bool__(self) -> bool:
         return bool(self.pending)

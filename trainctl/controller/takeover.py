@@ -1,9 +1,13 @@
-"""Taking over the unfinished attempt of a controller that died.
+"""Taking over the unfinished attempt of a controller that died, knowing what it knew.
 
 What the store says is reconciled before anything is watched: the attempt's cluster (none:
 the controller died before it started nodes), each node followed through the store rather
 than a process of this one (its logs from where this process had printed them, its
 heartbeats, its result), and the progress the dead controller had counted but not saved.
+What the dead controller had decided is in the record as it decided it, and inherited: the
+faults that fired (controller.faults: never fired again), the nodes it had counted lost
+(lost at once, not after their silence; AttemptNode.lost), and whether the nodes stored
+state (their statuses: a relaunch by choice resumes from it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def adopt_attempt(
     except NotFoundError:  # it died before its nodes were started
         return None
     killer = provider if isinstance(provider, FaultInjection) else None
+    counted_lost = {node.rank: node.lost for node in current.nodes if node.lost}
     followers: dict[int, StoreFollower] = {
         node.rank: StoreFollower(
             store,
@@ -42,6 +47,7 @@ def adopt_attempt(
             lost_after=settings.heartbeat_timeout_seconds,
             kill=(lambda rank=node.rank: killer.kill_node(cluster, rank)) if killer else None,
             log_offset=log_offsets.get((cluster.attempt, node.rank), 0),
+            lost=counted_lost.get(node.rank),
         )
         for node in cluster.nodes
     }

@@ -280,6 +280,16 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         wrap = partial(self.container_argv, cluster, rank)
         return LocalRunner(cluster, rank, root, python=IMAGE_PYTHON, wrap=wrap, env=env)
 
+    def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
+        """Nodes of `cluster` none of whose processes (the agent, the engine attached to
+        its container) runs any more: killed, as a lost machine. (A node that ended on its
+        own is told apart by the controller: its agent said how it ended.)"""
+        return {
+            node.rank: "its processes are gone (killed)"
+            for node in cluster.nodes
+            if not job_processes(cluster.job, node.rank, cluster.attempt)
+        }
+
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node at once, as losing the machine would."""
         engine = self._marked_engine(cluster.job)

@@ -42,8 +42,11 @@ class StoreFollower(RunningProcess):
         poll_interval: float = 0.5,
         kill: Callable[[], None] | None = None,
         log_offset: int = 0,
+        lost: str | None = None,
     ) -> None:
-        """`log_offset`: where in the node's log to start (what was already shown)."""
+        """`log_offset`: where in the node's log to start (what was already shown); `lost`:
+        why the controller before had counted the node lost (then it is, unless its result
+        is there: no wait for its silence)."""
         self.store = store
         self.log_offset = log_offset
         self.keys = JobKeys(job)
@@ -54,6 +57,7 @@ class StoreFollower(RunningProcess):
         self._kill = kill
         self._code: int | None = None
         self._adopted_at = time.time()
+        self._lost = lost
         self.beats_after_adoption = 0  # heartbeats seen after the first look: it was alive
 
     # -- what the store says ---------------------------------------------------------------
@@ -88,6 +92,10 @@ class StoreFollower(RunningProcess):
         offset = self.log_offset
         said: dict[str, Any] = {}
         last_beat: float | None = None
+        if self._lost is not None and self.result() is None:
+            self._code = EXIT_INFRA
+            yield f"[trainctl] algo-{self.rank + 1} was lost before the takeover: {self._lost}"
+            return
         while True:
             data = self._log_from(offset)
             *complete, _partial = data.split(b"\n")
