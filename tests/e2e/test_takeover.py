@@ -160,6 +160,7 @@ def test_a_takeover_knows_the_faults_that_fired_and_a_node_gone_meanwhile(home, 
 
     job = digits(epochs=EPOCHS, step_delay=STEP_DELAY, faults=["kill:1@step15"]).fit(wait=False)
     deadline = time.monotonic() + 150
+
     def resumed() -> bool:  # attempt 2 resumed from attempt 1's checkpoint
         return any(e["attempt"] == 2 and e["step"] for e in _events(job, "resumed"))
 
