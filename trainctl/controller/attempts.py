@@ -57,3 +57,33 @@ def count_steps_lost(earlier: list[Attempt], resumed_from: int) -> None:
     for attempt in earlier:
         reached = attempt.last_step if attempt.last_step is not None else resumed_from
         attempt.steps_lost = max(0, reached - resumed_from)
+
+
+class Resumes:
+    """Where an attempt resumed from, and what that makes the earlier attempts lose. Only
+    rank 0's stream tells: its `resumed` comes before its steps, but another node's
+    `checkpoint` travels another stream and can overtake it. A step of rank 0 before any
+    `resumed` is taken for a start from scratch (a guess); the script's own `resumed`, when
+    it comes, replaces the guess and the losses counted from it."""
+
+    def __init__(self) -> None:
+        # Earlier attempts whose loss was counted from a guessed resume.
+        self.guessed: list[Attempt] | None = None
+
+    def resumed(
+        self, attempts: list[Attempt], attempt: Attempt, step: int, *, guessed: bool = False
+    ) -> bool:
+        """`attempt` (the last of `attempts`) resumed from `step`; whether that is news."""
+        if attempt.resumed_from_step is not None:
+            if guessed or self.guessed is None:
+                return False
+            counted, self.guessed = self.guessed, None
+            if step == attempt.resumed_from_step:
+                return False  # the guess was right
+            count_steps_lost(counted, step)
+            attempt.resumed_from_step = step
+            return True
+        attempt.resumed_from_step = step
+        settled = settle_steps_lost(attempts[:-1], step)
+        self.guessed = settled if guessed else None
+        return True

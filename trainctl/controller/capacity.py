@@ -25,7 +25,7 @@ from collections.abc import Callable
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
-from trainctl.record import JobRecord, JobStore
+from trainctl.record import Attempt, JobRecord, JobStore
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import Settings
 
@@ -211,6 +211,26 @@ class CapacitySizer:
         doublings = min(self._spot_misses, SPOT_PROBE_DOUBLINGS)
         return self.settings.spot_probe_seconds * 2**doublings
 
+    def better_relaunch(
+        self, cluster: ClusterInfo, trained_for: float, *, state_stored: bool
+    ) -> tuple[str, str] | None:
+        """Whether the attempt on `cluster`, `trained_for` seconds into its training, should
+        checkpoint and relaunch by choice: ("growing", why) for an elastic job below its
+        full size once there is room, ("trying_spot", why) for a job on its on-demand
+        fallback once it is time to try spot again; None while it should not.
+        `state_stored`: the attempt's nodes put saved state in the store."""
+        grow = self.growth(len(cluster.nodes), trained_for)
+        if grow:
+            return "growing", grow
+        attempts = self.record.attempts
+        saved = (
+            state_stored
+            or attempts[-1].last_checkpoint_step is not None
+            or resumes_where_stopped(attempts[:-1])
+        )
+        spot = self.back_to_spot(cluster, trained_for, saved)
+        return ("trying_spot", spot) if spot else None
+
     def back_to_spot(self, cluster: ClusterInfo, trained_for: float, saved: bool) -> str | None:
         """Why a spot job running on on-demand nodes (its fallback), `trained_for` seconds
         into this attempt's training, should checkpoint now and relaunch to try spot again;
@@ -235,3 +255,12 @@ class CapacitySizer:
                 return None
         self._trying_spot = True
         return f"trying spot again after {trained_for / 60:.0f} min on demand"
+
+
+def resumes_where_stopped(earlier: list[Attempt]) -> bool:
+    """Whether an earlier attempt of the job saved at its last step and the next resumed
+    there: the script saves when it is told to stop (a notice), so a relaunch by choice
+    loses nothing even before this attempt's first save."""
+    return any(
+        a.steps_lost == 0 and a.last_step and a.last_checkpoint_step == a.last_step for a in earlier
+    )

@@ -19,32 +19,33 @@ from typing import Any
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
-from trainctl.controller.attempts import (
-    AttemptEnd,
-    LiveNode,
-    count_steps_lost,
-    settle_steps_lost,
-)
+from trainctl.controller.attempts import AttemptEnd, LiveNode, Resumes
+from trainctl.controller.budget import TimeBudget
 from trainctl.controller.capacity import CapacitySizer, StoppedWaiting
 from trainctl.controller.faults import FaultSchedule
 from trainctl.controller.groups import trained_apart
-from trainctl.controller.hangs import STACKS_GRACE_SECONDS, PaceBound, hung_failure, pace_bound
+from trainctl.controller.hangs import (
+    STACKS_GRACE_SECONDS,
+    PaceBound,
+    hung_failure,
+    pace_bound,
+    update_pace,
+)
 from trainctl.controller.lease import Lease
 from trainctl.controller.logs import LogPrinter
 from trainctl.controller.progress import ProgressWatch
-from trainctl.controller.restores import AttemptRestores, from_scratch
+from trainctl.controller.restores import AttemptRestores
 from trainctl.controller.takeover import adopt_attempt, went_with_the_controller
-from trainctl.controller.telemetry import Telemetry
+from trainctl.controller.telemetry import Telemetry, startup_stages
+from trainctl.controller.usage import note_warm_start, record_usage
 from trainctl.errors import UnrunnableJobError
 from trainctl.protocol import EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import (
-    Billing,
     FaultInjection,
     Provider,
     WarmPools,
-    WarmStart,
 )
 from trainctl.record import (
     Attempt,
@@ -151,12 +152,9 @@ class Controller:
         # This process's attempt start-up (None for an attempt taken over: not seen whole).
         self._startup: dict[str, float] | None = None
         self._attempt_started = 0.0
-        self._job_started = clock().monotonic()
-        self._trained_before = sum(a.training_seconds or 0.0 for a in self.record.attempts)
+        self.budget = TimeBudget(self.record)  # max_run, max_wait
         self._notices: dict[int, float] = {}
-        # Earlier attempts whose loss was counted from a resume guessed (rank 0 stepped
-        # before it said `resumed`): the script's own `resumed` counts them again.
-        self._guessed_resume: list[Attempt] | None = None
+        self._resumes = Resumes()  # where the attempt resumed from, and what that cost
         # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
         # job on its on-demand fallback trying spot again (None: it is not).
         self._relaunching: str | None = None
@@ -172,9 +170,11 @@ class Controller:
             self.jobs,
             self.record,
             self.settings,
-            should_stop=lambda: self.jobs.stop_requested() or self._time_limit_reached(),
+            should_stop=lambda: (
+                self.jobs.stop_requested() or self.budget.reached(self._training_started)
+            ),
             info=self._info,
-            deadline_slack=self._deadline_slack,
+            deadline_slack=self.budget.slack,
         )
 
     # -- signals ------------------------------------------------------------------------
@@ -290,7 +290,7 @@ class Controller:
                 why = f"attempt {attempt}'s capacity was not all released: {exc}"
                 self.jobs.event("teardown_failed", attempt=attempt, error=str(exc))
                 sys.stderr.write(f"[trainctl] {why}\n")
-            self._record_usage()
+            record_usage(self.provider, self.jobs, self.record, self._info)
             if (started := self._next_attempt()) is None:
                 return
             attempt, end = started
@@ -298,7 +298,7 @@ class Controller:
     def _next_attempt(self) -> tuple[int, AttemptEnd] | None:
         """Run the next attempt to its end; None when the job ended instead (stopped, out of
         time, or unrunnable)."""
-        if reason := self.jobs.stop_requested() or self._time_limit_reached():
+        if reason := self.jobs.stop_requested() or self.budget.reached(self._training_started):
             self._end(JobState.STOPPED, stop_reason=reason)
             return None
         attempt = len(self.record.attempts) + 1
@@ -367,30 +367,11 @@ class Controller:
             self._info(f"attempt {attempt}: {resized}")
         provider = self.provider
         if isinstance(provider, WarmPools) and (warm := provider.warm_start(self.name, attempt)):
-            self._warm_started(attempt, warm)
+            self.record.attempts[-1].warm_pool = warm.pool  # saved with Starting, below
+            note_warm_start(self.jobs, attempt, warm, self._info)
         self.jobs.transition(self.record, JobState.STARTING, attempt=attempt)
         nodes = self._start_agents(cluster)
         return self._watch(cluster, nodes)
-
-    def _warm_started(self, attempt: int, warm: WarmStart) -> None:
-        from trainctl.controller.usage import record_idle
-
-        self.record.attempts[-1].warm_pool = warm.pool  # saved with the Starting transition
-        self.jobs.event(
-            "warm_start",
-            attempt=attempt,
-            pool=warm.pool,
-            from_job=warm.from_job,
-            instances=warm.instance_ids,
-        )
-        self._info(
-            f"attempt {attempt}: on {len(warm.instance_ids)} warm instance(s) left by job "
-            f"{warm.from_job} (no new capacity launched)"
-        )
-        try:  # the wait is the leaving job's cost
-            record_idle(self.store, warm.from_job, warm.idle)
-        except Exception as exc:
-            self._info(f"could not add the warm time to job {warm.from_job}'s cost: {exc}")
 
     def _close_attempt(self, end: AttemptEnd) -> None:
         current = self.record.attempts[-1]
@@ -400,7 +381,7 @@ class Controller:
         current.exit_code = end.exit_code
         if self._training_started is not None:
             current.training_seconds = round(clock().monotonic() - self._training_started, 3)
-            self._trained_before += current.training_seconds
+            self.budget.trained_before += current.training_seconds
         self.jobs.save(self.record)
         self.jobs.event("attempt_end", attempt=current.number, outcome=end.outcome, cause=end.cause)
         if self.record.spec.launcher == "mpi":
@@ -442,7 +423,8 @@ class Controller:
         logs, progress and results followed through the store: no step lost, no relaunch),
         and when every node is gone the attempt ends with cause "controller lost"."""
         current = self.record.attempts[-1]
-        self.jobs.event("takeover", attempt=current.number, **self._lease_holder())
+        holder = {k: self._lease.holder[k] for k in ("host", "pid")} if self._lease else {}
+        self.jobs.event("takeover", attempt=current.number, **holder)
         self._info(f"job {self.name}: taking over attempt {current.number} from a lost controller")
         adopted = adopt_attempt(
             self.store, self.jobs, current, self.provider, self.settings, self.log_offsets
@@ -456,9 +438,6 @@ class Controller:
         if end.outcome == "interrupted" and went_with_the_controller(followers):
             return AttemptEnd("interrupted", "controller lost")
         return end
-
-    def _lease_holder(self) -> dict[str, Any]:
-        return {k: self._lease.holder[k] for k in ("host", "pid")} if self._lease else {}
 
     def _follow(
         self, cluster: ClusterInfo, procs: dict[int, RunningProcess]
@@ -477,7 +456,7 @@ class Controller:
         self._training_started = None
         self._first_step_at = None
         self._notices = {}
-        self._guessed_resume = None
+        self._resumes = Resumes()
         self._state_stored = False
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
@@ -594,11 +573,11 @@ class Controller:
             self._mark_lost(nodes, now, watch)
             if now >= watch.next_save:  # progress (steps, metrics) visible to `status`
                 watch.next_save = now + RECORD_SAVE_SECONDS
-                self._pace(watch)
+                update_pace(watch.progress, watch.pace, self.record.attempts[-1])
                 self.telemetry.save_progress()
             end = self._verdict(cluster, nodes, now, watch)
             if end is not None:
-                self._pace(watch)
+                update_pace(watch.progress, watch.pace, self.record.attempts[-1])
                 return end
 
     def _take_line(
@@ -684,7 +663,7 @@ class Controller:
         if self.stop_reason is None and now >= watch.next_stop_check:
             watch.next_stop_check = now + STOP_CHECK_SECONDS
             self.stop_reason = self.jobs.stop_requested()
-            self.stop_reason = self.stop_reason or self._time_limit_reached()
+            self.stop_reason = self.stop_reason or self.budget.reached(self._training_started)
         if self.stop_reason is not None:
             self._stop_nodes(nodes, self.settings.stop_grace_seconds, self.stop_reason)
             return AttemptEnd("stopped", self.stop_reason)
@@ -717,16 +696,6 @@ class Controller:
             return self._hung(cluster.attempt, nodes, hang)
         return None
 
-    def _pace(self, watch: WatchState) -> None:
-        """The attempt's longest quiet stretch into its record (what the next attempts'
-        bound is made of), and its own bound from the earlier attempts' (controller.hangs)."""
-        attempt = self.record.attempts[-1]
-        if watch.progress.longest_quiet is not None:
-            attempt.longest_quiet_seconds = round(watch.progress.longest_quiet, 1)
-        if watch.pace is not None:
-            watch.progress.pace_bound = watch.pace.seconds(attempt)
-            watch.progress.pace_reason = watch.pace.reason(attempt)
-
     def _hung(self, attempt: int, nodes: dict[int, LiveNode], hang: str) -> AttemptEnd:
         """The user's code is stuck (a rendezvous that never forms, ranks that resumed
         apart, a deadlock): each rank's stack goes to its node's log, then the attempt fails,
@@ -752,65 +721,25 @@ class Controller:
             return
         if any(n.lost for n in nodes.values()):
             return
-        trained_for = now - self._training_started
-        saved = (
-            self._state_stored
-            or self.record.attempts[-1].last_checkpoint_step is not None
-            or self._resumes_where_stopped()
+        better = self.capacity.better_relaunch(
+            cluster, now - self._training_started, state_stored=self._state_stored
         )
-        grow = self.capacity.growth(len(cluster.nodes), trained_for)
-        why = grow or self.capacity.back_to_spot(cluster, trained_for, saved)
-        if why is None:
+        if better is None:
             return
+        kind, why = better
         self._relaunching = why
-        self.jobs.event("growing" if grow else "trying_spot", attempt=cluster.attempt, why=why)
+        self.jobs.event(kind, attempt=cluster.attempt, why=why)
         self._info(f"attempt {cluster.attempt}: {why}; checkpointing to relaunch")
-        for rank in nodes:
+        self._send_notices(cluster.attempt, list(nodes), why, now)
+
+    def _send_notices(self, attempt: int, ranks: list[int], source: str, now: float) -> None:
+        """An interruption notice to each node of `ranks` (through the store, which every
+        provider's agents watch): each checkpoints and ends."""
+        for rank in ranks:
             self.store.put_text(
-                self.jobs.keys.notice(cluster.attempt, rank), json.dumps({"source": why})
+                self.jobs.keys.notice(attempt, rank), json.dumps({"source": source})
             )
             self._notices.setdefault(rank, now)
-
-    def _resumes_where_stopped(self) -> bool:
-        """Whether an earlier attempt of the job saved at its last step and the next resumed
-        there: the script saves when it is told to stop (a notice), so a relaunch by choice
-        loses nothing even before this attempt's first save."""
-        return any(
-            a.steps_lost == 0 and a.last_step and a.last_checkpoint_step == a.last_step
-            for a in self.record.attempts[:-1]
-        )
-
-    def _deadline_slack(self) -> float | None:
-        """Seconds the job can still spend not training and end by its max_wait, if all of
-        max_run's training is still to come (None: no max_wait)."""
-        spec = self.record.spec
-        if spec.max_wait is None:
-            return None
-        left = spec.max_wait - (clock().monotonic() - self._job_started)
-        return left - max(0.0, spec.max_run - self._trained_before)
-
-    def _time_limit_reached(self) -> str | None:
-        """max_run bounds training time (all attempts); max_wait the whole job, waits too."""
-        spec = self.record.spec
-        now = clock().monotonic()
-        # The attempt under way trains; an ended one is in _trained_before already (a
-        # wait for capacity after it is not training).
-        training = (
-            self._training_started is not None
-            and bool(self.record.attempts)
-            and self.record.attempts[-1].ended_at is None
-        )
-        trained = self._trained_before + (now - self._training_started if training else 0.0)
-        # Wall time is never less than training time: when both are past, the wait binds.
-        if spec.max_wait is not None and now - self._job_started > spec.max_wait:
-            attempts = len(self.record.attempts)
-            return (
-                f"MaxWaitTimeExceeded: max_wait of {spec.max_wait} s reached "
-                f"({attempts} attempt(s))"
-            )
-        if trained > spec.max_run:
-            return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
-        return None
 
     def _classify_failure(self, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""
@@ -845,27 +774,24 @@ class Controller:
         elapsed = now - self._training_started
         reached = self.record.attempts[-1].last_step
         fault = self._faults.take_due(set(nodes), elapsed, reached)
-        if fault is not None:
-            # In the record before it fires: a controller that takes over never repeats it.
-            self.record.attempts[-1].faults.append(str(fault))
-            self.jobs.save(self.record)
-            self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
-            hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)
-            self._info(f"injecting fault {fault} ({hosts}, {elapsed:.1f} s in)")
-            provider = self.provider
-            assert isinstance(provider, FaultInjection)  # (validate_offline refuses faults else)
-            if fault.kind == "nocapacity":  # and no replacement for a while
-                provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
-            for rank in fault.ranks:
-                if fault.kind in ("kill", "nocapacity"):
-                    self._node_lost(nodes[rank], f"killed by injected fault {fault}", now)
-                    provider.kill_node(cluster, rank)
-                else:
-                    self.store.put_text(
-                        self.jobs.keys.notice(cluster.attempt, rank),
-                        json.dumps({"source": f"injected fault {fault}"}),
-                    )
-                    self._notices.setdefault(rank, now)
+        if fault is None:
+            return
+        # In the record before it fires: a controller that takes over never repeats it.
+        self.record.attempts[-1].faults.append(str(fault))
+        self.jobs.save(self.record)
+        self.jobs.event("fault", fault=str(fault), attempt=cluster.attempt)
+        hosts = ", ".join(f"algo-{r + 1}" for r in fault.ranks)
+        self._info(f"injecting fault {fault} ({hosts}, {elapsed:.1f} s in)")
+        provider = self.provider
+        assert isinstance(provider, FaultInjection)  # (validate_offline refuses faults else)
+        if fault.kind not in ("kill", "nocapacity"):
+            self._send_notices(cluster.attempt, fault.ranks, f"injected fault {fault}", now)
+            return
+        if fault.kind == "nocapacity":  # and no replacement for a while
+            provider.hold_capacity(self.name, len(fault.ranks), fault.duration)
+        for rank in fault.ranks:
+            self._node_lost(nodes[rank], f"killed by injected fault {fault}", now)
+            provider.kill_node(cluster, rank)
 
     def _on_control(self, node: LiveNode, msg: dict[str, Any], nodes: dict[int, LiveNode]) -> None:
         event = msg.get("event")
@@ -918,22 +844,10 @@ class Controller:
         return self._restores
 
     def _check_restores(self, attempt: Attempt) -> None:
-        """Once every node has said what it restored: a split resume (the nodes start from
-        different state) and a relaunch that starts from scratch are each said once."""
-        if split := self._attempt_restores(attempt).split():
-            self.jobs.event("split_resume", attempt=attempt.number, differences=split)
-            self._info(
-                f"warning: attempt {attempt.number}'s nodes start from different state (their "
-                f"ranks would resume at different points, and hang or fail): {split}"
-            )
-        if lost := from_scratch(self.record.attempts, attempt):
-            before = attempt.number - 1
-            self.jobs.event("from_scratch", attempt=attempt.number, lost=lost)
-            self._info(
-                f"warning: attempt {attempt.number} starts from scratch: nothing to restore "
-                f"after attempt {before} reached {lost}. Save state in the working directory "
-                "or SM_CHECKPOINT_DIR (trainctl.train.Checkpointer) to resume from it"
-            )
+        """Once every node has said what it restored: each warning said once."""
+        for said in self._attempt_restores(attempt).warnings(self.record.attempts):
+            self.jobs.event(said.event, attempt=attempt.number, **said.fields)
+            self._info(f"warning: {said.text}")
 
     def _diagnosis(self, attempt: Attempt, msg: dict[str, Any]) -> None:
         """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
@@ -950,34 +864,20 @@ class Controller:
             or self._first_step_at is None
         ):
             return
-        now = self._first_step_at
-        stages = dict(self._startup)
-        for node in nodes.values():
-            # (a RunningProcess of a provider that times nothing has no startup)
-            provider_stages = getattr(node.proc, "startup", None) or {}
-            for name, seconds in {**provider_stages, **node.startup}.items():
-                stages[name] = max(stages.get(name, 0.0), float(seconds))
-        # A quick node's first step can come before a slow node says it launched.
-        stages["launch"] = max(0.0, now - self._training_started)
-        stages["total"] = now - self._attempt_started
-        attempt.startup = {k: round(v, 3) for k, v in stages.items()}
+        attempt.startup = startup_stages(
+            self._startup,
+            [{**(getattr(n.proc, "startup", None) or {}), **n.startup} for n in nodes.values()],
+            launched=self._training_started,
+            first_step=self._first_step_at,
+            attempt_started=self._attempt_started,
+        )
         self.jobs.event("startup", attempt=attempt.number, **attempt.startup)
 
     def _resumed(self, attempt: Attempt, step: int, *, guessed: bool = False) -> None:
         """`attempt` resumed from `step`: the script said so, or (`guessed`) it stepped
-        first. What the script says replaces a guess, and the losses counted from it."""
-        if attempt.resumed_from_step is not None:
-            if guessed or self._guessed_resume is None:
-                return
-            counted, self._guessed_resume = self._guessed_resume, None
-            if step == attempt.resumed_from_step:
-                return  # the guess was right
-            count_steps_lost(counted, step)
-            attempt.resumed_from_step = step
-        else:
-            attempt.resumed_from_step = step
-            settled = settle_steps_lost(self.record.attempts[:-1], step)
-            self._guessed_resume = settled if guessed else None
+        first (see attempts.Resumes)."""
+        if not self._resumes.resumed(self.record.attempts, attempt, step, guessed=guessed):
+            return
         if step:
             self._info(f"attempt {attempt.number} resumed from the checkpoint of step {step}")
         self.jobs.event("resumed", attempt=attempt.number, step=step)
@@ -1085,7 +985,7 @@ class Controller:
             and (self.record.state in (JobState.COMPLETED, JobState.FAILED) or handed_on)
         ):
             # Billed up to now as the job's; from here on as warm time (see record_idle).
-            self._record_usage()
+            record_usage(self.provider, self.jobs, self.record, self._info)
             try:
                 kept = provider.keep_warm(self.name, keep)
             except Exception as exc:  # then they are terminated with the rest
@@ -1101,22 +1001,4 @@ class Controller:
                 "job with the same capacity spec (`trainctl warm` lists them)"
             )
         self.jobs.event("teardown", provider=self.provider.name)
-        self._record_usage()
-
-    def _record_usage(self) -> None:
-        """Billable instance time of every attempt so far, from the provider (EC2); rows
-        already recorded for instances the provider no longer counts as the job's (kept
-        warm, then claimed by another job) stay as they were."""
-        from trainctl.controller.usage import instance_costs, merge_costs
-
-        if not isinstance(self.provider, Billing):
-            return  # owned machines: no instance time to bill
-        try:
-            usage = self.provider.usage(self.name)
-        except Exception as exc:  # cost is information; a failed lookup must not fail a job
-            self._info(f"could not read instance usage for the cost: {exc}")
-            return
-        if not usage:
-            return
-        self.record.instances = merge_costs(self.record.instances, instance_costs(usage))
-        self.jobs.save(self.record)
+        record_usage(self.provider, self.jobs, self.record, self._info)

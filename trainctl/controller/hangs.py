@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.controller.progress import ProgressWatch
 from trainctl.record import Attempt, JobRecord
 
 # What a node reads back of what it restored, per second, as the bound allows it (a torch.load
@@ -53,6 +54,16 @@ def pace_bound(record: JobRecord, factor: float, floor: float) -> PaceBound | No
     if not quiet or factor <= 0:
         return None
     return PaceBound(max(quiet), factor, floor)
+
+
+def update_pace(progress: ProgressWatch, pace: PaceBound | None, attempt: Attempt) -> None:
+    """The attempt's longest quiet stretch so far into its record (what the next attempts'
+    bound is made of), and its own bound from the earlier attempts' into its watch."""
+    if progress.longest_quiet is not None:
+        attempt.longest_quiet_seconds = round(progress.longest_quiet, 1)
+    if pace is not None:
+        progress.pace_bound = pace.seconds(attempt)
+        progress.pace_reason = pace.reason(attempt)
 
 
 def hung_failure(

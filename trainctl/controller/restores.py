@@ -12,6 +12,7 @@ each had, before that happens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.record import STATE_FILES_RECORDED, Attempt, NodeRestored, Restored, StateCopy
@@ -55,6 +56,41 @@ class AttemptRestores:
         if found and self.attempt.restored is not None:
             self.attempt.restored.split = found
         return found
+
+    def warnings(self, attempts: list[Attempt]) -> list[Said]:
+        """Once every node has said what it restored: a split resume (the nodes start from
+        different state), a relaunch that starts from scratch."""
+        said = []
+        number = self.attempt.number
+        if split := self.split():
+            said.append(
+                Said(
+                    "split_resume",
+                    {"differences": split},
+                    f"attempt {number}'s nodes start from different state (their ranks would "
+                    f"resume at different points, and hang or fail): {split}",
+                )
+            )
+        if lost := from_scratch(attempts, self.attempt):
+            said.append(
+                Said(
+                    "from_scratch",
+                    {"lost": lost},
+                    f"attempt {number} starts from scratch: nothing to restore after attempt "
+                    f"{number - 1} reached {lost}. Save state in the working directory or "
+                    "SM_CHECKPOINT_DIR (trainctl.train.Checkpointer) to resume from it",
+                )
+            )
+        return said
+
+
+@dataclass(frozen=True)
+class Said:
+    """A warning of the controller's: its event (type and fields) and its words."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
 
 
 def split_resume(nodes: list[NodeRestored]) -> str | None:

@@ -84,3 +84,24 @@ class Telemetry:
         if progress != self._saved:
             self._saved = progress
             self.jobs.save(self.record)
+
+
+def startup_stages(
+    controller: dict[str, float],
+    nodes: list[dict[str, float]],
+    *,
+    launched: float,
+    first_step: float,
+    attempt_started: float,
+) -> dict[str, float]:
+    """Where an attempt's start-up went, seconds per stage: the controller's (capacity),
+    each node's slowest (ssh, agent, image from the provider; code, venv from the agent),
+    launch (every node launched -> the first step; a quick node's first step can come before
+    a slow node says it launched) and the total."""
+    stages = dict(controller)
+    for node in nodes:
+        for name, seconds in node.items():
+            stages[name] = max(stages.get(name, 0.0), float(seconds))
+    stages["launch"] = max(0.0, first_step - launched)
+    stages["total"] = first_step - attempt_started
+    return {k: round(v, 3) for k, v in stages.items()}

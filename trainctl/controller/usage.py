@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from trainctl.clock import clock
 from trainctl.errors import NotFoundError, UnreadableRecordError
-from trainctl.provisioning.base import InstanceUsage
-from trainctl.record import InstanceCost, JobStore
+from trainctl.provisioning.base import Billing, InstanceUsage, Provider, WarmStart
+from trainctl.record import InstanceCost, JobRecord, JobStore
 from trainctl.store import Store
 
 
@@ -55,3 +57,44 @@ def record_idle(store: Store, job: str, idle: list[InstanceUsage]) -> bool:
     record.instances = merge_costs(record.instances, instance_costs(idle))
     jobs.save(record)
     return True
+
+
+def record_usage(
+    provider: Provider, jobs: JobStore, record: JobRecord, info: Callable[[str], None]
+) -> None:
+    """Billable instance time of every attempt of `record` so far, from the provider (EC2),
+    into the record; rows already recorded for instances the provider no longer counts as
+    the job's (kept warm, then claimed by another job) stay as they were."""
+    if not isinstance(provider, Billing):
+        return  # owned machines: no instance time to bill
+    try:
+        usage = provider.usage(record.name)
+    except Exception as exc:  # cost is information; a failed lookup must not fail a job
+        info(f"could not read instance usage for the cost: {exc}")
+        return
+    if not usage:
+        return
+    record.instances = merge_costs(record.instances, instance_costs(usage))
+    jobs.save(record)
+
+
+def note_warm_start(
+    jobs: JobStore, attempt: int, warm: WarmStart, info: Callable[[str], None]
+) -> None:
+    """An attempt that started on instances another job left warm: its event, its line, and
+    the wait added to the leaving job's cost (record_idle)."""
+    jobs.event(
+        "warm_start",
+        attempt=attempt,
+        pool=warm.pool,
+        from_job=warm.from_job,
+        instances=warm.instance_ids,
+    )
+    info(
+        f"attempt {attempt}: on {len(warm.instance_ids)} warm instance(s) left by job "
+        f"{warm.from_job} (no new capacity launched)"
+    )
+    try:  # the wait is the leaving job's cost
+        record_idle(jobs.store, warm.from_job, warm.idle)
+    except Exception as exc:
+        info(f"could not add the warm time to job {warm.from_job}'s cost: {exc}")

@@ -1,0 +1,328 @@
+"""The soak: random fault schedules through real jobs, each checked bit for bit against an
+uninterrupted run and for the steps it redid.
+
+    python -m bench.chaos [--schedules 20] [--seed 1] [--replay JSON] [--out FILE]
+
+A schedule is 1 to 3 events at steps of a 2-node job on local nodes with its store in S3
+(moto, behind tests/rigs/faulty_s3.py's proxy), drawn from five kinds:
+
+- `kill`: a node's processes all killed without warning (the job's fault `kill:R@stepS`);
+- `notice`: a 2-minute interruption notice to a node (`notice:R@stepS`);
+- `shrink`: a node killed and no capacity for it for D seconds (`nocapacity:R@stepS+D`): the
+  job (min_instance_count 1) goes on with one node, then grows back;
+- `controller`: kill -9 of the job's controller once the job reached step S, then `trainctl
+  attach` D seconds later, which takes it over;
+- `store`: the store refuses every write (503 SlowDown) for D seconds from step S.
+
+The job (bench/chaos_job) trains to the same bits on one node or two, so every schedule,
+shrinks included, must end with exactly the uninterrupted run's model. And no work may be
+lost beyond what the fault model allows: an attempt ended by a kill (or a shrink's kill, or
+its controller and nodes lost together) redid at most one checkpoint interval plus the
+steps of one write; one ended by a notice, or by a relaunch by choice (growing back), none;
+a controller killed while its nodes trained loses nothing (they are adopted). A failing
+schedule is printed as JSON: `--replay` runs it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_DIR, Procs, log
+
+JOB_DIR = BENCH_DIR / "chaos_job"
+CHECKPOINT_EVERY = 10
+WRITE_WINDOW_STEPS = 2  # steps trained while the newest checkpoint is written and uploaded
+EPOCHS = 6
+STEPS = EPOCHS * 1024 // 32  # chaos_job: SAMPLES // GLOBAL steps an epoch
+STEP_DELAY = 0.06
+KINDS = ("kill", "notice", "shrink", "controller", "store")
+RUN_TIMEOUT = 420.0
+
+
+@dataclass
+class Event:
+    kind: str
+    step: int
+    node: int = 1
+    seconds: float = 0.0  # a shrink's time without capacity, the attach delay, the outage
+
+    def fault(self) -> str | None:
+        if self.kind in ("kill", "notice"):
+            return f"{self.kind}:{self.node}@step{self.step}"
+        if self.kind == "shrink":
+            return f"nocapacity:{self.node}@step{self.step}+{self.seconds:g}"
+        return None
+
+
+@dataclass
+class Schedule:
+    number: int
+    events: list[Event] = field(default_factory=list)
+
+    def text(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        data = json.loads(text)
+        return cls(data["number"], [Event(**e) for e in data["events"]])
+
+
+def draw(number: int, rng: random.Random) -> Schedule:
+    """1-3 events of distinct kinds at increasing steps, each 20+ steps after the last (so
+    each hits a new attempt past its resume point)."""
+    kinds = rng.sample(KINDS, rng.randint(1, 3))
+    step = 0
+    events = []
+    for kind in kinds:
+        step += rng.randint(20, 40)
+        seconds = {"shrink": rng.choice([4, 8]), "controller": rng.uniform(0, 3)}.get(kind, 0.0)
+        if kind == "store":
+            seconds = rng.uniform(2, 5)
+        events.append(Event(kind, step, node=rng.randint(0, 1), seconds=round(seconds, 1)))
+    return Schedule(number, events)
+
+
+# ------------------------------------------------------------------------------ the runs
+
+
+class Stage:
+    """What every run shares: a moto S3 server behind the faulty proxy, the environment that
+    points trainctl at it, and a directory per run."""
+
+    def __init__(self, root: Path) -> None:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        from tests.helpers import free_port
+        from tests.rigs.faulty_s3 import FaultyS3Proxy
+
+        self.root = root
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
+        port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        self.server.start()
+        self.proxy = FaultyS3Proxy(f"http://127.0.0.1:{port}").start()
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.proxy.url,
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "TRAINCTL_HEARTBEAT_SECONDS": "1",
+            "TRAINCTL_LEASE_SECONDS": "5",
+            "TRAINCTL_ELASTIC_WAIT_SECONDS": "3",
+        }.items():
+            os.environ[name] = value
+        self.bucket = "chaos"
+        boto3.client("s3").create_bucket(Bucket=self.bucket)
+        self.prefix = ""  # the run's keys in the bucket
+
+    def home(self, name: str) -> Path:
+        """The run `name`'s TRAINCTL_HOME and store (s3://chaos/<name>)."""
+        home = self.root / name
+        self.prefix = f"{name}/"
+        os.environ["TRAINCTL_HOME"] = str(home)
+        os.environ["TRAINCTL_STORE"] = f"s3://{self.bucket}/{name}"
+        return home
+
+    def close(self) -> None:
+        self.proxy.stop()
+        self.server.stop()
+
+
+def estimator(**fields: Any):
+    from trainctl import Estimator
+
+    return Estimator(
+        entry_point="train.py",
+        source_dir=str(JOB_DIR),
+        instance_count=2,
+        min_instance_count=1,
+        hyperparameters={
+            "epochs": EPOCHS,
+            "checkpoint-every": CHECKPOINT_EVERY,
+            "step-delay": STEP_DELAY,
+        },
+        **fields,
+    )
+
+
+def model(job) -> dict[str, Any]:
+    import torch
+
+    data = job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        member = tar.extractfile("model.pt")
+        assert member is not None
+        return torch.load(io.BytesIO(member.read()), weights_only=True)
+
+
+def reached(job) -> int:
+    """The step the job's nodes have reported (their statuses: whoever controls it)."""
+    from trainctl.errors import StoreError
+
+    best = 0
+    try:
+        for info in job.store.list(f"jobs/{job.name}/attempts"):
+            if info.key.endswith(".status.json"):
+                status = json.loads(job.store.get_text(info.key))
+                best = max(best, int(status.get("step") or 0))
+    except (StoreError, ValueError):
+        pass
+    return best
+
+
+def wait_for_step(job, step: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if reached(job) >= step:
+            return True
+        if job.describe()["state"] in ("Completed", "Failed", "Stopped"):
+            return False
+        time.sleep(0.3)
+    return False
+
+
+def kill_controller(job) -> None:
+    lease = json.loads(job.store.get_text(f"jobs/{job.name}/lease.json"))
+    os.kill(int(lease["pid"]), signal.SIGKILL)
+
+
+def run(stage: Stage, schedule: Schedule, procs: Procs) -> dict[str, Any]:
+    """One schedule through a job: its outcome and what the checks found."""
+    from tests.rigs.faulty_s3 import Rule
+    from trainctl.estimator import TrainingJob
+
+    stage.home(f"run-{schedule.number}")
+    faults = [f for e in schedule.events if (f := e.fault())]
+    started = time.monotonic()
+    job = estimator(faults=faults).fit(wait=False)
+    attach: subprocess.Popen | None = None
+    problems: list[str] = []
+    for event in sorted(schedule.events, key=lambda e: e.step):
+        if event.kind not in ("controller", "store"):
+            continue
+        if not wait_for_step(job, event.step, RUN_TIMEOUT):
+            problems.append(f"never reached step {event.step} for {event.kind}")
+            break
+        if event.kind == "store":
+            until = time.monotonic() + event.seconds
+            stage.proxy.add(Rule(("PUT", "POST", "DELETE"), rf"^{stage.prefix}", 503, until=until))
+        else:
+            kill_controller(job)
+            time.sleep(event.seconds)
+            attach = procs.spawn(
+                [str(Path(sys.executable).parent / "trainctl"), "attach", job.name],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+    deadline = started + RUN_TIMEOUT
+    info = job.describe()
+    while info["state"] not in ("Completed", "Failed", "Stopped") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = TrainingJob.attach(job.name).describe()
+    if attach is not None:
+        procs.end(attach, grace=30)
+    return {"info": info, "problems": problems, "seconds": time.monotonic() - started, "job": job}
+
+
+def check(result: dict[str, Any], schedule: Schedule, expected: dict[str, Any]) -> list[str]:
+    """What the run got wrong: not Completed, another model, or more steps redone than the
+    fault model allows."""
+    import torch
+
+    info = result["info"]
+    problems = list(result["problems"])
+    if info["state"] != "Completed":
+        return [*problems, f"{info['state']}: {info.get('failure_reason')}"]
+    got = model(result["job"])
+    different = [k for k in expected if not torch.equal(got[k], expected[k])]
+    if different:
+        problems.append(f"model differs from the uninterrupted run's: {different}")
+    kills = sum(e.kind in ("kill", "shrink") for e in schedule.events)
+    allowed = CHECKPOINT_EVERY + WRITE_WINDOW_STEPS
+    redone = 0
+    for attempt in info["attempts"][:-1]:
+        lost, cause = attempt.get("steps_lost"), attempt.get("cause") or ""
+        if lost is None:
+            continue  # it ended before it trained a step
+        redone += lost
+        limit = allowed
+        if "interruption notice" in cause or cause.startswith(("growing", "trying spot")):
+            limit = 0
+        if lost > limit:
+            problems.append(f"attempt {attempt['number']} ({cause}) redid {lost} steps > {limit}")
+    if redone > kills * allowed:
+        problems.append(f"{redone} steps redone in all, {kills} kill(s) allow {kills * allowed}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos")
+    parser.add_argument("--schedules", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--replay", action="append", default=[], help="a schedule's JSON")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "chaos-results.json")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    schedules = [Schedule.parse(t) for t in args.replay] or [
+        draw(n, rng) for n in range(1, args.schedules + 1)
+    ]
+    procs = Procs()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="trainctl-chaos-") as tmp:
+        stage = Stage(Path(tmp))
+        try:
+            stage.home("reference")
+            reference = estimator().fit(logs=False)
+            assert reference.describe()["state"] == "Completed", reference.describe()
+            expected = model(reference)
+            for schedule in schedules:
+                result = run(stage, schedule, procs)
+                problems = check(result, schedule, expected)
+                info = result["info"]
+                row = {
+                    "schedule": json.loads(schedule.text()),
+                    "passed": not problems,
+                    "problems": problems,
+                    "seconds": round(result["seconds"], 1),
+                    "attempts": [
+                        (a["number"], a["outcome"], a.get("cause"), a.get("steps_lost"))
+                        for a in info["attempts"]
+                    ],
+                }
+                rows.append(row)
+                verdict = "pass" if not problems else "FAIL " + "; ".join(problems)
+                log(f"schedule {schedule.number} {[e.kind for e in schedule.events]}: {verdict}")
+                if problems:
+                    log(f"  replay: python -m bench.chaos --replay '{schedule.text()}'")
+                left = procs.cleanup()
+                if left:
+                    log(f"  ended {len(left)} process(es) the run left")
+        finally:
+            stage.close()
+            procs.cleanup()
+    passed = sum(r["passed"] for r in rows)
+    log(f"{passed} of {len(rows)} schedules passed")
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
