@@ -237,6 +237,13 @@ def run(stage: Stage, schedule: Schedule, procs: Procs) -> dict[str, Any]:
     while info["state"] not in ("Completed", "Failed", "Stopped") and time.monotonic() < deadline:
         time.sleep(0.5)
         info = TrainingJob.attach(job.name).describe()
+    # The job's controller tears down after it records the end, and `attach` follows it
+    # there: both gone soon after, or the run left them behind.
+    settle = time.monotonic() + 60
+    while procs.leftovers() and time.monotonic() < settle:
+        time.sleep(0.5)
+    if left := procs.leftovers():
+        problems.append(f"{len(left)} process(es) still running 60 s after the job ended")
     if attach is not None:
         procs.end(attach, grace=30)
     return {"info": info, "problems": problems, "seconds": time.monotonic() - started, "job": job}

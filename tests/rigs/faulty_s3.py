@@ -102,6 +102,15 @@ class Rule:
         return False
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that went (a node killed mid-request) is no error of the proxy's."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FaultyS3Proxy:
     def __init__(self, target: str) -> None:
         parts = urlsplit(target)
@@ -175,7 +184,7 @@ class FaultyS3Proxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
