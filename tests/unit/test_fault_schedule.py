@@ -32,3 +32,13 @@ def test_a_fault_for_a_node_the_attempt_lacks_waits_for_one_that_has_it() -> Non
     assert str(schedule.take_due({0, 1}, elapsed=5.0, step=None)) == "kill:0@3"
     assert schedule.take_due({0, 1}, elapsed=5.0, step=None) is None
     assert str(schedule.take_due({0, 1, 2}, elapsed=5.0, step=None)) == "kill:2@1"
+
+
+def test_the_faults_the_record_says_fired_never_fire_again() -> None:
+    """A controller that takes a job over builds its schedule from the record: a fault the
+    dead controller fired is not pending, even twice spelled the same (each takes one)."""
+    schedule = FaultSchedule(
+        [Fault.parse(s) for s in ("kill:1@6", "kill:1@6", "notice:0@step30")],
+        fired=["kill:1@6", "nocapacity:0@1"],
+    )
+    assert [str(f) for f in schedule.pending] == ["kill:1@6", "notice:0@step30"]
