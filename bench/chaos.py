@@ -310,9 +310,22 @@ def main(argv: list[str] | None = None) -> int:
                     "problems": problems,
                     "seconds": round(result["seconds"], 1),
                     "attempts": [
-                        (a["number"], a["outcome"], a.get("cause"), a.get("steps_lost"))
+                        {
+                            k: a.get(k)
+                            for k in (
+                                "number",
+                                "outcome",
+                                "cause",
+                                "resumed_from_step",
+                                "last_step",
+                                "last_checkpoint_step",
+                                "steps_lost",
+                                "faults",
+                            )
+                        }
                         for a in info["attempts"]
-                    ],
+                    ],  # fmt: skip
+                    "job": result["job"].name,
                 }
                 rows.append(row)
                 verdict = "pass" if not problems else "FAIL " + "; ".join(problems)
