@@ -51,6 +51,10 @@ STEPS = EPOCHS * 1024 // 32  # chaos_job: SAMPLES // GLOBAL steps an epoch
 STEP_DELAY = 0.06
 KINDS = ("kill", "notice", "shrink", "controller", "store")
 RUN_TIMEOUT = 420.0
+ATTEMPT_FIELDS = (
+    "number", "outcome", "cause", "resumed_from_step", "last_step", "last_checkpoint_step",
+    "steps_lost", "faults",
+)  # fmt: skip
 
 
 @dataclass
@@ -324,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         }
                         for a in info["attempts"]
-                    ],  # fmt: skip
+                    ],
                     "job": result["job"].name,
                 }
                 rows.append(row)
