@@ -331,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
                     ],
                     "job": result["job"].name,
                 }
+                if problems:  # what a failing run's record says, to read before a replay
+                    job = result["job"]
+                    row["events"] = [
+                        {k: v for k, v in e.items() if k != "reason" or len(str(v)) < 300}
+                        for e in job.events()
+                    ]
                 rows.append(row)
                 verdict = "pass" if not problems else "FAIL " + "; ".join(problems)
                 log(f"schedule {schedule.number} {[e.kind for e in schedule.events]}: {verdict}")

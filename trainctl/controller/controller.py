@@ -652,8 +652,10 @@ class Controller:
         runners = [n for n in nodes.values() if not n.idle]
         lost = [n for n in nodes.values() if n.lost]
         if runners and all(n.exit_code == 0 for n in runners) and not lost:
-            if not self._notices:
-                return AttemptEnd("completed", None, exit_code=0)
+            # Every node succeeded (an agent told to stop ends preempted, not 0): a notice
+            # that came as the script finished changes nothing, and relaunching would redo
+            # the last steps of a job that is done.
+            return AttemptEnd("completed", None, exit_code=0)
         if self.stop_reason is None and self._signal is not None:
             self.stop_reason = (
                 "interrupted by the user (Ctrl-C)"
