@@ -63,6 +63,7 @@ class Event:
     step: int
     node: int = 1
     seconds: float = 0.0  # a shrink's time without capacity, the attach delay, the outage
+    lag: float = 0.0  # controller and store events: seconds after the step is reached
 
     def fault(self) -> str | None:
         if self.kind in ("kill", "notice"):
@@ -97,7 +98,8 @@ def draw(number: int, rng: random.Random) -> Schedule:
         seconds = {"shrink": rng.choice([4, 8]), "controller": rng.uniform(0, 3)}.get(kind, 0.0)
         if kind == "store":
             seconds = rng.uniform(2, 5)
-        events.append(Event(kind, step, node=rng.randint(0, 1), seconds=round(seconds, 1)))
+        lag = round(rng.uniform(0, 2), 1) if kind in ("controller", "store") else 0.0
+        events.append(Event(kind, step, node=rng.randint(0, 1), seconds=round(seconds, 1), lag=lag))
     return Schedule(number, events)
 
 
@@ -225,6 +227,7 @@ def run(stage: Stage, schedule: Schedule, procs: Procs) -> dict[str, Any]:
         if not wait_for_step(job, event.step, RUN_TIMEOUT):
             problems.append(f"never reached step {event.step} for {event.kind}")
             break
+        time.sleep(event.lag)
         if event.kind == "store":
             until = time.monotonic() + event.seconds
             stage.proxy.add(Rule(("PUT", "POST", "DELETE"), rf"^{stage.prefix}", 503, until=until))
