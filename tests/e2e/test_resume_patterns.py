@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,7 @@ def _args(pattern: Pattern, *, paced: bool) -> list[str]:
 
 
 _REFERENCES: dict[str, dict[str, Any]] = {}
+BYTECODE = shutil.ignore_patterns("__pycache__")  # (make test compiles the fixtures)
 
 
 def reference(pattern_name: str, tmp_path_factory) -> dict[str, Any]:
@@ -111,9 +113,8 @@ def reference(pattern_name: str, tmp_path_factory) -> dict[str, Any]:
     procs = []
     for rank in (0, 1):
         work = base / f"node{rank}"
-        (work / "model").mkdir(parents=True)
-        for item in (FIXTURES / pattern.source).iterdir():
-            (work / item.name).write_bytes(item.read_bytes())
+        shutil.copytree(FIXTURES / pattern.source, work, ignore=BYTECODE)
+        (work / "model").mkdir()
         env = {**os.environ, "SM_MODEL_DIR": str(work / "model"), "OMP_NUM_THREADS": "1"}
         argv = [
             torchrun, "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
@@ -233,9 +234,7 @@ def test_rank_0s_state_resumes_every_rank_after_a_lost_node(rig, name, tmp_path_
     pattern = PATTERNS[name]
     expected = reference(name, tmp_path_factory)
     source = tmp_path_factory.mktemp(name) / pattern.source
-    source.mkdir()
-    for item in (FIXTURES / pattern.source).iterdir():
-        (source / item.name).write_bytes(item.read_bytes())
+    shutil.copytree(FIXTURES / pattern.source, source, ignore=BYTECODE)
     job = Estimator(
         entry_point=pattern.entry_point,
         source_dir=str(source),
