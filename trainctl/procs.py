@@ -69,6 +69,19 @@ def job_processes(job: str, node: int | None = None, attempt: int | None = None)
     return find_tagged(JOB_TAG, job, **more)
 
 
+def nodes_running(job: str, attempt: int) -> set[int]:
+    """The ranks of `job`'s nodes of `attempt` that have a live process here (one scan)."""
+    ranks: set[int] = set()
+    for pid in _pids():
+        env = _environ(pid)
+        if env.get(JOB_TAG) != job or env.get(ATTEMPT_TAG) != str(attempt):
+            continue
+        node = env.get(NODE_TAG, "")
+        if node.isdigit() and not _is_zombie(pid):
+            ranks.add(int(node))
+    return ranks
+
+
 def _children_map() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for p in _pids():

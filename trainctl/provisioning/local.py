@@ -35,7 +35,14 @@ from trainctl.cluster import (
 from trainctl.errors import SpecError
 from trainctl.gpus import share_gpus, visible_gpus
 from trainctl.image.container import IMAGE_PYTHON, container_mounts
-from trainctl.procs import ATTEMPT_TAG, JOB_TAG, NODE_TAG, end_processes, job_processes
+from trainctl.procs import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    NODE_TAG,
+    end_processes,
+    job_processes,
+    nodes_running,
+)
 from trainctl.provisioning.base import (
     DEFAULT_MASTER_PORT,
     CapacityProbe,
@@ -284,10 +291,11 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         """Nodes of `cluster` none of whose processes (the agent, the engine attached to
         its container) runs any more: killed, as a lost machine. (A node that ended on its
         own is told apart by the controller: its agent said how it ended.)"""
+        running = nodes_running(cluster.job, cluster.attempt)
         return {
             node.rank: "its processes are gone (killed)"
             for node in cluster.nodes
-            if not job_processes(cluster.job, node.rank, cluster.attempt)
+            if node.rank not in running
         }
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
