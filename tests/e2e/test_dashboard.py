@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -71,6 +72,9 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
             assert "killed by injected fault kill:1@step25" in attempts.nth(0).inner_text()
             assert "from scratch" in attempts.nth(0).inner_text()  # where each started
             assert "step " in attempts.nth(1).inner_text()
+            restored = page.locator("#restored-by-node").inner_text()  # the relaunch's, per node
+            per_node = r"algo-1: \d+ checkpoint file\(s\).* · algo-2: \d+"
+            assert re.search(per_node, restored), restored
             node2 = page.locator("pre[data-node='algo-2']").first.inner_text()
             assert "[algo-2]" in node2 and "@@trainctl@@" not in node2
             relaunched = page.locator("pre#log-2-1")

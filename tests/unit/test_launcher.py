@@ -471,6 +471,9 @@ def test_cloud_layout_root_slash(src: Path) -> None:
         "/opt/ml/output/data",
         "/opt/ml/checkpoints",
     ]
+    # what the agent makes owner-only, and where the ranks register: never the machine's /
+    assert str(layout.private) == "/opt/ml" and str(layout.ranks) == "/opt/ml/.trainctl/ranks"
+    assert Layout(Path("/n/node-0")).private == Path("/n/node-0")
 
 
 @pytest.mark.parametrize("rank", [0, 1])

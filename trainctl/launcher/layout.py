@@ -25,6 +25,17 @@ class Layout:
         return self.root / "opt" / "ml"
 
     @property
+    def private(self) -> Path:
+        """What of the node is the job's alone (owner-only): the per-node root off the
+        cloud; on a cloud host, whose root is '/', /opt/ml (never the machine's root)."""
+        return self.ml if self.root == Path("/") else self.root
+
+    @property
+    def ranks(self) -> Path:
+        """Where the job's rank processes register (trainctl.node.ranks)."""
+        return self.ml / ".trainctl" / "ranks"
+
+    @property
     def code(self) -> Path:
         return self.ml / "code"
 

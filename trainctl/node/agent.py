@@ -123,8 +123,8 @@ class Agent:
 
         # Nothing of the node is for other users of the machine (its config holds the job's
         # hyperparameters, its log may hold what the script printed).
-        self.layout.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.layout.root, 0o700)
+        self.layout.private.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.layout.private, 0o700)
         self.redactor = Redactor.for_spec(self.spec)
         log_path = self.layout.output / "node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -538,7 +538,7 @@ class Agent:
         )
         from trainctl.node.ranks import prepare
 
-        self.ranks_dir = self.layout.root / "ranks"
+        self.ranks_dir = self.layout.ranks
         prepare(self.ranks_dir)
         if self.spec.launcher == "mpi" and starts_remotely(self.cluster):
             try:
