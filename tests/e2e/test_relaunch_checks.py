@@ -61,17 +61,19 @@ def test_a_split_resume_is_said_and_its_hang_is_named_within_the_jobs_pace(home,
             source_dir=str(FIXTURES / "snapshot"),
             instance_count=2,
             distribution=TORCHRUN,
-            arguments=["14", "1"],
+            arguments=["20", "1"],  # (long enough that the kill comes before the end)
             hyperparameters={"epoch_delay": 0.4, "sync_at_end": 1},
         ).fit(wait=False)
         deadline = time.monotonic() + 180
         while not _stored(job, 0, "snapshot.pt") and time.monotonic() < deadline:
             assert job.describe()["state"] not in ("Completed", "Failed"), job.describe()
             time.sleep(0.3)
+        assert job.describe()["state"] == "Training", job.describe()
         refused = proxy.add(Rule(("HEAD",), r"/workdir/node-0/.*/code/snapshot\.pt$", 404, node=1))
         cluster = ClusterInfo.model_validate_json(job.store.get_text(JobKeys(job.name).cluster(1)))
         LocalProvider().kill_node(cluster, 1)
         info = job.wait(timeout=240, raise_on_failure=False)
+        assert len(info["attempts"]) == 2, [(a["outcome"], a["cause"]) for a in info["attempts"]]
         events = job.events()
         status = subprocess.run(
             [TRAINCTL, "status", job.name], capture_output=True, text=True, timeout=60
