@@ -316,22 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     "passed": not problems,
                     "problems": problems,
                     "seconds": round(result["seconds"], 1),
-                    "attempts": [
-                        {
-                            k: a.get(k)
-                            for k in (
-                                "number",
-                                "outcome",
-                                "cause",
-                                "resumed_from_step",
-                                "last_step",
-                                "last_checkpoint_step",
-                                "steps_lost",
-                                "faults",
-                            )
-                        }
-                        for a in info["attempts"]
-                    ],
+                    "attempts": [{k: a.get(k) for k in ATTEMPT_FIELDS} for a in info["attempts"]],
                     "job": result["job"].name,
                 }
                 if problems:  # what a failing run's record says, to read before a replay
