@@ -1,7 +1,7 @@
 """The soak: random fault schedules through real jobs, each checked bit for bit against an
 uninterrupted run and for the steps it redid.
 
-    python -m bench.chaos [--schedules 20] [--seed 1] [--replay JSON] [--out FILE]
+    python -m bench.chaos [--schedules 20] [--seed 1] [--replay JSON] [--out FILE] [--keep]
 
 A schedule is 1 to 3 events at steps of a 2-node job on local nodes with its store in S3
 (moto, behind tests/rigs/faulty_s3.py's proxy), drawn from five kinds:
@@ -26,6 +26,7 @@ schedule is printed as JSON: `--replay` runs it again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -293,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", action="append", default=[], help="a schedule's JSON")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "chaos-results.json")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the runs' stores and node logs (path logged)"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     schedules = [Schedule.parse(t) for t in args.replay] or [
@@ -300,7 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     procs = Procs()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="trainctl-chaos-") as tmp:
+    with contextlib.ExitStack() as scope:
+        if args.keep:
+            tmp = tempfile.mkdtemp(prefix="trainctl-chaos-")
+            log(f"keeping the runs in {tmp}")
+        else:
+            tmp = scope.enter_context(tempfile.TemporaryDirectory(prefix="trainctl-chaos-"))
         stage = Stage(Path(tmp))
         try:
             stage.home("reference")
