@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 JOB_TAG = "TRAINCTL_JOB"
@@ -49,15 +49,19 @@ def _is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
 
 
-def find_tagged(tag: str, value: str, **more: str) -> list[int]:
-    """Live processes whose environment has tag=value (and each of `more`)."""
-    found = []
+def _tagged(tag: str, value: str, **more: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """Live processes whose environment has tag=value (and each of `more`), with their
+    trainctl variables."""
     for pid in _pids():
         env = _environ(pid)
         if env.get(tag) == value and all(env.get(k) == v for k, v in more.items()):
             if not _is_zombie(pid):
-                found.append(pid)
-    return found
+                yield pid, env
+
+
+def find_tagged(tag: str, value: str, **more: str) -> list[int]:
+    """Live processes whose environment has tag=value (and each of `more`)."""
+    return [pid for pid, _ in _tagged(tag, value, **more)]
 
 
 def job_processes(job: str, node: int | None = None, attempt: int | None = None) -> list[int]:
@@ -71,15 +75,8 @@ def job_processes(job: str, node: int | None = None, attempt: int | None = None)
 
 def nodes_running(job: str, attempt: int) -> set[int]:
     """The ranks of `job`'s nodes of `attempt` that have a live process here (one scan)."""
-    ranks: set[int] = set()
-    for pid in _pids():
-        env = _environ(pid)
-        if env.get(JOB_TAG) != job or env.get(ATTEMPT_TAG) != str(attempt):
-            continue
-        node = env.get(NODE_TAG, "")
-        if node.isdigit() and not _is_zombie(pid):
-            ranks.add(int(node))
-    return ranks
+    found = _tagged(JOB_TAG, job, **{ATTEMPT_TAG: str(attempt)})
+    return {int(env[NODE_TAG]) for _, env in found if env.get(NODE_TAG, "").isdigit()}
 
 
 def _children_map() -> dict[int, list[int]]:
