@@ -61,7 +61,7 @@ PATTERNS = {
         saved="snapshot.pt",
         state="snapshot.pt",
         resumed=r"\[RANK(\d)\] Epoch (\d+) \|",
-        arguments=["16", "1"],
+        arguments=["24", "1"],
         hyperparameters={"epoch_delay": 0.3},
         delays=("epoch_delay",),
     ),

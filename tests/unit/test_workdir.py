@@ -222,6 +222,53 @@ def test_a_file_written_while_it_uploads_is_not_listed_until_it_is_still(store, 
     assert store.get_bytes(key) == b"v2 longer"
 
 
+def test_a_file_rewritten_during_every_upload_goes_up_from_a_frozen_copy(
+    store, tmp_path, monkeypatch
+):
+    """The DDP tutorial saves snapshot.pt every epoch; with a slow store each upload takes
+    longer than an epoch, and a file that is never still would reach the store only when
+    the node ends. After one torn upload it goes up from a copy nothing rewrites."""
+    import shutil
+
+    roots = roots_at(tmp_path / "n0")
+    snapshot = roots.dirs["code"] / "snapshot.pt"
+    epoch = [1]
+    snapshot.write_bytes(zip_bytes("epoch 1"))
+    original = store.put_files
+
+    def put_files(items, **kwargs):  # an epoch ends during every upload
+        original(items, **kwargs)
+        epoch[0] += 1
+        snapshot.write_bytes(zip_bytes(f"epoch {epoch[0]}"))
+
+    store.put_files = put_files
+    staging = tmp_path / "staging"
+    sync = WorkdirSync(store, 0, 1, roots, max_bytes=2**30, interval=60, log=print, staging=staging)
+    sync.sync_once()  # torn: not listed, and the file is known to move
+    assert json.loads(store.get_text(manifest_key(0)))["files"] == {}
+    assert sync.moving == {"code/snapshot.pt"}
+    sync.sync_once()  # the copy of epoch 2 goes up, while epoch 3 is written
+    files = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert store.get_bytes(files["code/snapshot.pt"]["key"]) == zip_bytes("epoch 2")
+    assert sync.frozen == 1 and list(staging.iterdir()) == []  # copies removed after a pass
+    sync.sync_once()
+    files = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert store.get_bytes(files["code/snapshot.pt"]["key"]) == zip_bytes("epoch 3")
+    assert len([i for i in store.list("") if "snapshot" in i.key]) == 1  # old versions gone
+
+    copy = shutil.copyfile
+
+    def copy_during_a_save(src, dst):  # the script saves again while the copy is taken
+        copy(src, dst)
+        snapshot.write_bytes(zip_bytes("epoch 99, a longer one"))
+
+    monkeypatch.setattr(shutil, "copyfile", copy_during_a_save)
+    sync.sync_once()  # the torn copy is not uploaded; the stored epoch 3 stays
+    files = json.loads(store.get_text(manifest_key(0)))["files"]
+    assert store.get_bytes(files["code/snapshot.pt"]["key"]) == zip_bytes("epoch 3")
+    assert list(staging.iterdir()) == []
+
+
 def test_replaced_and_deleted_files_leave_no_old_versions(store, tmp_path):
     roots = roots_at(tmp_path / "n0")
     a, b = roots.dirs["code"] / "a.pt", roots.dirs["code"] / "b.pt"

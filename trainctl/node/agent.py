@@ -244,6 +244,7 @@ class Agent:
             borrowed=restored.borrowed,
             superseded=restored.superseded,
             on_state=self.stored_state,
+            staging=self.layout.ml / ".trainctl" / "workdir-staging",
         ).start()
         return restored.summary()
 

@@ -118,6 +118,33 @@ def _safetensors_short(f, size: int, header_size: int) -> str | None:
     return "a safetensors file shorter than its tensors" if size < 8 + header_size + end else None
 
 
+def frozen_copy(path: Path, dest: Path) -> Signature | None:
+    """Copy `path` to `dest` and return the signature of the version copied, or None when
+    the file changed while it was copied, is gone or is not whole: the copy is then of no
+    one version and is removed. A copy that fails (no room) raises OSError. For a file
+    rewritten in place more often than its upload takes (a `snapshot.pt` saved every epoch
+    to a slow store): a local copy takes a fraction of the upload's time, and what goes up
+    is the copy, which nothing rewrites."""
+    import shutil
+
+    before = signature(path)
+    if before is None:
+        return None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+    except FileNotFoundError:
+        dest.unlink(missing_ok=True)
+        return None  # removed meanwhile
+    except OSError:
+        dest.unlink(missing_ok=True)
+        raise
+    if signature(path) != before or unfinished(dest, before[0]) is not None:
+        dest.unlink(missing_ok=True)
+        return None
+    return before
+
+
 def download_all(
     store: Store,
     items: dict[str, Path],

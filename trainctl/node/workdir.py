@@ -29,10 +29,11 @@ after a relaunch, unchanged, whichever rank saved it.
   up packed instead).
 - Never torn: each new version of a file goes to a key of its own, and the node's manifest
   (`node-<rank>/manifest.json`, written after the files it lists) names the versions of the
-  newest complete copy; a file that changed while it was uploaded is tried again next pass,
-  and one whose format says it is cut short (a `torch.save` in place caught between its open
-  and its last write, or stopped there: see node.sync.unfinished) never replaces its last
-  whole copy.
+  newest complete copy; a file that changed while it was uploaded goes up next pass from a
+  frozen local copy (one rewritten every epoch still reaches the store when its upload
+  takes longer than an epoch), and one whose format says it is cut short (a `torch.save`
+  in place caught between its open and its last write, or stopped there: see
+  node.sync.unfinished) never replaces its last whole copy.
 
 Store layout, under `jobs/<job>/workdir/`: `node-<rank>/manifest.json` and
 `node-<rank>/a<attempt>-p<pass>/<root>/<path>` where root is code, model or output.
@@ -54,6 +55,7 @@ from trainctl.node.sync import (
     PeriodicSync,
     Signature,
     download_all,
+    frozen_copy,
     signature,
     size_text,
     upload_present,
@@ -358,8 +360,11 @@ class WorkdirSync(PeriodicSync):
         borrowed: dict[str, Signature] | None = None,
         superseded: Iterable[str] = (),
         on_state: Callable[[], None] | None = None,
+        staging: Path | None = None,
     ) -> None:
-        """`known`, `borrowed` and `superseded`: what the node's restore left (NodeRestore)."""
+        """`known`, `borrowed` and `superseded`: what the node's restore left (NodeRestore).
+        `staging`: a private directory outside the roots for the frozen copies of files
+        that change faster than they go up (None: such a file waits for a quiet moment)."""
         super().__init__(interval=interval, log=log, on_state=on_state)
         self.store = store
         self.rank = rank
@@ -372,6 +377,12 @@ class WorkdirSync(PeriodicSync):
         self.passes = 0
         self.uploads = 0
         self._left_out: frozenset[str] = frozenset()
+        self.staging = staging
+        # Files rewritten while they went up: from then on a frozen copy of each goes up
+        # (node.sync.frozen_copy), or a file saved every epoch would reach the store only
+        # when the node ends, if its upload takes longer than an epoch.
+        self.moving: set[str] = set()
+        self.frozen = 0  # uploads made from a frozen copy
 
     def _within_cap(self, current: dict[str, Signature]) -> dict[str, Signature]:
         """The newest files up to max_bytes; the ones left out are named once per change."""
@@ -417,17 +428,22 @@ class WorkdirSync(PeriodicSync):
         version = f"node-{self.rank}/a{self.attempt}-p{self.passes}"
         keys = {rel: f"{version}/{rel}" for rel in changed}
         paths = {rel: self.roots.path(rel) for rel in changed}
-        uploaded = upload_present(
-            self.store, [(keys[rel], p) for rel, p in paths.items() if p is not None]
-        )
+        sources = self._freeze(paths, current)
+        try:
+            uploaded = upload_present(
+                self.store, [(keys[rel], sources[rel]) for rel in changed if rel in sources]
+            )
+        finally:
+            self._thaw()
         stale: list[str] = []
         uploaded_rels: list[str] = []
         for rel in changed:
             if keys[rel] not in uploaded:
                 continue
             path = paths[rel]
-            if path is None or signature(path) != current[rel]:
-                stale.append(keys[rel])  # written to while it went up: next pass
+            if path is None or (sources[rel] == path and signature(path) != current[rel]):
+                stale.append(keys[rel])  # written to while it went up: a frozen copy next
+                self.moving.add(rel)
                 continue
             if rel in self.known:
                 stale.append(self.known[rel][1])
@@ -457,6 +473,39 @@ class WorkdirSync(PeriodicSync):
             except Exception as exc:  # an orphaned version costs space, not correctness
                 self.log(f"working directory: could not delete {key}: {exc}")
         return len(uploaded)
+
+    def _freeze(
+        self, paths: dict[str, Path | None], current: dict[str, Signature]
+    ) -> dict[str, Path]:
+        """What each changed file goes up from: the file itself, or for a moving one a
+        frozen copy in the staging directory (its signature then replaces the scan's in
+        `current`). A moving file whose copy caught it being written waits for the next
+        pass (its stored copy stays); a copy that fails for lack of room goes up in place."""
+        sources: dict[str, Path] = {}
+        for index, (rel, path) in enumerate(paths.items()):
+            if path is None:
+                continue
+            if rel not in self.moving or self.staging is None:
+                sources[rel] = path
+                continue
+            copy = self.staging / f"{index}-{path.name}"
+            try:
+                sig = frozen_copy(path, copy)
+            except OSError as exc:  # no room for the copy: in place, as before
+                self.log(f"working directory: no frozen copy of {shown(rel)} ({exc})")
+                sources[rel] = path
+                continue
+            if sig is not None:
+                sources[rel] = copy
+                current[rel] = sig
+                self.frozen += 1
+        return sources
+
+    def _thaw(self) -> None:
+        """Remove the frozen copies of a pass."""
+        if self.staging is not None and self.staging.is_dir():
+            for copy in self.staging.iterdir():
+                copy.unlink(missing_ok=True)
 
     def close(self, *, outputs: bool = True) -> None:
         """The last pass. `outputs=False` (the node succeeded: its model and output data go
