@@ -148,6 +148,23 @@ class Stage:
         os.environ["TRAINCTL_STORE"] = f"s3://{self.bucket}/{name}"
         return home
 
+    def save(self, name: str) -> Path:
+        """A copy of the run `name`'s store (its record, node logs and statuses, manifests)
+        in its directory, before the server that holds it goes away."""
+        import boto3
+
+        client = boto3.client("s3")  # through the proxy: reads pass
+        dest = self.root / name / "store"
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{name}/"
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                path = dest / item["Key"].removeprefix(f"{name}/")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(self.bucket, item["Key"], str(path))
+        return dest
+
     def close(self) -> None:
         self.proxy.stop()
         self.server.stop()
@@ -335,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                         for e in job.events()
                     ]
                 rows.append(row)
+                if args.keep:
+                    log(f"  its store: {stage.save(f'run-{schedule.number}')}")
                 verdict = "pass" if not problems else "FAIL " + "; ".join(problems)
                 log(f"schedule {schedule.number} {[e.kind for e in schedule.events]}: {verdict}")
                 if problems:

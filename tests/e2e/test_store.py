@@ -467,6 +467,23 @@ def test_s3_store_pickles_without_its_client(s3store: S3Store) -> None:
     assert copy.get_bytes("k") == b"v"
 
 
+def test_a_prompt_s3_store_retries_once_and_shares_its_client(s3store: S3Store) -> None:
+    """Store.prompt: the same objects through a client that retries once, without adaptive
+    mode's client-side rate limiting (which, after a burst of 503s, holds later requests
+    back); one such client per patient one, kept by its children and copies."""
+    prompt = s3store.prompt()
+    assert prompt.uri == s3store.uri
+    prompt.put_bytes("p", b"v")
+    assert s3store.get_bytes("p") == b"v"
+    retries = prompt.client.meta.config.retries
+    assert (retries["mode"], retries["total_max_attempts"]) == ("standard", 2)
+    assert s3store.client.meta.config.retries["mode"] == "adaptive"
+    assert s3store.child("x").prompt().client is prompt.client
+    assert prompt.prompt().client is prompt.client
+    copy = pickle.loads(pickle.dumps(prompt))
+    assert copy.client.meta.config.retries["total_max_attempts"] == 2
+
+
 # -- URIs ---------------------------------------------------------------------------------------
 
 

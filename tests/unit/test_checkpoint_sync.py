@@ -78,6 +78,80 @@ def test_pruned_files_are_deleted_after_the_manifest(tmp_path, store):
     assert set(stored_files(store)) == {"step-2/state.pt"}
 
 
+def _steps(local: Path, rank: int, steps: range) -> None:
+    """What a Checkpointer(keep=3) leaves on a node: its rank's files of the last 3 steps."""
+    for old in local.glob("step-*"):
+        if int(old.name.split("-")[1]) not in steps[-3:]:
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+    for step in steps[-3:]:
+        write(local / f"step-{step}/rank-{rank}.pt", f"{step}")
+
+
+def test_a_prune_waits_until_the_other_nodes_stored_newer_state(tmp_path, store, monkeypatch):
+    """Node 1's uploads fall behind (a store outage, a slow link) while node 0 goes on and
+    prunes: the files of the steps node 1 stored stay, so that a relaunch after node 1 is
+    lost finds a step complete across ranks, not nothing (a restart from scratch)."""
+    import trainctl.node.checkpoints as checkpoints
+
+    monkeypatch.setattr(checkpoints, "PRUNE_CHECK_SECONDS", 0.0)
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    syncs = [CheckpointSync(store, nodes[r], r, interval=60, log=print, nodes=2) for r in (0, 1)]
+    for rank in (0, 1):
+        _steps(nodes[rank], rank, range(10, 40, 10))  # steps 10, 20, 30 on both
+        syncs[rank].sync_once()
+    _steps(nodes[0], 0, range(10, 70, 10))  # node 0 reaches step 60; node 1's uploads stall
+    syncs[0].sync_once()
+    stored = set(stored_files(store))
+    assert {"step-30/rank-0.pt", "step-30/rank-1.pt"} <= stored, stored  # step 30: complete
+    assert store.exists("step-10/rank-0.pt")
+    syncs[0].sync_once()  # node 1 has still stored nothing newer: nothing leaves
+    assert store.exists("step-30/rank-0.pt")
+
+    _steps(nodes[1], 1, range(10, 70, 10))  # node 1 catches up, scanned after node 0's prune
+    syncs[1].sync_once()
+    syncs[0].sync_once()
+    assert not store.exists("step-30/rank-0.pt")  # node 1 has stored steps 40-60
+    # node 1's own prune waits for node 0's next copy (its next checkpoint) ...
+    assert store.exists("step-30/rank-1.pt")
+    for rank in (0, 1):
+        _steps(nodes[rank], rank, range(10, 80, 10))
+        syncs[rank].sync_once()
+    syncs[1].sync_once()
+    assert not store.exists("step-30/rank-1.pt")
+    # ... and at the end of a training that succeeded, nothing pruned stays
+    for rank in (0, 1):
+        _steps(nodes[rank], rank, range(10, 90, 10))
+        syncs[rank].close(trained=True)
+    stored = set(stored_files(store))
+    assert stored == {f"step-{s}/rank-{r}.pt" for s in (60, 70, 80) for r in (0, 1)}, stored
+    assert sorted(i.key for i in store.list("") if not i.key.startswith(".trainctl")) == sorted(
+        stored
+    )
+
+
+def test_a_prune_waits_for_a_silent_node_only_so_long(tmp_path, store, monkeypatch):
+    """A node that stores nothing more (it never checkpoints, or it is gone) holds pruned
+    files in the store for PRUNE_WAIT_SECONDS, not for the rest of the attempt."""
+    import trainctl.node.checkpoints as checkpoints
+
+    monkeypatch.setattr(checkpoints, "PRUNE_CHECK_SECONDS", 0.0)
+    write(tmp_path / "n1" / "once.pt", "x")
+    CheckpointSync(store, tmp_path / "n1", 1, interval=60, log=print, nodes=2).sync_once()
+    logs: list[str] = []
+    sync = CheckpointSync(store, tmp_path / "n0", 0, interval=60, log=logs.append, nodes=2)
+    _steps(tmp_path / "n0", 0, range(10, 40, 10))
+    sync.sync_once()
+    _steps(tmp_path / "n0", 0, range(10, 50, 10))
+    sync.sync_once()
+    assert store.exists("step-10/rank-0.pt")
+    monkeypatch.setattr(checkpoints, "PRUNE_WAIT_SECONDS", 0.0)
+    sync.sync_once()
+    assert not store.exists("step-10/rank-0.pt")
+    assert any("1 pruned file(s) deleted from the store after 0 s" in line for line in logs)
+
+
 def test_uri_without_manifests_is_taken_whole(tmp_path, store):
     """A checkpoint URI filled by the user (e.g. from an earlier job) restores completely."""
     store.put_text("step-9/state.pt", "x")
@@ -94,6 +168,56 @@ def test_background_sync_and_final_flush(tmp_path, store):
     write(local / "step-2/state.pt", "2")
     sync.close()  # whatever is left is flushed before close returns
     assert set(stored_files(store)) == {"step-1/state.pt", "step-2/state.pt"}
+
+
+class OutageStore(LocalStore):
+    """A local store whose writes fail while `down` is set, recording which of the two
+    stores (the patient one, or its prompt one: see Store.prompt) made each write."""
+
+    def __init__(self, root: Path, calls: list[str], down, label: str = "patient") -> None:
+        super().__init__(root)
+        self.calls, self.down, self.label = calls, down, label
+
+    def prompt(self) -> OutageStore:
+        return OutageStore(self.root, self.calls, self.down, "prompt")
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.calls.append(self.label)
+        if self.down.is_set():
+            from trainctl.errors import StoreError
+
+            raise StoreError("503 SlowDown")
+        super().put_bytes(key, data)
+
+
+def test_background_passes_give_up_quickly_and_say_an_outage_once(tmp_path):
+    """A background pass's writes go through the prompt store, so that the pass after a
+    short outage finds the store back instead of a request held in a long backoff; the
+    node's log says the outage once, and when it ended. The last pass is patient."""
+    import threading
+    import time
+
+    calls: list[str] = []
+    down = threading.Event()
+    down.set()
+    logs: list[str] = []
+    local = tmp_path / "n0"
+    write(local / "step-1/state.pt", "1")
+    store = OutageStore(tmp_path / "store", calls, down)
+    sync = CheckpointSync(store, local, 0, interval=0.02, log=logs.append).start()
+    deadline = time.monotonic() + 10
+    while calls.count("prompt") < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    down.clear()
+    while not store.exists(manifest_key(0)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the file went up before the outage; its manifest, after it
+    write(local / "step-2/state.pt", "2")
+    sync.close()
+    assert set(stored_files(store)) == {"step-1/state.pt", "step-2/state.pt"}
+    failed = [line for line in logs if line.startswith("checkpoint upload failed")]
+    assert len(failed) == 1 and "503 SlowDown" in failed[0], logs
+    assert any("works again after" in line for line in logs), logs
+    assert set(calls[:-1]) == {"prompt"} and calls[-1] == "patient", calls
 
 
 @pytest.mark.timeout(60)

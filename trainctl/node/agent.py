@@ -200,6 +200,7 @@ class Agent:
             log=self.log,
             known=known,
             on_state=self.stored_state,
+            nodes=len(self.cluster.nodes),
         ).start()
         return known
 
@@ -486,7 +487,8 @@ class Agent:
             return
         try:
             key = self.jobs.keys.node_status(self.attempt, self.rank)
-            self.store.put_text(key, json.dumps(self.status.snapshot()))
+            # the next beat writes it again: no long backoff (see Store.prompt)
+            self.store.prompt().put_text(key, json.dumps(self.status.snapshot()))
         except Exception as exc:  # the store retries; a missed beat is not a lost node
             self.log(f"could not record the node's status: {exc}")
 
@@ -783,7 +785,7 @@ class Agent:
         self.end_remote_starts()
         if self.sync is not None:
             try:  # the emergency checkpoint, or the last periodic one, goes up before we go
-                self.sync.close()
+                self.sync.close(trained=code == 0)
             except Exception as exc:
                 self.log(f"final checkpoint upload failed: {exc}")
         if self.workdir is not None:

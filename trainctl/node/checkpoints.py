@@ -8,6 +8,13 @@ partly uploaded checkpoint is never seen by a restore, and a file cut short whil
 written in place (node.sync.unfinished) never replaces its last whole copy. The training
 helper library then picks the newest checkpoint that is complete across ranks (see
 trainctl.train).
+
+A file the script prunes (`Checkpointer(keep=3)`) leaves the store only once every other
+node of the attempt has stored a copy of its state scanned after the prune (each manifest
+says when its node scanned), or after PRUNE_WAIT_SECONDS: a node whose uploads lag behind
+(a store outage, a slow link) and is then lost still finds, in the store, the other nodes'
+files of the steps it got up. Pruning at once let the nodes' stored sets drift apart, with
+no step complete across ranks: a relaunch from scratch although every rank had checkpoints.
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ from trainctl.protocol import TMP_SUFFIX
 from trainctl.store import Store
 
 MANIFEST_DIR = ".trainctl"
+# How long a pruned file stays in the store for a node that has not stored anything since
+# (one that never checkpoints, or is gone): a bound on what the store keeps, not a wait.
+PRUNE_WAIT_SECONDS = 900.0
+# How often a node with pruned files looks at the other nodes' manifests (one listing, and
+# a read of each manifest that changed since the last look).
+PRUNE_CHECK_SECONDS = 5.0
 
 
 def manifest_key(rank: int) -> str:
@@ -96,19 +109,82 @@ class CheckpointSync(PeriodicSync):
         known: dict[str, Signature] | None = None,
         workers: int = 8,
         on_state: Callable[[], None] | None = None,
+        nodes: int = 1,
     ) -> None:
+        """`nodes`: how many nodes the attempt has (whose manifests a prune waits for)."""
         super().__init__(interval=interval, log=log, on_state=on_state)
         self.store = store
         self.local = local
         self.rank = rank
+        self.nodes = nodes
         self.uploaded: dict[str, Signature] = dict(known or {})
         self.workers = workers
         self.uploads = 0
         self.bytes_uploaded = 0
         self.skipped = 0  # rewritten with the content already stored: not uploaded again
+        # Pruned here, still in the store and in the manifest: path -> (size, pruned at)
+        self.pending: dict[str, tuple[int, float]] = {}
+        # Other nodes' manifests as last read: rank -> ((listed mtime, size), scanned at)
+        self._others: dict[int, tuple[tuple[float, int], float]] = {}
+        self._next_look = 0.0
+        self._trained = False  # the script succeeded: nothing pruned is needed any more
+        # The stored manifest is behind what this node knows it stored (its write failed):
+        # the next pass writes it, even with nothing new to upload.
+        self._manifest_behind = False
+
+    def close(self, *, trained: bool = False) -> None:
+        """The last pass; `trained`: the node's script succeeded (training is over, so what
+        it pruned leaves the store now, whoever has caught up)."""
+        self._trained = trained
+        super().close()
+
+    def _scanned_by_others(self) -> float:
+        """The earliest time at which another node of the attempt scanned what its stored
+        manifest lists (inf: no other node has one). One listing of the manifests, and a
+        read of those that changed since the last look."""
+        if self.nodes <= 1:
+            return float("inf")
+        listed = {}
+        for info in self.store.list(MANIFEST_DIR):
+            name = info.key.rsplit("/", 1)[-1]
+            rank = name.removeprefix("node-").removesuffix(".json")
+            if rank.isdigit() and int(rank) != self.rank and int(rank) < self.nodes:
+                listed[int(rank)] = (info.mtime, info.size)
+        earliest = float("inf")
+        for rank, seen in listed.items():
+            cached = self._others.get(rank)
+            if cached is None or cached[0] != seen:
+                try:
+                    data = json.loads(self.store.get_text(manifest_key(rank)))
+                    scanned = float(data.get("scanned", 0))
+                except (NotFoundError, ValueError, TypeError, AttributeError):
+                    scanned = 0.0  # unreadable now (or an older trainctl's): not caught up
+                cached = (seen, scanned)
+                self._others[rank] = cached
+            earliest = min(earliest, cached[1])
+        return earliest
+
+    def _deletable(self, now: float) -> list[str]:
+        """The pruned files that may leave the store now (see the module's doc)."""
+        if self._trained and self.last_pass:
+            return list(self.pending)
+        if not self.pending or (now < self._next_look and not self.last_pass):
+            return []
+        self._next_look = now + PRUNE_CHECK_SECONDS
+        others = self._scanned_by_others()
+        late = [r for r, (size, t) in self.pending.items() if others <= t]
+        overdue = [r for r in late if now - self.pending[r][1] > PRUNE_WAIT_SECONDS]
+        if overdue:
+            self.log(
+                f"checkpoints: {len(overdue)} pruned file(s) deleted from the store after "
+                f"{PRUNE_WAIT_SECONDS:.0f} s, although another node has stored nothing since"
+            )
+        return [r for r in self.pending if r not in late or r in overdue]
 
     def sync_once(self) -> int:
-        """One pass: upload what changed, then the manifest, then delete what was pruned."""
+        """One pass: upload what changed, then the manifest, then delete what was pruned
+        and what every other node has caught up with."""
+        scanned = time.time()
         current = scan(self.local)
         changed = [rel for rel, sig in current.items() if self.uploaded.get(rel) != sig]
         changed = self.whole_only(
@@ -116,6 +192,8 @@ class CheckpointSync(PeriodicSync):
             kept=self.uploaded.__contains__, what="checkpoints",
         )  # fmt: skip
         removed = [rel for rel in self.uploaded if rel not in current]
+        for rel in removed:  # in the store (and the manifest) until the others catch up
+            self.pending[rel] = (self.uploaded.pop(rel)[0], scanned)
         # Rewritten with the same size: the same content too? (size + hash, as the store
         # can tell: S3's ETag). Only these are hashed; new files never are.
         for rel in [r for r in changed if r in self.uploaded]:
@@ -125,8 +203,10 @@ class CheckpointSync(PeriodicSync):
                 self.uploaded[rel] = current[rel]
                 self.skipped += 1
                 changed.remove(rel)
-        if not changed and not removed:
+        deletable = self._deletable(scanned)
+        if not changed and not removed and not deletable and not self._manifest_behind:
             return 0
+        self._manifest_behind = True
 
         # From the sync thread (at a lower CPU priority once training runs) the store's
         # transfer threads start, and inherit that priority.
@@ -137,21 +217,27 @@ class CheckpointSync(PeriodicSync):
         for rel in gone:
             changed.remove(rel)
             if rel in self.uploaded:
-                removed.append(rel)
+                self.pending[rel] = (self.uploaded.pop(rel)[0], scanned)
         for rel in changed:
             self.uploaded[rel] = current[rel]
+            self.pending.pop(rel, None)  # written again: this copy replaces it
             self.bytes_uploaded += current[rel][0]
         self.uploads += len(changed)
-        for rel in removed:
-            del self.uploaded[rel]
+        deleted = [rel for rel in deletable if rel in self.pending]
+        for rel in deleted:
+            del self.pending[rel]
+        files = {rel: size for rel, (size, _) in self.pending.items()}
+        files.update({rel: sig[0] for rel, sig in self.uploaded.items()})
         manifest = {
             "node": self.rank,
             "time": time.time(),
-            "files": {rel: sig[0] for rel, sig in sorted(self.uploaded.items())},
+            "scanned": scanned,  # what it lists is this node's files as of then
+            "files": dict(sorted(files.items())),
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        self._manifest_behind = False
         if changed:
             self.stored_state()
-        for rel in removed:  # only once no manifest of ours lists them
+        for rel in deleted:  # only once no manifest of ours lists them
             self.store.delete(rel)
         return len(changed)

@@ -10,10 +10,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.protocol import RANK_MARK, message, stamped_line
+
+if TYPE_CHECKING:
+    from trainctl.store import Store
 
 # The forwarding thread and the heartbeat both write (re-entrant: a signal handler on the
 # main thread may write while that thread is writing)
@@ -246,7 +249,7 @@ class LogShipper:
     """Tees lines to the console and a log file, copying the file to the store now and then."""
 
     def __init__(
-        self, path: Path, store, key: str, interval: float, redact=lambda line: line
+        self, path: Path, store: Store, key: str, interval: float, redact=lambda line: line
     ) -> None:
         self.path = path
         self.store = store
@@ -269,21 +272,22 @@ class LogShipper:
                 console(line + "\n")
             self._file.write(stamped_line(line) + "\n")  # the stored log has each line's time
 
-    def ship(self) -> None:
+    def ship(self, store: Store | None = None) -> None:
         with self._lock:
             self._file.flush()
             size = self.path.stat().st_size
         if size != self._shipped:
             try:
-                self.store.put_file(self.key, self.path)
+                (store or self.store).put_file(self.key, self.path)
                 self._shipped = size
             except Exception as exc:  # the store retries; a log copy must never kill training
                 sys.stderr.write(f"[trainctl] log upload failed: {exc}\n")
 
     def _run(self) -> None:
         yield_cpu_to_training()
+        prompt = self.store.prompt()  # the next copy retries (see Store.prompt); close()'s waits
         while not self._stop.wait(self.interval):
-            self.ship()
+            self.ship(prompt)
 
     def close(self) -> None:
         self._stop.set()

@@ -237,6 +237,19 @@ class PeriodicSync:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._patient: Store | None = None
+        self._prompt: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        """The store a pass writes to: a background pass's requests give up quickly (the
+        next pass retries, see Store.prompt); the last pass, the node's last word, is patient."""
+        assert self._patient is not None and self._prompt is not None
+        return self._patient if self.last_pass else self._prompt
+
+    @store.setter
+    def store(self, store: Store) -> None:
+        self._patient, self._prompt = store, store.prompt()
 
     def start(self):
         self._thread.start()
@@ -244,6 +257,7 @@ class PeriodicSync:
 
     def _run(self) -> None:
         yield_cpu_to_training()
+        failed, since = 0, 0.0
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -252,8 +266,18 @@ class PeriodicSync:
             try:
                 with self._lock:
                     self.sync_once()
-            except Exception as exc:  # the store retries; a failed pass is retried next time
-                self.log(f"{self.name} failed (will retry): {exc}")
+            except Exception as exc:  # a failed pass is retried next time
+                if not failed:  # said once an outage, not every pass of it
+                    since = time.monotonic()
+                    self.log(f"{self.name} failed (retried every {self.interval:g} s): {exc}")
+                failed += 1
+                continue
+            if failed:
+                self.log(
+                    f"{self.name} works again after {failed} failed pass(es) in "
+                    f"{time.monotonic() - since:.1f} s"
+                )
+                failed = 0
 
     def stored_state(self) -> None:
         """Tell `on_state` (once) that saved state is in the store."""

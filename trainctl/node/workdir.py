@@ -383,6 +383,7 @@ class WorkdirSync(PeriodicSync):
         # when the node ends, if its upload takes longer than an epoch.
         self.moving: set[str] = set()
         self.frozen = 0  # uploads made from a frozen copy
+        self._manifest_behind = False  # its write failed: the next pass writes it anyway
 
     def _within_cap(self, current: dict[str, Signature]) -> dict[str, Signature]:
         """The newest files up to max_bytes; the ones left out are named once per change."""
@@ -422,8 +423,9 @@ class WorkdirSync(PeriodicSync):
             what="working directory",
         )  # fmt: skip
         removed = [rel for rel in in_scope if rel not in current]
-        if not changed and not removed and not self._superseded:
+        if not changed and not removed and not self._superseded and not self._manifest_behind:
             return 0
+        self._manifest_behind = True
         self.passes += 1
         version = f"node-{self.rank}/a{self.attempt}-p{self.passes}"
         keys = {rel: f"{version}/{rel}" for rel in changed}
@@ -463,6 +465,7 @@ class WorkdirSync(PeriodicSync):
             },
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
+        self._manifest_behind = False
         stale += self._superseded
         self._superseded = []
         if any(PurePosixPath(r).suffix.lower() in SAVED_STATE_SUFFIXES for r in uploaded_rels):

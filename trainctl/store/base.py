@@ -33,6 +33,15 @@ class Store(ABC):
         """The same store rooted one level deeper."""
         raise NotImplementedError
 
+    def prompt(self) -> Store:
+        """The same store for work that runs again on its own schedule (a node's status
+        every heartbeat, its log copy, a sync pass): a request gives up after a retry or
+        two instead of backing off for up to half a minute, so that the next round, a
+        second later, finds the store back. (A request held in a long backoff when a short
+        outage ends is what leaves a node's status and checkpoints in the store many
+        seconds behind it.) A store without such retries is its own prompt one."""
+        return self
+
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None: ...
 

@@ -64,9 +64,11 @@ class _ClientHolder:
     so creation is guarded by a lock and goes through a private Session.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, prompt: bool = False) -> None:
         self._lock = threading.Lock()
         self._client: Any = None
+        self.prompt = prompt
+        self._prompt: _ClientHolder | None = None
 
     def get(self) -> Any:
         if self._client is None:
@@ -76,18 +78,31 @@ class _ClientHolder:
 
                     from trainctl.store.boto import new_session
 
-                    # Adaptive mode retries throttling (SlowDown/503) with client-side rate
-                    # limiting, which matters when many nodes upload checkpoints at once.
-                    config = Config(retries={"mode": "adaptive", "max_attempts": 10})
+                    if self.prompt:  # see Store.prompt: one retry, no client-side limiter
+                        retries = {"mode": "standard", "total_max_attempts": 2}
+                    else:
+                        # Adaptive mode retries throttling (SlowDown/503) with client-side
+                        # rate limiting, which matters when many nodes upload at once.
+                        retries = {"mode": "adaptive", "max_attempts": 10}
+                    config = Config(retries=retries)  # type: ignore[arg-type]
                     self._client = new_session().client("s3", config=config)
         return self._client
 
+    def prompt_holder(self) -> _ClientHolder:
+        """The holder of the prompt client beside this one (one per patient client)."""
+        if self.prompt:
+            return self
+        with self._lock:
+            if self._prompt is None:
+                self._prompt = _ClientHolder(prompt=True)
+            return self._prompt
+
     # Clients hold sockets and locks and are not fork/pickle-safe: a copy starts without one.
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"prompt": self.prompt}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(prompt=bool(state.get("prompt")))  # type: ignore[misc]
 
 
 class S3Store(Store):
@@ -114,6 +129,9 @@ class S3Store(Store):
     def child(self, prefix: str) -> S3Store:
         clean = clean_key(prefix, allow_empty=True)
         return S3Store(self.url(clean), _clients=self._clients)
+
+    def prompt(self) -> S3Store:
+        return S3Store(self.uri, _clients=self._clients.prompt_holder())
 
     # -- keys -------------------------------------------------------------------------------
 
