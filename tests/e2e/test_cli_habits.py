@@ -110,8 +110,13 @@ def test_tab_completes_job_names_for_every_command_that_takes_one(made):
             timeout=30,
         )
         assert done.returncode == 0 and done.stdout.split() == [LONG_NAME], (words, done)
-    script = run(env, "--show-completion", "bash")
-    assert script.returncode == 0 and "_TRAINCTL_COMPLETE" in script.stdout
+    # As a user asks for it: from bash, which typer finds among the command's parents (the
+    # `exit` keeps bash from replacing itself with the command).
+    script = subprocess.run(
+        ["bash", "-c", '"$0" --show-completion; exit $?', TRAINCTL],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert script.returncode == 0 and "_TRAINCTL_COMPLETE" in script.stdout, script
 
 
 def test_jobs_shows_whole_names_at_80_columns_and_piped(made):

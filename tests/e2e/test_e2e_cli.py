@@ -173,7 +173,11 @@ def test_detach_logs_follow_and_stop(home, source):
     # like attach: the verdict, and non-zero unless the job Completed
     assert follower.returncode == 1
     assert "[trainctl] job sleepy: Stopped in" in out and "stopped: stopped by the user" in out
-    assert "[algo-1] rank 0 step" in out and "[algo-2] rank 1 step" in out
+    # (a relaunch nothing asked for would show its lines as algo-1#2: the status says why)
+    assert "[algo-1] rank 0 step" in out and "[algo-2] rank 1 step" in out, (
+        out,
+        trainctl("status", "sleepy").stdout,
+    )
     info = job_state("sleepy")
     assert info["state"] == "Stopped"
     assert info["stop_reason"] == "stopped by the user"
