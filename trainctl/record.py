@@ -531,9 +531,12 @@ class JobStore:
             raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
         return parse_record(self.name, raw, self.store.url(self.keys.record))
 
-    def save(self, record: JobRecord) -> None:
+    def save(self, record: JobRecord, *, prompt: bool = False) -> None:
+        """Write the record; `prompt`: a periodic save that the next one repeats (see
+        Store.prompt), which must not hold its caller in a long backoff."""
         record.updated_at = now_iso()
-        self.store.put_text(self.keys.record, record.model_dump_json(indent=2))
+        store = self.store.prompt() if prompt else self.store
+        store.put_text(self.keys.record, record.model_dump_json(indent=2))
 
     def create(self, record: JobRecord) -> bool:
         """Write a new job's record only if no job of that name exists (S3 If-None-Match: *,
@@ -546,7 +549,7 @@ class JobStore:
         line = json.dumps({"time": now_iso(), "type": kind, **fields}, default=str)
         self.store.append_bytes(self.keys.events, (line + "\n").encode())
 
-    def save_metric_points(self, points: list[dict[str, Any]]) -> None:
+    def save_metric_points(self, points: list[dict[str, Any]], *, prompt: bool = False) -> None:
         """Add points ({"time", "name", "value", "rank"}) to the metric history: one new
         part object per call (no read-modify-write, whatever the store)."""
         if not points:
@@ -554,7 +557,8 @@ class JobStore:
         import os
 
         part = f"{self.keys.metrics}{int(clock().time() * 1000):015d}-{os.getpid()}.jsonl"
-        self.store.put_text(part, "".join(json.dumps(p) + "\n" for p in points))
+        store = self.store.prompt() if prompt else self.store
+        store.put_text(part, "".join(json.dumps(p) + "\n" for p in points))
 
     def metric_history(self, record: JobRecord | None = None) -> list[dict[str, Any]]:
         """Every metric value in time order: {"time" (epoch seconds), "name", "value",

@@ -561,7 +561,7 @@ class Controller:
             if self._lease is not None and self._lease.lost.is_set():
                 raise LeaseLost(self.name)
             if self._hung_up:
-                self.telemetry.save_progress()
+                self.telemetry.save_progress(prompt=False)
                 raise HandedOff(self.name)
             line, now = self._take_line(cluster, nodes, watch)
             if line is not None and now < watch.next_checks:

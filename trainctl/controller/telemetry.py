@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainctl.controller.attempts import count_step
+from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.record import Attempt, JobRecord, JobStore
 
@@ -27,6 +28,7 @@ class Telemetry:
         self._patterns = [(m.Name, re.compile(m.Regex)) for m in record.spec.metric_definitions]
         self._recorder = MetricRecorder()  # values not yet in the store
         self._saved: tuple[str, tuple[tuple[str, float], ...]] | None = None
+        self._unsaved = False  # a save failed (the store away): said once, and when it ends
 
     def metric(
         self,
@@ -70,20 +72,41 @@ class Telemetry:
                     continue
                 self.metric(metric, value, rank)
 
-    def save_metric_points(self) -> None:
+    def save_metric_points(self, *, prompt: bool = False) -> bool:
+        """The metric points seen since the last save, to the store; False if the store
+        refused them (they are kept for the next save)."""
+        points = self._recorder.take()
         try:
-            self.jobs.save_metric_points(self._recorder.take())
+            self.jobs.save_metric_points(points, prompt=prompt)
         except Exception as exc:  # a metric flush must not end the job
-            self.info(f"could not save metrics: {exc}")
+            self._recorder.pending[:0] = points
+            if not self._unsaved:
+                self.info(f"could not save metrics (tried again at each save): {exc}")
+            self._unsaved = True
+            return False
+        return True
 
-    def save_progress(self) -> None:
+    def save_progress(self, *, prompt: bool = True) -> None:
         """Save the record if steps or metrics moved since the last save (a store PUT each),
-        and the metric points seen since."""
-        self.save_metric_points()
+        and the metric points seen since. Made every few seconds from the controller's watch
+        loop, so with the prompt store (Store.prompt): in a store outage a save fails in a
+        second and the next one tries again, instead of holding the loop (and what it
+        watches: lost nodes, due faults, stops) in the store's long backoff. `prompt=False`:
+        the last save of this controller (a hand-off), which waits for the store."""
+        saved = self.save_metric_points(prompt=prompt)
         progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
         if progress != self._saved:
+            try:
+                self.jobs.save(self.record, prompt=prompt)
+            except StoreError as exc:
+                if not self._unsaved:
+                    self.info(f"could not save the job's progress (tried again each save): {exc}")
+                self._unsaved = True
+                return
             self._saved = progress
-            self.jobs.save(self.record)
+        if saved and self._unsaved:
+            self.info("the job's progress is saved again")
+            self._unsaved = False
 
 
 def startup_stages(
