@@ -172,8 +172,8 @@ class CheckpointSync(PeriodicSync):
             return []
         self._next_look = now + PRUNE_CHECK_SECONDS
         others = self._scanned_by_others()
-        late = [r for r, (size, t) in self.pending.items() if others <= t]
-        overdue = [r for r in late if now - self.pending[r][1] > PRUNE_WAIT_SECONDS]
+        late = {r for r, (_, pruned) in self.pending.items() if others <= pruned}
+        overdue = {r for r in late if now - self.pending[r][1] > PRUNE_WAIT_SECONDS}
         if overdue:
             self.log(
                 f"checkpoints: {len(overdue)} pruned file(s) deleted from the store after "
