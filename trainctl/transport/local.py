@@ -38,7 +38,21 @@ class LocalProcess(RunningProcess):
         self._proc.stdout.close()
 
     def poll(self) -> int | None:
-        return self._proc.poll()
+        """The exit code, or None while the agent runs. Popen.poll() answers None while
+        another thread waits for the process (the controller's main thread, at the end of
+        the agent's output), even once it has exited: the machine watch then took an agent
+        that had ended well, not yet reaped, for a killed node and relaunched a finished
+        attempt. So the process is looked at without reaping it (the waiter does that)."""
+        code = self._proc.poll()
+        if code is not None or not hasattr(os, "waitid"):
+            return code
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped by the waiter just now: it sets the code next
+            return self._proc.wait()
+        if info is None:
+            return None  # still running
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def wait(self, timeout: float | None = None) -> int:
         try:
