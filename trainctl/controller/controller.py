@@ -39,7 +39,7 @@ from trainctl.controller.takeover import adopt_attempt, went_with_the_controller
 from trainctl.controller.telemetry import Telemetry, startup_stages
 from trainctl.controller.usage import note_warm_start, record_usage
 from trainctl.errors import UnrunnableJobError
-from trainctl.protocol import EXIT_REFUSED
+from trainctl.protocol import EXIT_INFRA, EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import (
@@ -475,8 +475,13 @@ class Controller:
                 gone = {}
             for rank, why in gone.items():
                 node = nodes[rank]
-                if node.result or node.proc.poll() == 0:
-                    continue  # it ended and said how (a machine left behind is not lost)
+                code = node.proc.poll()
+                if node.result or (code is not None and code >= 0 and code != EXIT_INFRA):
+                    # It ended by itself and says how (its result, still in its output under
+                    # load): a node that checkpointed on a notice (a relaunch by choice) or
+                    # whose script failed is not a lost machine. A kill ends it by a signal;
+                    # a connection lost with the machine, EXIT_INFRA.
+                    continue
                 # written on this attempt's own nodes: a late watcher touches no other attempt
                 if node.machine_lost is None and self._nodes is nodes:
                     nodes[rank].machine_lost = why

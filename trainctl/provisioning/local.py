@@ -73,6 +73,8 @@ FORWARDED_TO_CONTAINERS = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
 )
+# How long lost_nodes waits to look again for a node it did not find (see there).
+RESCAN_SECONDS = 0.5
 ENGINE_MARKER = "container-engine"  # in the job's nodes dir: which engine ran its containers
 
 
@@ -291,12 +293,15 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         """Nodes of `cluster` none of whose processes (the agent, the engine attached to
         its container) runs any more: killed, as a lost machine. (A node that ended on its
         own is told apart by the controller: its agent said how it ended.)"""
-        running = nodes_running(cluster.job, cluster.attempt)
-        return {
-            node.rank: "its processes are gone (killed)"
-            for node in cluster.nodes
-            if node.rank not in running
-        }
+        ranks = {node.rank for node in cluster.nodes}
+        missing = ranks - nodes_running(cluster.job, cluster.attempt)
+        if missing:
+            # Once more, a moment later: an agent just started can be in its exec, which
+            # lets its starter go on before its environment (the tags) can be read, and a
+            # node taken for lost there relaunched an attempt 0.4 s old under a loaded suite.
+            time.sleep(RESCAN_SECONDS)
+            missing -= nodes_running(cluster.job, cluster.attempt)
+        return {rank: "its processes are gone (killed)" for rank in sorted(missing)}
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
         """SIGKILL every process of the node at once, as losing the machine would."""
