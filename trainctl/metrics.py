@@ -76,6 +76,10 @@ class MetricRecorder:
         points, self.pending = self.pending, []
         return points
 
+    def put_back(self, points: list[dict[str, Any]]) -> None:
+        """Points `take` gave that the store refused: first in line for the next take."""
+        self.pending[:0] = points
+
 
 def numeric_metrics(raw: Any) -> dict[str, float]:
     """The numeric values of a step message's `metrics` (others are ignored)."""

@@ -79,7 +79,7 @@ class Telemetry:
         try:
             self.jobs.save_metric_points(points, prompt=prompt)
         except Exception as exc:  # a metric flush must not end the job
-            self._recorder.pending[:0] = points
+            self._recorder.put_back(points)
             if not self._unsaved:
                 self.info(f"could not save metrics (tried again at each save): {exc}")
             self._unsaved = True

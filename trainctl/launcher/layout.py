@@ -36,6 +36,11 @@ class Layout:
         return self.ml / ".trainctl" / "ranks"
 
     @property
+    def workdir_staging(self) -> Path:
+        """Where the working-directory sync keeps its frozen copies (node.workdir)."""
+        return self.ml / ".trainctl" / "workdir-staging"
+
+    @property
     def code(self) -> Path:
         return self.ml / "code"
 

@@ -90,6 +90,8 @@ class Agent:
 
         self.settings = get_settings()
         self.store = open_store(store_uri)
+        # For the status each heartbeat: the next beat writes it again (see Store.prompt)
+        self.prompt_store = self.store.prompt()
         self.jobs = JobStore(self.store, job)
         self.record = self.jobs.load()
         self.spec = self.record.spec
@@ -245,7 +247,7 @@ class Agent:
             borrowed=restored.borrowed,
             superseded=restored.superseded,
             on_state=self.stored_state,
-            staging=self.layout.ml / ".trainctl" / "workdir-staging",
+            staging=self.layout.workdir_staging,
         ).start()
         return restored.summary()
 
@@ -487,8 +489,7 @@ class Agent:
             return
         try:
             key = self.jobs.keys.node_status(self.attempt, self.rank)
-            # the next beat writes it again: no long backoff (see Store.prompt)
-            self.store.prompt().put_text(key, json.dumps(self.status.snapshot()))
+            self.prompt_store.put_text(key, json.dumps(self.status.snapshot()))
         except Exception as exc:  # the store retries; a missed beat is not a lost node
             self.log(f"could not record the node's status: {exc}")
 

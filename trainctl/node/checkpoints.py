@@ -128,9 +128,6 @@ class CheckpointSync(PeriodicSync):
         self._others: dict[int, tuple[tuple[float, int], float]] = {}
         self._next_look = 0.0
         self._trained = False  # the script succeeded: nothing pruned is needed any more
-        # The stored manifest is behind what this node knows it stored (its write failed):
-        # the next pass writes it, even with nothing new to upload.
-        self._manifest_behind = False
 
     def close(self, *, trained: bool = False) -> None:
         """The last pass; `trained`: the node's script succeeded (training is over, so what

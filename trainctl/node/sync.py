@@ -6,6 +6,7 @@ keeps a file cut off mid-write from replacing its last whole copy."""
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import threading
 import time
@@ -125,8 +126,6 @@ def frozen_copy(path: Path, dest: Path) -> Signature | None:
     rewritten in place more often than its upload takes (a `snapshot.pt` saved every epoch
     to a slow store): a local copy takes a fraction of the upload's time, and what goes up
     is the copy, which nothing rewrites."""
-    import shutil
-
     before = signature(path)
     if before is None:
         return None
@@ -239,6 +238,9 @@ class PeriodicSync:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._patient: Store | None = None
         self._prompt: Store | None = None
+        # The stored manifest is behind what this node knows it stored (its write failed):
+        # the next pass writes it, even with nothing new to upload.
+        self._manifest_behind = False
 
     @property
     def store(self) -> Store:

@@ -383,7 +383,6 @@ class WorkdirSync(PeriodicSync):
         # when the node ends, if its upload takes longer than an epoch.
         self.moving: set[str] = set()
         self.frozen = 0  # uploads made from a frozen copy
-        self._manifest_behind = False  # its write failed: the next pass writes it anyway
 
     def _within_cap(self, current: dict[str, Signature]) -> dict[str, Signature]:
         """The newest files up to max_bytes; the ones left out are named once per change."""
