@@ -38,7 +38,8 @@ def nodes_only(key: str) -> bool:
     """Whether a job's object is for its nodes alone (it holds a token that lets mpirun
     start processes on them): neither the dashboard nor `trainctl artifacts` lists or
     serves it."""
-    return key.endswith(REMOTE_START_SUFFIX)
+    # (casefolded: on a case-insensitive file system `NODE-1.REMOTE-START.JSON` is the file)
+    return key.casefold().endswith(REMOTE_START_SUFFIX)
 
 
 class JobKeys:
@@ -528,8 +529,25 @@ class JobStore:
         try:
             raw = self.store.get_bytes(self.keys.record)
         except NotFoundError:
+            if self._has_remains():
+                from trainctl.errors import UnreadableRecordError
+
+                raise UnreadableRecordError(
+                    f"job {self.name!r}: its record {self.store.url(self.keys.record)} is "
+                    "missing or not a file, but the job's directory holds files"
+                ) from None
             raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
         return parse_record(self.name, raw, self.store.url(self.keys.record))
+
+    def _has_remains(self) -> bool:
+        """Whether the job's directory holds anything though its record is gone (a record
+        deleted or replaced by a directory): such a job is listed, and removed, as
+        Unreadable rather than left in the store unseen. (A new job's record is its first
+        object, and a removal deletes the record last.)"""
+        prefix = self.keys.prefix
+        if self.store.list_dirs(prefix):
+            return True
+        return next(iter(self.store.list(prefix)), None) is not None
 
     def save(self, record: JobRecord, *, prompt: bool = False) -> None:
         """Write the record; `prompt`: a periodic save that the next one repeats (see
@@ -598,8 +616,41 @@ class JobStore:
             record.training_started_at = now_iso()
         if state.is_terminal():
             record.ended_at = now_iso()
+            # Before the record says it ended: a submit that finds the claim gone then
+            # still finds this job running, never neither (see trainctl.claims).
+            self.release_locations(record.spec)
         self.save(record)
         self.event("state", state=state.value, previous=previous.value, **detail)
+
+    # -- the locations outside its directory that the job writes to ------------------------
+    def claim_locations(self, spec: JobSpec) -> str:
+        """Claim, create-if-absent, the locations `spec` writes to outside the job's
+        directory: SpecError (the field, the job holding it) if a live job writes there or
+        above or below it (see trainctl.claims). Returns the submit's claim token."""
+        from trainctl.claims import take_claims
+
+        return take_claims(self.store, self.name, written_locations(spec, self.name), self._holder)
+
+    def release_locations(self, spec: JobSpec, *, token: str | None = None) -> None:
+        """Give back the job's claims (`token`: only one submit's, before its record)."""
+        from trainctl.claims import release_claims
+
+        uris = [uri for _, uri in written_locations(spec, self.name)]
+        release_claims(self.store, self.name, uris, token=token)
+
+    def _holder(self, name: str) -> tuple[bool, str] | None:
+        """(ended, state) of the job holding a claim; None: it has no record."""
+        from trainctl.errors import SpecError, UnreadableRecordError
+
+        try:
+            record = JobStore(self.store, name).load()
+        except JobNotFoundError:
+            return None
+        except SpecError:  # not a job name: a claim no job can hold
+            return True, "not a job"
+        except UnreadableRecordError:  # kept: `trainctl rm --unreadable` frees it
+            return False, "Unreadable"
+        return record.state.is_terminal(), record.state.value
 
     # -- stop requests -------------------------------------------------------------------
     def request_stop(self, reason: str, *, keep_warm: bool = False) -> None:
@@ -671,7 +722,7 @@ def parse_record(name: str, raw: bytes | str, where: str) -> JobRecord:
     if not isinstance(data, dict):
         raise unreadable("is not a job record (not a JSON object)")
     try:
-        return JobRecord.model_validate(data, context={RECORDED: True})
+        record = JobRecord.model_validate(data, context={RECORDED: True})
     except ValidationError as exc:
         version = data.get("trainctl_version")
         first = exc.errors()[0]
@@ -682,6 +733,9 @@ def parse_record(name: str, raw: bytes | str, where: str) -> JobRecord:
         raise unreadable(problem) from None
     except RecursionError:
         raise unreadable("is nested too deeply") from None
+    if record.name != name:  # every command reaches the job's keys by the record's name
+        raise unreadable(f"names another job ({record.name[:80]!r})")
+    return record
 
 
 class UnreadableJob(BaseModel):
@@ -725,9 +779,23 @@ def list_jobs(store: Store) -> list[JobRecord]:
 
 def output_store(record: JobRecord) -> Store:
     if record.spec.output_path:
-        base = open_store(record.spec.output_path, field="output_path")
-        return base.child(f"{record.name}/output")
+        return _outside_output(record.spec.output_path, record.name)
     return open_store(record.store_uri).child(JobKeys(record.name).output)
+
+
+def _outside_output(output_path: str, name: str) -> Store:
+    return open_store(output_path, field="output_path").child(f"{name}/output")
+
+
+def written_locations(spec: JobSpec, name: str) -> list[tuple[str, str]]:
+    """(field, URI) of each location outside its directory in the store that job `name`
+    writes to: its checkpoint URI and its output location under output_path, if given."""
+    found = []
+    if spec.checkpoint_s3_uri:
+        found.append(("checkpoint_s3_uri", spec.checkpoint_s3_uri))
+    if spec.output_path:
+        found.append(("output_path", _outside_output(spec.output_path, name).uri))
+    return found
 
 
 def checkpoint_store(record: JobRecord) -> Store:

@@ -36,7 +36,14 @@ LAYERS: list[tuple[str, ...]] = [
     # the user's validated input: the job spec and the settings (config.yaml, TRAINCTL_*)
     ("trainctl.spec",),
     ("trainctl.store",),
-    ("trainctl.record", "trainctl.launcher", "trainctl.packaging", "trainctl.progress"),
+    # a job's record, and the claims on the locations it writes to (trainctl.claims)
+    (
+        "trainctl.record",
+        "trainctl.claims",
+        "trainctl.launcher",
+        "trainctl.packaging",
+        "trainctl.progress",
+    ),
     # what runs on a node (imports no client package: everything above is client side)
     ("trainctl.node",),
     ("trainctl.transport", "trainctl.image"),
@@ -56,7 +63,7 @@ SAME_LAYER: dict[str, tuple[str, ...]] = {
     "trainctl.toolkit": ("trainctl.version",),
     "trainctl.train": ("trainctl.protocol",),
     "trainctl.image": ("trainctl.transport",),
-    "trainctl.record": ("trainctl.metrics",),
+    "trainctl.record": ("trainctl.metrics", "trainctl.claims"),
     "trainctl.launcher": ("trainctl.protocol",),
     "trainctl.notebook": ("trainctl.metrics",),
     "trainctl.diagnose": ("trainctl.train",),

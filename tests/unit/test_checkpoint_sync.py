@@ -75,7 +75,7 @@ def test_pruned_files_are_deleted_after_the_manifest(tmp_path, store):
     (local / "step-1/state.pt").unlink()
     sync.sync_once()
     assert not store.exists("step-1/state.pt")
-    assert set(stored_files(store)) == {"step-2/state.pt"}
+    assert set(stored_files(store, print)) == {"step-2/state.pt"}
 
 
 def _steps(local: Path, rank: int, steps: range) -> None:
@@ -103,7 +103,7 @@ def test_a_prune_waits_until_the_other_nodes_stored_newer_state(tmp_path, store,
         syncs[rank].sync_once()
     _steps(nodes[0], 0, range(10, 70, 10))  # node 0 reaches step 60; node 1's uploads stall
     syncs[0].sync_once()
-    stored = set(stored_files(store))
+    stored = set(stored_files(store, print))
     assert {"step-30/rank-0.pt", "step-30/rank-1.pt"} <= stored, stored  # step 30: complete
     assert store.exists("step-10/rank-0.pt")
     syncs[0].sync_once()  # node 1 has still stored nothing newer: nothing leaves
@@ -124,7 +124,7 @@ def test_a_prune_waits_until_the_other_nodes_stored_newer_state(tmp_path, store,
     for rank in (0, 1):
         _steps(nodes[rank], rank, range(10, 90, 10))
         syncs[rank].close(trained=True)
-    stored = set(stored_files(store))
+    stored = set(stored_files(store, print))
     assert stored == {f"step-{s}/rank-{r}.pt" for s in (60, 70, 80) for r in (0, 1)}, stored
     assert sorted(i.key for i in store.list("") if not i.key.startswith(".trainctl")) == sorted(
         stored
@@ -167,7 +167,7 @@ def test_background_sync_and_final_flush(tmp_path, store):
     sync.wake()
     write(local / "step-2/state.pt", "2")
     sync.close()  # whatever is left is flushed before close returns
-    assert set(stored_files(store)) == {"step-1/state.pt", "step-2/state.pt"}
+    assert set(stored_files(store, print)) == {"step-1/state.pt", "step-2/state.pt"}
 
 
 class OutageStore(LocalStore):
@@ -213,7 +213,7 @@ def test_background_passes_give_up_quickly_and_say_an_outage_once(tmp_path):
         time.sleep(0.01)  # the file went up before the outage; its manifest, after it
     write(local / "step-2/state.pt", "2")
     sync.close()
-    assert set(stored_files(store)) == {"step-1/state.pt", "step-2/state.pt"}
+    assert set(stored_files(store, print)) == {"step-1/state.pt", "step-2/state.pt"}
     failed = [line for line in logs if line.startswith("checkpoint upload failed")]
     assert len(failed) == 1 and "503 SlowDown" in failed[0], logs
     assert any("works again after" in line for line in logs), logs
@@ -314,3 +314,34 @@ def test_the_controller_is_told_once_when_a_checkpoint_is_stored(tmp_path, store
     assert sync.sync_once() == 1 and told == [1]
     write(local / "step-2/state.pt", "s2")
     assert sync.sync_once() == 1 and told == [1]
+
+
+@pytest.mark.parametrize(
+    "manifest, says",
+    [
+        (b"[1, 2]", "no mapping of files"),
+        (b"null", "no mapping of files"),
+        (b'{"files": {"step-5/state.pt": "big"}}', "not a byte count"),
+        (b'{"files": {"step-5/state.pt": -1}}', "not a byte count"),
+        (b'{"files": ["step-5/state.pt"]}', "no mapping of files"),
+        (b"\xff\xfe\x00binary", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_a_corrupt_manifest_is_one_line_and_nothing_stored_is_lost(tmp_path, store, manifest, says):
+    """Node 1's manifest is corrupt (issue 46: a list or null was a raw AttributeError on
+    the node, a size that is not a number a ValueError, a binary one silently skipped): the
+    log names it in one line, and every file stored there is restored, node 0's and the
+    ones only node 1's manifest listed."""
+    node0 = tmp_path / "n0"
+    write(node0 / "step-5/state.pt", "model")
+    CheckpointSync(store, node0, 0, interval=60, log=print).sync_once()
+    store.put_text("step-5/rank-1.pt", "rng1")
+    store.put_bytes(manifest_key(1), manifest)
+    lines: list[str] = []
+    fresh = tmp_path / "fresh"
+    restore(store, fresh, log=lines.append)
+    assert set(scan(fresh)) == {"step-5/state.pt", "step-5/rank-1.pt"}
+    corrupt = [line for line in lines if "unreadable" in line]
+    assert len(corrupt) == 1 and "\n" not in corrupt[0], lines
+    assert store.url(manifest_key(1)) in corrupt[0] and says in corrupt[0], corrupt

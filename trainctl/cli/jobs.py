@@ -74,6 +74,8 @@ def jobs(
     for u in unreadable:  # listed, not skipped: `status NAME` says what is wrong
         table.add_row(u.name, *_cells(_state_text("Unreadable"), "-", "-", "-", "-"))
     console.print(table)
+    for u in unreadable:  # why, one line each, beside the table (a pipe gets the table)
+        sys.stderr.write(f"{u.problem}; `trainctl rm --unreadable {u.name}` deletes it\n")
     lost = [name for name, view in views.items() if view and view.get("lost")]
     if lost:  # the way out, where the problem is seen
         sys.stderr.write(

@@ -76,24 +76,54 @@ def check_isolation(spec: JobSpec, store_uri: str) -> None:
         check_confined(uri, f"inputs.{name}", store_uri, reading=True)
 
 
-def check_checkpoint_unshared(spec: JobSpec, store: Store) -> None:
-    """Two running jobs on one checkpoint URI would overwrite (and, syncing deletions,
-    delete) each other's checkpoints. A job that has ended may hand its checkpoints on."""
-    from trainctl.record import checkpoint_store, list_jobs
-    from trainctl.spec.confine import overlaps
+def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
+    """Jobs cannot reach each other's data: job `name` never writes where another job of
+    the store writes (its output or checkpoint location: the same, above or below), nor
+    reads where a running one is writing. What an ended job made may be handed on: read
+    as an input channel (`--inputs model=<its output>`), or its checkpoint URI continued
+    as is (SageMaker's pattern of resuming from a prefix). Racing submits are kept apart
+    by the claims their records take (JobStore.claim_locations)."""
+    from trainctl.record import checkpoint_store, list_jobs, output_store, written_locations
+    from trainctl.spec.confine import location, overlaps
 
-    if not spec.checkpoint_s3_uri:
+    writes = written_locations(spec, name)
+    reads = [(f"inputs.{channel}", uri) for channel, uri in sorted(spec.inputs.items())]
+    if not writes and not reads:
         return
     for other in list_jobs(store):
-        if other.state.is_terminal() or not other.spec.checkpoint_s3_uri:
-            continue
-        if overlaps(spec.checkpoint_s3_uri, checkpoint_store(other).uri):
-            raise SpecError(
-                "checkpoint_s3_uri",
-                f"{spec.checkpoint_s3_uri} overlaps the checkpoints of job {other.name!r} "
-                f"({other.state.value}) at {other.spec.checkpoint_s3_uri}; give each running "
-                "job a prefix of its own",
-            )
+        ended = other.state.is_terminal()
+        theirs = [("output", output_store(other).uri), ("checkpoints", checkpoint_store(other).uri)]
+        for field, uri in writes + reads:
+            for kind, their in theirs:
+                if not overlaps(uri, their):
+                    continue
+                reading = field.startswith("inputs.")
+                if reading and ended:
+                    continue
+                same = location(uri, field) == location(their)
+                if field == "checkpoint_s3_uri" and kind == "checkpoints" and ended and same:
+                    continue
+                raise SpecError(field, _apart(uri, kind, other, their, reading=reading))
+
+
+def _apart(uri: str, kind: str, other: JobRecord, their: str, *, reading: bool) -> str:
+    job = f"job {other.name!r} ({other.state.value})"
+    if reading:
+        return f"{uri} overlaps the {kind} of {job} at {their}; read it once that job has ended"
+    if kind == "output":
+        return (
+            f"{uri} overlaps the output of {job} at {their}: a job never writes another's "
+            f"output; read it as an input channel (--inputs model={their})"
+        )
+    if other.state.is_terminal():
+        return (
+            f"{uri} overlaps the checkpoints of {job} at {their}; an ended job's checkpoints "
+            "are continued at exactly their URI, or give a prefix of the job's own"
+        )
+    return (
+        f"{uri} overlaps the checkpoints of {job} at {their}; give each running job a prefix "
+        "of its own"
+    )
 
 
 def check_mpirun() -> None:
@@ -259,8 +289,8 @@ def create_job(
     validate_offline(spec, store.uri)
     spec = resolve_image(spec)
     preflight(spec, store.uri)
-    check_checkpoint_unshared(spec, store)
     jobs = claimable_name(store, spec.job_name or generate_job_name(spec.entry_point))
+    check_locations_apart(spec, jobs.name, store)
     source = upload_source(spec, store)
     return _record_new_job(
         jobs,
@@ -409,6 +439,7 @@ def create_derived_job(
         raise spec_error(exc) from None
     preflight(spec, store.uri)
     jobs = claimable_name(store, name)
+    check_locations_apart(spec, name, store)
     return _record_new_job(
         jobs,
         spec,
@@ -444,7 +475,14 @@ def _record_new_job(
         created_at=now,
         updated_at=now,
     )
-    if not jobs.create(record):  # another submit took the name since we checked
+    token = jobs.claim_locations(spec)  # (a submit racing for a location loses here)
+    try:
+        created = jobs.create(record)
+    except BaseException:
+        jobs.release_locations(spec, token=token)
+        raise
+    if not created:  # another submit took the name since we checked
+        jobs.release_locations(spec, token=token)
         raise SpecError("job_name", f"a job named {jobs.name!r} already exists in {jobs.store.uri}")
     jobs.event("state", state=JobState.PENDING.value, previous=None)
     jobs.event("source", uri=source_uri, sha256=source_sha256, **source)

@@ -60,26 +60,57 @@ def scan(local: Path) -> dict[str, Signature]:
     return found
 
 
-def stored_files(store: Store) -> dict[str, int]:
-    """The union of every node's manifest: relative path -> size."""
+def stored_files(store: Store, log: Callable[[str], None]) -> dict[str, int]:
+    """The union of every node's manifest: relative path -> size. A manifest that cannot be
+    read (not JSON, not a mapping of paths to sizes) is one line in the log naming it, and
+    every stored file no readable manifest lists is taken too: what is in the store is
+    whole (a file is stored only once its upload finished), so nothing is lost for it."""
     files: dict[str, int] = {}
     manifests = [i for i in store.list(MANIFEST_DIR) if i.key.endswith(".json")]
+    corrupt = False
     for info in manifests:
         try:
-            data = json.loads(store.get_text(info.key))
-        except (NotFoundError, ValueError):
+            files.update(manifest_files(store.get_bytes(info.key)))
+        except NotFoundError:
             continue
-        files.update({str(k): int(v) for k, v in data.get("files", {}).items()})
-    if not manifests:
+        except ValueError as exc:
+            corrupt = True
+            log(
+                f"checkpoints: the manifest {store.url(info.key)} is unreadable ({exc}); "
+                "restoring every checkpoint file stored there instead"
+            )
+    if not manifests or corrupt:
         # A checkpoint URI filled by other means (a user's own upload): take it all.
-        files = {i.key: i.size for i in store.list("") if not i.key.startswith(MANIFEST_DIR + "/")}
+        stored = store.list("")
+        found = {i.key: i.size for i in stored if not i.key.startswith(MANIFEST_DIR + "/")}
+        files = {**found, **files} if corrupt else found
+    return files
+
+
+def manifest_files(raw: bytes) -> dict[str, int]:
+    """A node's checkpoint manifest's files (relative path -> size); ValueError saying what
+    is wrong with it otherwise."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError:  # (UnicodeDecodeError too)
+        raise ValueError("not JSON") from None
+    entries = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise ValueError("not a manifest: no mapping of files")
+    files: dict[str, int] = {}
+    for rel, size in entries.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"{rel[:80]!r} has size {str(size)[:40]!r}, not a byte count")
+        files[rel] = size
     return files
 
 
 def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, Signature]:
     """Download the stored checkpoints into `local`; returns what is now known to be stored."""
     local.mkdir(parents=True, exist_ok=True)
-    files = stored_files(store)
+    files = stored_files(store, log)
     started = time.monotonic()
     restored = download_all(
         store, {rel: local / rel for rel in files}, log, what="checkpoints", sizes=files

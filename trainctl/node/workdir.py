@@ -199,8 +199,12 @@ def stored_manifests(store: Store, log: Callable[[str], None]) -> dict[int, dict
                 raise TypeError("files is not a mapping")
         except NotFoundError:
             continue
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log(f"working directory: node {rank}'s stored copy is unreadable ({exc}); not used")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            log(
+                f"working directory: the manifest {store.url(manifest_key(rank))} is "
+                f"unreadable ({why}); node {rank}'s stored copy is not restored"
+            )
             continue
         manifests[rank] = manifest
     return manifests

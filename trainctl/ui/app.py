@@ -48,7 +48,7 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
 
     from trainctl.controller.supervise import controller_view
     from trainctl.errors import NotFoundError, SpecError, TrainctlError, UnreadableRecordError
-    from trainctl.record import JobKeys, JobStore, nodes_only, scan_jobs
+    from trainctl.record import JobKeys, JobStore, scan_jobs
 
     def job_store(request: Request) -> JobStore:
         name = request.path_params["job"]
@@ -110,23 +110,50 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         jobs = job_store(request)
         prefix = store.child(JobKeys(jobs.name).prefix).uri
         files = []
-        for root, infos in job_artifacts(store, jobs.name):
+        for root, infos in job_artifacts(store, jobs.name):  # (only what may be shown)
             for info in infos:
-                if nodes_only(info.key):
-                    continue
                 path = info.key if root == prefix else f"output/{info.key}"
                 files.append({"path": path, "size": info.size, "mtime": info.mtime})
         return JSONResponse(sorted(files, key=lambda f: f["path"]))
 
     async def api_file(request: Request) -> Response:
+        from trainctl.controller.artifacts import (
+            RECORD_FILE,
+            job_file_key,
+            redacted_record,
+            shown,
+        )
         from trainctl.record import output_store
 
         jobs = job_store(request)
-        path = request.path_params["path"].strip("/")
-        if not path or ".." in path.split("/"):
+        # Decoded once (by the router), then one spelling and one allow-list, shared with
+        # `trainctl artifacts`: `%2e/job.json`, `job.json%2f.` and `JOB.JSON` reach no
+        # more than `job.json` does.
+        try:
+            path = job_file_key(request.path_params["path"])
+        except SpecError:
             return PlainTextResponse("not a file of the job", status_code=400)
-        if nodes_only(path):
-            return PlainTextResponse(f"{path} not found", status_code=404)
+        if path == RECORD_FILE:  # the record holds the job's secrets: shown redacted only
+            return Response(
+                redacted_record(store, jobs.name),
+                media_type="application/json",
+                headers={"Content-Disposition": 'attachment; filename="job.json"'},
+            )
+        candidates = [(store.child(JobKeys(jobs.name).prefix), path)] if shown(path) else []
+        if path.startswith("output/"):
+            candidates.append((output_store(jobs.load()), path[len("output/") :]))
+        for root, key in candidates:
+            try:
+                data = root.get_bytes(key)
+            except NotFoundError:
+                continue
+            leaf = path.rsplit("/", 1)[-1].replace('"', "")
+            return Response(
+                data,
+                media_type="application/octet-stream",
+                headers={"Content-Disposition": f'attachment; filename="{leaf}"'},
+            )
+        return PlainTextResponse(f"{path} not found", status_code=404)
         if path == "job.json":  # the record holds the job's secrets: shown redacted only
             return JSONResponse(
                 jobs.load().redacted_dump(),
