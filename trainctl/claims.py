@@ -81,6 +81,20 @@ def release_claims(store: Store, job: str, uris: list[str], *, token: str | None
             store.delete(key)
 
 
+def stale_claims(store: Store, holder: Holder) -> list[tuple[str, dict[str, Any]]]:
+    """(key, claim) of every claim no live job holds (its job ended, or never got a record
+    within the grace; a corrupt claim as {}): what `trainctl gc` deletes."""
+    found = []
+    for info in store.list(CLAIMS_PREFIX):
+        try:
+            claim = _parse(store.get_bytes(info.key))
+        except NotFoundError:
+            continue
+        if claim is None or not _live(claim, holder):
+            found.append((info.key, claim or {}))
+    return found
+
+
 def _take(store: Store, job: str, token: str, field: str, uri: str, holder: Holder) -> str:
     key = claim_key(uri)
     claim = {"job": job, "token": token, "uri": uri, "field": field, "time": clock().time()}

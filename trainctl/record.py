@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trainctl.clock import clock
 from trainctl.errors import JobNotFoundError, NotFoundError
@@ -30,6 +31,17 @@ def now_iso() -> str:
 def parse_iso(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
+
+def _iso(value: str) -> str:
+    try:
+        parse_iso(value)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError(f"{value[:40]!r} is not an ISO 8601 time") from None
+    return value
+
+
+# A time in a record (now_iso's form): checked on reading, as durations are computed from it.
+Timestamp = Annotated[str, AfterValidator(_iso)]
 
 REMOTE_START_SUFFIX = ".remote-start.json"
 
@@ -287,8 +299,8 @@ class Attempt(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     number: int
-    started_at: str
-    ended_at: str | None = None
+    started_at: Timestamp
+    ended_at: Timestamp | None = None
     nodes: list[AttemptNode] = Field(default_factory=list)
     outcome: str | None = None  # completed | failed | stopped | interrupted
     cause: str | None = None
@@ -411,11 +423,11 @@ class JobRecord(BaseModel):
     source_sha256: str
     owner: str
     trainctl_version: str
-    created_at: str
-    updated_at: str
-    started_at: str | None = None
-    training_started_at: str | None = None
-    ended_at: str | None = None
+    created_at: Timestamp
+    updated_at: Timestamp
+    started_at: Timestamp | None = None
+    training_started_at: Timestamp | None = None
+    ended_at: Timestamp | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     failure_reason: str | None = None
     failure_detail: str | None = None
@@ -589,7 +601,7 @@ class JobStore:
                 raw = self.store.get_bytes(info.key)
             except NotFoundError:  # gone between list and get (a job deleted meanwhile)
                 continue
-            points.extend(p for p in json_lines(raw) if isinstance(p.get("time"), int | float))
+            points.extend(p for p in json_lines(raw) if _metric_point(p))
         points.sort(key=lambda p: p["time"])
         record = record or self.load()
         mark_redone(points, {a.number: a.resumed_from_step for a in record.attempts})
@@ -629,7 +641,9 @@ class JobStore:
         above or below it (see trainctl.claims). Returns the submit's claim token."""
         from trainctl.claims import take_claims
 
-        return take_claims(self.store, self.name, written_locations(spec, self.name), self._holder)
+        return take_claims(
+            self.store, self.name, written_locations(spec, self.name), self.claim_holder(self.store)
+        )
 
     def release_locations(self, spec: JobSpec, *, token: str | None = None) -> None:
         """Give back the job's claims (`token`: only one submit's, before its record)."""
@@ -638,19 +652,24 @@ class JobStore:
         uris = [uri for _, uri in written_locations(spec, self.name)]
         release_claims(self.store, self.name, uris, token=token)
 
-    def _holder(self, name: str) -> tuple[bool, str] | None:
-        """(ended, state) of the job holding a claim; None: it has no record."""
+    @staticmethod
+    def claim_holder(store: Store) -> Callable[[str], tuple[bool, str] | None]:
+        """For trainctl.claims: (ended, state) of the job of `store` holding a claim;
+        None: it has no record."""
         from trainctl.errors import SpecError, UnreadableRecordError
 
-        try:
-            record = JobStore(self.store, name).load()
-        except JobNotFoundError:
-            return None
-        except SpecError:  # not a job name: a claim no job can hold
-            return True, "not a job"
-        except UnreadableRecordError:  # kept: `trainctl rm --unreadable` frees it
-            return False, "Unreadable"
-        return record.state.is_terminal(), record.state.value
+        def holder(name: str) -> tuple[bool, str] | None:
+            try:
+                record = JobStore(store, name).load()
+            except JobNotFoundError:
+                return None
+            except SpecError:  # not a job name: a claim no job can hold
+                return True, "not a job"
+            except UnreadableRecordError:  # kept: `trainctl rm --unreadable` frees it
+                return False, "Unreadable"
+            return record.state.is_terminal(), record.state.value
+
+        return holder
 
     # -- stop requests -------------------------------------------------------------------
     def request_stop(self, reason: str, *, keep_warm: bool = False) -> None:
@@ -686,6 +705,24 @@ class JobStore:
         except ValueError:  # unreadable: no one holds it (a new holder rewrites it)
             return {}
         return found if isinstance(found, dict) else {}
+
+
+def _metric_point(point: dict[str, Any]) -> bool:
+    """Whether a stored metric point has the shape every reader relies on (a corrupt or
+    hand-edited part is left out, not a traceback in `status` and `metrics`)."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    step, rank, attempt = point.get("step"), point.get("rank"), point.get("attempt")
+    return (
+        number(point.get("time"))
+        and isinstance(point.get("name"), str)
+        and number(point.get("value"))
+        and (step is None or (isinstance(step, int) and not isinstance(step, bool)))
+        and (rank is None or (isinstance(rank, int) and not isinstance(rank, bool)))
+        and (attempt is None or (isinstance(attempt, int) and not isinstance(attempt, bool)))
+    )
 
 
 def json_lines(raw: bytes) -> list[dict[str, Any]]:

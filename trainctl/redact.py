@@ -7,9 +7,11 @@ import re
 from typing import Any
 
 REDACTED = "<redacted>"
-# Names that by convention hold secrets (AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, HF_TOKEN...).
+# Names that by convention hold secrets (AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, HF_TOKEN...);
+# not counts and tools named alike (max_tokens, tokenizer, author).
 SECRET_NAME_RE = re.compile(
-    r"(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_KEY|AUTH|SESSION)",
+    r"(SECRET|TOKEN(?!S|IZ)|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_KEY|AUTH(?!OR)"
+    r"|SESSION)",
     re.IGNORECASE,
 )
 
@@ -23,9 +25,24 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: REDACTED if is_secret_name(k) else v for k, v in env.items()}
 
 
-# Values shorter than this are not searched for in text: redacting every "1" or "true" in a
-# log would hide the log, not a secret.
+# Values shorter than this are redacted only where they stand alone (not inside a longer
+# word or number): cutting every "ab" out of a log would hide the log, not a secret.
 MIN_SECRET_CHARS = 4
+_WORD = r"[A-Za-z0-9_]"
+
+
+def printed_forms(value: str) -> set[str]:
+    """The ways a script may print `value`: as given, inside its repr() or a JSON string
+    (quotes and backslashes escaped, non-ASCII as \\u escapes or not), shell-quoted."""
+    import shlex
+
+    return {
+        value,
+        repr(value)[1:-1],
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        shlex.quote(value),
+    }
 
 
 class Redactor:
@@ -36,8 +53,15 @@ class Redactor:
     def __init__(self, env_names: set[str], hp_names: set[str], values: list[str]) -> None:
         self.env_names = env_names
         self.hp_names = hp_names
+        forms = {form for value in values if value for form in printed_forms(value)}
         # Longest first: a secret that contains another is hidden whole.
-        self.values = sorted({v for v in values if len(v) >= MIN_SECRET_CHARS}, key=len)[::-1]
+        self.values = sorted({v for v in forms if len(v) >= MIN_SECRET_CHARS}, key=len)[::-1]
+        short = sorted((v for v in forms if len(v) < MIN_SECRET_CHARS), key=len)[::-1]
+        self.short = (
+            re.compile(f"(?<!{_WORD})(?:{'|'.join(map(re.escape, short))})(?!{_WORD})")
+            if short
+            else None
+        )
 
     @classmethod
     def for_spec(cls, spec: Any) -> Redactor:
@@ -61,6 +85,8 @@ class Redactor:
         for value in self.values:
             if value in text:
                 text = text.replace(value, REDACTED)
+        if self.short is not None:
+            text = self.short.sub(REDACTED, text)
         return text
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
@@ -71,7 +97,7 @@ class Redactor:
 
     def tree(self, data: Any) -> Any:
         """`data` (JSON-like) with every secret value hidden in its strings."""
-        if not self.values:
+        if not self.values and self.short is None:
             return data
         if isinstance(data, str):
             return self.text(data)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TRAINCTL, free_port
-from tests.security.test_trust_boundaries import _get, cli, finished_job, store_root
+from tests.security.battery import run_battery
+from tests.security.test_trust_boundaries import _get, finished_job, store_root
 
 pytestmark = pytest.mark.e2e
 
@@ -138,21 +139,30 @@ def test_artifacts_get_takes_the_same_spellings_through_the_same_rule(home, tmp_
     endpoint = attempt / "node-1.remote-start.json"
     endpoint.write_text(json.dumps({"token": TOKEN}))
     got = tmp_path / "got"
-    for spelling in ("./job.json", "job.json/.", "//job.json"):
-        proc = cli("artifacts", JOB, "get", spelling, str(got / spelling.replace("/", "_")))
-        assert proc.returncode == 0, proc.stderr
-    for spelling in (
+    served = ["./job.json", "job.json/.", "//job.json"]
+    hidden = [
         "attempts/attempt-1/node-1.REMOTE-START.json",
         "attempts/./attempt-1//node-1.remote-start.json/.",
         "lease.json",
         "control/stop",
         "JOB.JSON",
-    ):
-        proc = cli("artifacts", JOB, "get", spelling, str(got / "x"))
-        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (spelling, proc.stderr)
-    for bad in ("../x/job.json", "logs/../../x", "a\x01b"):
-        proc = cli("artifacts", JOB, "get", bad, str(got / "y"))
-        assert proc.returncode == 2 and proc.stderr.startswith("error: PATH: "), proc.stderr
+    ]
+    bad = ["../x/job.json", "logs/../../x", "a\x01b"]
+    runs = [
+        {"argv": ["artifacts", JOB, "get", path, str(got / (dest or path.replace("/", "_")))]}
+        for paths, dest in ((served, None), (hidden, "x"), (bad, "y"))
+        for path in paths
+    ]
+    results = run_battery(runs, home)
+    for run, result in zip(runs, results, strict=True):
+        path = run["argv"][3]
+        assert result["traceback"] is None, (path, result["traceback"])
+        if path in served:
+            assert result["code"] == 0, (path, result["stderr"])
+        elif path in hidden:
+            assert result["code"] == 1 and "not found" in result["stderr"], (path, result)
+        else:
+            assert result["code"] == 2 and result["stderr"].startswith("error: PATH: "), result
     files = [p for p in got.rglob("*") if p.is_file()]
     assert len(files) == 3, files
     for path in files:

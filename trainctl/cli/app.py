@@ -149,6 +149,10 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def _cut(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
 def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> dict[str, Any]:
     """KEY=VALUE flags into a dict; with `typed`, JSON values (8 -> int) else strings."""
     from trainctl.errors import SpecError
@@ -159,10 +163,19 @@ def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> 
         if not sep or not key.strip():
             raise SpecError(flag, f"{item!r} must be KEY=VALUE")
         key = key.strip()
+        if key in out:
+            raise SpecError(flag, f"{key} is given twice")
         if typed:
             try:
                 out[key] = json.loads(value)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as exc:
+                if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON, and broken
+                    raise SpecError(
+                        flag,
+                        f"{key}: {_cut(value)} is not valid JSON ({exc.msg} at character "
+                        f"{exc.pos}); to pass it as text, give it as a JSON string: "
+                        f"-p '{key}=\"...\"'",
+                    ) from None
                 out[key] = value
             except ValueError:  # Python refuses to parse a 5,000-digit integer
                 raise SpecError(flag, f"{key}: an integer beyond 64 bits") from None

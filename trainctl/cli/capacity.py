@@ -63,7 +63,7 @@ RegionOpt = typer.Option(
 )
 
 
-def _regions(given: list[str] | None) -> list[str]:
+def _regions(given: list[str] | None, *, required: bool = True) -> list[str]:
     from trainctl.provisioning.aws.clients import env_region
     from trainctl.spec.settings import get_settings
 
@@ -71,7 +71,7 @@ def _regions(given: list[str] | None) -> list[str]:
     if not regions:
         pool_regions = {p.region for p in get_settings().pools.values() if p.region}
         regions = sorted(pool_regions | ({env_region()} - {None}))  # type: ignore[operator]
-    if not regions:
+    if not regions and required:
         from trainctl.errors import SpecError
 
         raise SpecError("--region", "no region given, configured in a pool, or in AWS_REGION")
@@ -162,20 +162,30 @@ def gc(
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete; without it, only list."),
     output: str = OutputOpt,
 ) -> None:
-    """Find (and with --yes delete) cloud resources that ended jobs left behind, and warm
-    capacity past its keep-alive or missing a member."""
+    """Find (and with --yes delete) what ended jobs left behind: on this machine (node
+    directories, claims on locations), and in each EC2 region given or configured (cloud
+    resources, warm capacity past its keep-alive or missing a member). SSH hosts need
+    none: each job's teardown removes its directories there."""
     import time
 
+    from trainctl.controller.remove import delete_local_leftovers, local_leftovers
     from trainctl.controller.submit import default_store, job_is_live
-    from trainctl.provisioning import get_provider
 
     check_output(output)
-    regions = _regions(region)
+    regions = _regions(region, required=False)
     store = default_store()
-    provider: Any = get_provider("p3.2xlarge")  # the EC2 provider
-    found: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] = local_leftovers(store)
+    failed: list[dict[str, Any]] = delete_local_leftovers(store, found) if yes else []
+    if not regions:
+        sys.stderr.write(
+            "EC2 not searched: no region given (--region), configured in a pool, or in AWS_REGION\n"
+        )
+    provider: Any = None
     for name in regions:
+        if provider is None:
+            from trainctl.provisioning import get_provider
+
+            provider = get_provider("p3.2xlarge")  # the EC2 provider
         now = time.time()
         unusable = [p for p in provider.warm_pools(name) if p.problem(now)]
         found += [
@@ -200,7 +210,7 @@ def gc(
     else:
         for item in found:
             sys.stdout.write(
-                f"{item.get('region', '')} {item.get('kind', '')} {item.get('id', '')} "
+                f"{item.get('region', 'local')} {item.get('kind', '')} {item.get('id', '')} "
                 f"job={item.get('job', '')}\n"
             )
         verb = "deleted" if yes else "found (delete with --yes)"

@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trainctl.errors import SpecError, UnreadableRecordError
+from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
 from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
@@ -124,3 +124,50 @@ def _release_checkpoint_claims(claims: Path, name: str) -> None:
             continue
         if owner == name:
             claim.unlink(missing_ok=True)
+
+
+def local_leftovers(store: Store) -> list[dict[str, str]]:
+    """What ended jobs left on this machine, for `trainctl gc` (no cloud settings needed):
+    node directories under `$TRAINCTL_HOME/nodes` of jobs that have ended (a controller
+    killed before its teardown), and claims on locations (trainctl.claims) whose job has
+    ended or never got its record. A job that has not ended, or that gc cannot judge (not
+    in this store, unreadable), keeps what it has."""
+    from trainctl.claims import stale_claims
+    from trainctl.controller.lease import lease_is_live
+    from trainctl.errors import NotFoundError
+
+    found: list[dict[str, str]] = []
+    nodes = get_settings().home / "nodes"
+    for directory in sorted(nodes.iterdir()) if nodes.is_dir() else []:
+        try:
+            jobs = JobStore(store, directory.name)
+            record = jobs.load()
+        except (SpecError, NotFoundError, UnreadableRecordError):
+            continue
+        if record.state.is_terminal() and not lease_is_live(jobs):
+            found.append({"kind": "node-dir", "id": str(directory), "job": record.name})
+    holder = JobStore.claim_holder(store)
+    for key, claim in stale_claims(store, holder):
+        found.append({"kind": "claim", "id": str(claim.get("uri")), "job": str(claim.get("job")),
+                      "key": key})  # fmt: skip
+    return found
+
+
+def delete_local_leftovers(store: Store, found: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Delete what local_leftovers found (a node directory's processes are ended first);
+    returns those that could not be deleted, each with its error."""
+    from trainctl.provisioning.local import LocalProvider
+
+    failed = []
+    for item in found:
+        try:
+            if item["kind"] == "node-dir":
+                LocalProvider().terminate(item["job"], grace=2.0)  # (may remove it too)
+                if Path(item["id"]).exists():
+                    shutil.rmtree(item["id"])
+            elif item["kind"] == "claim":
+                store.delete(item["key"])
+        except (OSError, TrainctlError) as exc:
+            error = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            failed.append({**item, "error": error})
+    return failed

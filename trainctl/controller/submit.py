@@ -323,16 +323,20 @@ def upload_source(spec: JobSpec, store: Store) -> UploadedSource:
     """Package source_dir and put it in the store under its content hash: an unchanged
     source is not sent again, if what is stored under its name still has its content (a
     replaced object is overwritten, not reused)."""
+    from trainctl.errors import PackagingError
     from trainctl.packaging import package_source
 
     settings = get_settings()
     with tempfile.TemporaryDirectory(prefix="trainctl-pkg-") as tmp:
         with progress_status(f"packaging {spec.source_dir}"):
-            packaged = package_source(
-                Path(spec.source_dir),
-                Path(tmp) / "sourcedir.tar.gz",
-                max_bytes=int(settings.max_source_mb * 1024 * 1024),
-            )
+            try:
+                packaged = package_source(
+                    Path(spec.source_dir),
+                    Path(tmp) / "sourcedir.tar.gz",
+                    max_bytes=int(settings.max_source_mb * 1024 * 1024),
+                )
+            except PackagingError as exc:  # what is in source_dir: the user's input
+                raise SpecError("source_dir", str(exc)) from None
         key = source_key(packaged.sha256)
         if not store.matches(key, packaged.path):
             with progress_task("uploading source", total=packaged.size) as advance:

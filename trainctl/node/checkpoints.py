@@ -60,7 +60,7 @@ def scan(local: Path) -> dict[str, Signature]:
     return found
 
 
-def stored_files(store: Store, log: Callable[[str], None]) -> dict[str, int]:
+def stored_files(store: Store, log: Callable[[str], None] | None = None) -> dict[str, int]:
     """The union of every node's manifest: relative path -> size. A manifest that cannot be
     read (not JSON, not a mapping of paths to sizes) is one line in the log naming it, and
     every stored file no readable manifest lists is taken too: what is in the store is
@@ -75,10 +75,11 @@ def stored_files(store: Store, log: Callable[[str], None]) -> dict[str, int]:
             continue
         except ValueError as exc:
             corrupt = True
-            log(
-                f"checkpoints: the manifest {store.url(info.key)} is unreadable ({exc}); "
-                "restoring every checkpoint file stored there instead"
-            )
+            if log is not None:  # (None: a look at what is stored, not a restore)
+                log(
+                    f"checkpoints: the manifest {store.url(info.key)} is unreadable ({exc}); "
+                    "restoring every checkpoint file stored there instead"
+                )
     if not manifests or corrupt:
         # A checkpoint URI filled by other means (a user's own upload): take it all.
         stored = store.list("")

@@ -35,10 +35,31 @@ def _format_error(exc: ValidationError) -> str:
             msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif err["type"] == "missing":
             msg = "is required"
-        elif err["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "int_type"):
-            msg = f"{msg[0].lower()}{msg[1:]} (got {err.get('input')!r})"
+        elif err["type"] == "bool_type":  # strict: "yes", 1 or "true" are not booleans
+            msg = f"must be true or false (got {_shown_input(err.get('input'))})"
+        elif err["type"] in (
+            "greater_than_equal",
+            "less_than_equal",
+            "greater_than",
+            "int_type",
+            "float_type",
+            "string_type",
+            "list_type",
+            "dict_type",
+        ):
+            msg = f"{msg[0].lower()}{msg[1:]} (got {_shown_input(err.get('input'))})"
         parts.append(f"{loc}: {msg}" if err["loc"] else msg)
     return "; ".join(parts)
+
+
+def _shown_input(value: object) -> str:
+    """A wrong value as an error quotes it: its repr, cut (a huge or deep value is not
+    printed whole on one line)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"a nested {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _allowed_keys(parent: str) -> list[str]:

@@ -55,7 +55,35 @@ MAX_KEEP_ALIVE_SECONDS = 3600
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _unclosed_bracket(pattern: str) -> bool:
+    """Whether a gitignore pattern has a `[` (not escaped) without its `]`."""
+    at = 0
+    while at < len(pattern):
+        ch = pattern[at]
+        if ch == "\\":
+            at += 2
+            continue
+        if ch == "[":
+            # a class: `]` right after `[` or `[!` is a member, not the end
+            end = at + 1 + (pattern[at + 1 : at + 2] in ("!", "^"))
+            end += pattern[end : end + 1] == "]"
+            close = pattern.find("]", end)
+            if close < 0:
+                return True
+            at = close + 1
+            continue
+        at += 1
+    return False
+
+
 HP_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# SageMaker's limits on CreateTrainingJob's HyperParameters: 100 of them, a key of at most
+# 256 characters, a value of at most 2,500 (as text: a non-string value as its JSON).
+MAX_HYPERPARAMETERS = 100
+MAX_HP_KEY_CHARS = 256
+MAX_HP_VALUE_CHARS = 2500
 IMAGE_URI_RE = re.compile(
     r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[\w][\w.-]{0,127})?"
     r"(?:@sha256:[0-9a-f]{64})?$"
@@ -454,6 +482,11 @@ class JobSpec(StrictModel):
                 pathspec.GitIgnoreSpec.from_lines([pattern])
             except Exception as exc:
                 raise ValueError(f"{pattern!r} is not a gitignore-style pattern ({exc})") from None
+            if _unclosed_bracket(pattern):  # git matches nothing with it, silently
+                raise ValueError(
+                    f"{pattern!r} opens a [...] character class it does not close (for a "
+                    "literal '[' write '\\[')"
+                )
         return v
 
     @field_validator("controller")
@@ -560,16 +593,30 @@ class JobSpec(StrictModel):
     @field_validator("hyperparameters")
     @classmethod
     def _hp_json(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(v) > MAX_HYPERPARAMETERS:
+            raise ValueError(f"{len(v)} given; at most {MAX_HYPERPARAMETERS} (SageMaker's limit)")
         for key, value in v.items():
             if not isinstance(key, str) or not HP_KEY_RE.fullmatch(key):
                 raise ValueError(
-                    f"key {key!r} must start with a letter, digit or '_' and use only "
+                    f"key {str(key)[:80]!r} must start with a letter, digit or '_' and use only "
                     "letters, digits, '_', '-' and '.'"
+                )
+            if len(key) > MAX_HP_KEY_CHARS:
+                raise ValueError(
+                    f"key {key[:40]}... is {len(key)} characters; at most {MAX_HP_KEY_CHARS} "
+                    "(SageMaker's limit)"
                 )
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key}={value!r} is not a finite number")
             check_value(value, key)
             _check_json_value(value, key)
+            shown = value if isinstance(value, str) else json.dumps(value)
+            if len(shown) > MAX_HP_VALUE_CHARS:
+                raise ValueError(
+                    f"{key} is {len(shown):,} characters; at most {MAX_HP_VALUE_CHARS:,} a value "
+                    "(SageMaker's limit; put large values in a file in source_dir or an input "
+                    "channel)"
+                )
         check_hyperparameters_size(v)
         # Keys that share an SM_HP_ name (`batch-size`, `batch_size`) stay allowed: the
         # arguments keep both verbatim and SM_HPS has both; SM_HP_<NAME> has the later one.
@@ -677,6 +724,17 @@ class JobSpec(StrictModel):
             raise ValueError(f"entry_point: {entry} is outside source_dir {source}")
         if not resolved.is_file():
             raise ValueError(f"entry_point: {entry} not found in source_dir {source}")
+        # A secret named but not given (a typo) would leave the real one shown in clear.
+        for field, names, given in (
+            ("secret_env", self.secret_env, self.environment),
+            ("secret_hyperparameters", self.secret_hyperparameters, self.hyperparameters),
+        ):
+            for name in names:
+                if name not in given:
+                    what = "environment" if field == "secret_env" else "hyperparameters"
+                    known = ", ".join(sorted(given)[:10]) or "none"
+                    raise ValueError(f"{field}: {name[:80]!r} is not one of the job's {what} "
+                                     f"(given: {known[:200]})")  # fmt: skip
         if self.min_instance_count is not None and not (
             1 <= self.min_instance_count <= self.instance_count
         ):

@@ -89,7 +89,8 @@ class Fault(BaseModel):
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a job file's "yes" is not true, "2" not a count (JobSpec's own fields likewise)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TorchDistributed(StrictModel):

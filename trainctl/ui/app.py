@@ -54,6 +54,7 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         name = request.path_params["job"]
         jobs = JobStore(store, name)
         if not jobs.exists():
+            jobs.load()  # UnreadableRecordError (409) where the job's files have no record
             raise NotFoundError(f"no job {name!r} in {store.uri}")
         return jobs
 
