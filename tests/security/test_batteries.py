@@ -108,7 +108,6 @@ def _bad_inputs(w: dict[str, Path]) -> list[tuple[list[str], tuple[str, ...]]]:
           "n" * 300 + "=1", "x=" + "v" * 2600, "bad key=1", "-lead=1", "x\x01=1",
           "x=NaN", "x=Infinity", "x=-Infinity"],
           "-p", "hyperparameters")  # fmt: skip
-    cases.append(([*submit, "-p", "a=1", "-p", "a=2"], ("given twice",)))
     cases.append(([*submit, *[a for i in range(101) for a in ("-p", f"h{i}=1")]],
                   ("hyperparameters",)))  # fmt: skip
     field("--environment", ["NOEQ", "=v", "RANK=1", "TRAINCTL_JOB=x", "SM_MODEL_DIR=/etc",

@@ -94,7 +94,10 @@ CLI_AND_ESTIMATOR = [
         ["--metric-definitions", "loss=loss: ([0-9.]+)"],
         {"metric_definitions": [{"Name": "loss", "Regex": "loss: ([0-9.]+)"}]},
     ),
-    (["--secret-env", "TOKEN_X"], {"secret_env": ["TOKEN_X"]}),
+    (
+        ["-e", "TOKEN_X=t0ken", "--secret-env", "TOKEN_X"],
+        {"environment": {"TOKEN_X": "t0ken"}, "secret_env": ["TOKEN_X"]},
+    ),
 ]
 
 

@@ -14,6 +14,8 @@ from trainctl.controller.progress import ProgressWatch
 from trainctl.node.ranks import parse_stacks, short_path, waits_in
 from trainctl.record import Attempt, NodeRestored, Restored
 
+T0 = "2026-12-01T00:00:00.000Z"  # (a record checks its times)
+
 
 def test_a_training_loops_lines_are_progress_a_retry_loops_are_not() -> None:
     watch = ProgressWatch(0, 60, now=0.0)
@@ -35,9 +37,9 @@ def test_a_training_loops_lines_are_progress_a_retry_loops_are_not() -> None:
 def test_a_relaunch_is_bounded_by_the_jobs_own_pace_with_a_floor_and_the_restore() -> None:
     record = SimpleNamespace(
         attempts=[
-            Attempt(number=1, started_at="t", longest_quiet_seconds=25.0),
-            Attempt(number=2, started_at="t", longest_quiet_seconds=40.0),
-            Attempt(number=3, started_at="t"),
+            Attempt(number=1, started_at=T0, longest_quiet_seconds=25.0),
+            Attempt(number=2, started_at=T0, longest_quiet_seconds=40.0),
+            Attempt(number=3, started_at=T0),
         ]
     )
     bound = pace_bound(record, factor=4, floor=120)
@@ -48,7 +50,7 @@ def test_a_relaunch_is_bounded_by_the_jobs_own_pace_with_a_floor_and_the_restore
     assert bound.seconds(current) == 170.0  # time to load what it restored
     assert "4x the longest quiet stretch of the earlier attempts, 40 s" in bound.reason(current)
     assert (
-        pace_bound(record, factor=0.5, floor=120).seconds(Attempt(number=9, started_at="t")) == 120
+        pace_bound(record, factor=0.5, floor=120).seconds(Attempt(number=9, started_at=T0)) == 120
     )
     assert pace_bound(SimpleNamespace(attempts=record.attempts[-1:]), 4, 120) is None  # first
     assert pace_bound(record, factor=0, floor=120) is None  # off: the timeouts alone

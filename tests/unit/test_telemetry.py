@@ -12,6 +12,8 @@ from trainctl.controller.telemetry import Telemetry
 from trainctl.errors import StoreError
 from trainctl.record import Attempt
 
+T0 = "2026-12-01T00:00:00.000Z"  # (a record checks its times)
+
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -43,7 +45,7 @@ def test_a_progress_save_in_an_outage_fails_fast_keeps_its_points_and_says_it_on
     jobs = OutageJobs()
     spec = SimpleNamespace(metric_definitions=[])
     record = SimpleNamespace(
-        spec=spec, metrics={}, attempts=[Attempt(number=1, started_at="t", last_step=1)]
+        spec=spec, metrics={}, attempts=[Attempt(number=1, started_at=T0, last_step=1)]
     )
     said: list[str] = []
     telemetry = Telemetry(jobs, record, said.append)  # type: ignore[arg-type]

@@ -163,8 +163,6 @@ def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> 
         if not sep or not key.strip():
             raise SpecError(flag, f"{item!r} must be KEY=VALUE")
         key = key.strip()
-        if key in out:
-            raise SpecError(flag, f"{key} is given twice")
         if typed:
             try:
                 out[key] = json.loads(value)
