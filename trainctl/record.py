@@ -629,8 +629,14 @@ class JobStore:
         if state.is_terminal():
             record.ended_at = now_iso()
             # Before the record says it ended: a submit that finds the claim gone then
-            # still finds this job running, never neither (see trainctl.claims).
-            self.release_locations(record.spec)
+            # still finds this job running, never neither (see trainctl.claims). Best
+            # effort: a claim left behind is stale once the record is terminal.
+            from trainctl.errors import TrainctlError
+
+            try:
+                self.release_locations(record.spec)
+            except TrainctlError:
+                pass
         self.save(record)
         self.event("state", state=state.value, previous=previous.value, **detail)
 

@@ -227,3 +227,27 @@ def test_a_claim_left_behind_is_taken_over(home, src, tmp_path, monkeypatch):
         cli("submit", "train.py", "--source-dir", str(src), "--checkpoint-s3-uri", young)
     )
     assert "job 'arriving' (being submitted)" in line, line
+
+
+@pytest.mark.timeout(60)
+def test_a_job_ends_even_if_its_claims_cannot_be_given_back(home, src, tmp_path, monkeypatch):
+    """The store failing at the release does not keep a job from ending: the claim it left
+    is stale once the record is terminal, and the next job takes it over."""
+    from trainctl import claims
+    from trainctl.errors import StoreError
+    from trainctl.record import JobStore
+
+    uri = (tmp_path / "ck").as_uri()
+    _create(home, src, "first", checkpoint_s3_uri=uri)
+
+    def unreachable(*args, **kwargs):
+        raise StoreError("the store is unreachable")
+
+    release = claims.release_claims
+    monkeypatch.setattr(claims, "release_claims", unreachable)
+    _end(home, "first")
+    assert JobStore(_store(home), "first").load().state.value == "Stopped"
+    assert [c["job"] for c in _claims(home)] == ["first"]
+    monkeypatch.setattr(claims, "release_claims", release)
+    _create(home, src, "second", checkpoint_s3_uri=uri)
+    assert [c["job"] for c in _claims(home)] == ["second"]
