@@ -86,12 +86,17 @@ def _enc(part: str, rng: random.Random) -> str:
     return "".join(_encode(c, rng) for c in part)
 
 
-@pytest.mark.timeout(180)
-def test_no_spelling_of_a_path_serves_a_secret(home, tmp_path):
+def _finished_job(home: Path, tmp_path: Path) -> None:
+    """JOB, ended, with a secret hyperparameter its script prints."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text("import sys; print('args', sys.argv[1:])\n")
     finished_job(home, src, JOB, "-p", f"password={PASSWORD}")
+
+
+@pytest.mark.timeout(180)
+def test_no_spelling_of_a_path_serves_a_secret(home, tmp_path):
+    _finished_job(home, tmp_path)
     job_dir = store_root(home) / "jobs" / JOB
     for key, marker in FORBIDDEN.items():
         path = job_dir / key
@@ -131,10 +136,7 @@ def test_no_spelling_of_a_path_serves_a_secret(home, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_artifacts_get_takes_the_same_spellings_through_the_same_rule(home, tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "train.py").write_text("print('hello')\n")
-    finished_job(home, src, JOB, "-p", f"password={PASSWORD}")
+    _finished_job(home, tmp_path)
     attempt = store_root(home) / "jobs" / JOB / "attempts" / "attempt-1"
     endpoint = attempt / "node-1.remote-start.json"
     endpoint.write_text(json.dumps({"token": TOKEN}))

@@ -155,26 +155,6 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
                 headers={"Content-Disposition": f'attachment; filename="{leaf}"'},
             )
         return PlainTextResponse(f"{path} not found", status_code=404)
-        if path == "job.json":  # the record holds the job's secrets: shown redacted only
-            return JSONResponse(
-                jobs.load().redacted_dump(),
-                headers={"Content-Disposition": 'attachment; filename="job.json"'},
-            )
-        candidates = [(store.child(JobKeys(jobs.name).prefix), path)]
-        if path.startswith("output/"):
-            candidates.append((output_store(jobs.load()), path[len("output/") :]))
-        for root, key in candidates:
-            try:
-                data = root.get_bytes(key)
-            except NotFoundError:
-                continue
-            leaf = path.rsplit("/", 1)[-1].replace('"', "")
-            return Response(
-                data,
-                media_type="application/octet-stream",
-                headers={"Content-Disposition": f'attachment; filename="{leaf}"'},
-            )
-        return PlainTextResponse(f"{path} not found", status_code=404)
 
     def tuning_store(request: Request) -> Any:
         from trainctl.tuning.record import TuningStore
