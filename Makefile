@@ -17,13 +17,18 @@ TEST_WORKERS ?= 3
 
 venv: $(STAMP)
 
+# pip's own progress (a line a package, a bar a download) shows while it works: a fresh
+# venv takes minutes.
 $(STAMP): pyproject.toml
+	@echo "[1/3] a virtual environment in $(VENV), with a current pip"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	# torch pinned: an unpinned torch pulls several GB of CUDA wheels.
-	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[dev]"
+	@echo "[2/3] torch 2.13.0 (pinned: an unpinned torch pulls several GB of CUDA wheels)"
+	$(PIP) install --progress-bar on "torch==2.13.0"
+	@echo "[3/3] trainctl and what its tests, docs and examples use (.[dev])"
+	$(PIP) install --progress-bar on -e ".[dev]"
 	touch $(STAMP)
+	@echo "done: $(VENV)/bin/trainctl; make demo trains the example"
 
 # Into the user's own store ($TRAINCTL_HOME, default ~/.trainctl): `trainctl jobs` then
 # finds the demo, as it finds every job the user runs.

@@ -1,0 +1,100 @@
+"""A fresh machine: the README's install line gives what the README's examples import, and
+`make bench` skips a figure whose real part is missing (naming it) instead of ending in a
+traceback. (The suite itself on a machine without a container engine:
+tests/e2e/test_fresh_machine.py.)"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+# import name -> the distribution that provides it, where the two differ
+DISTRIBUTIONS = {"sklearn": "scikit-learn", "yaml": "pyyaml"}
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip().lower()
+
+
+def _installed_by(extras: list[str]) -> set[str]:
+    """The distributions `pip install -e ".[extras]"` brings in (trainctl's own extras
+    followed where one names another)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {_requirement_name(r) for r in project["dependencies"]}
+    todo, seen = list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for requirement in project["optional-dependencies"][extra]:
+            if (own := re.fullmatch(r"trainctl\[([\w,]+)\]", requirement)) is not None:
+                todo += own.group(1).split(",")
+            else:
+                names.add(_requirement_name(requirement))
+    return names
+
+
+def _imported_by_examples() -> set[str]:
+    """Every third-party module the examples import (or look up with find_spec)."""
+    modules = set()
+    for path in (REPO / "examples").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "find_spec"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                modules.add(str(node.args[0].value).split(".")[0])
+    return {m for m in modules if m not in sys.stdlib_module_names and m != "trainctl"}
+
+
+def test_the_readme_install_line_gives_what_the_readme_examples_use():
+    readme = (REPO / "README.md").read_text()
+    line = re.search(r'pip install -e "\.\[([\w,]+)\]" "torch==2\.13\.0"', readme)
+    assert line, "the README's install line names its extras and the pinned torch"
+    installed = _installed_by(line.group(1).split(",")) | {"torch"}
+    needed = {DISTRIBUTIONS.get(m, m) for m in _imported_by_examples()}
+    assert {"numpy", "scikit-learn", "torch"} <= needed  # (the scan finds the digits example's)
+    # the README's tuning example runs Optuna's search (trainctl.tuning imports it lazily)
+    if "HyperparameterTuner" in readme:
+        needed.add("optuna")
+    assert needed <= installed, f"the README's install line lacks {sorted(needed - installed)}"
+
+
+def _figure_needing(part: str):
+    def measure(ctx):
+        from tests.helpers import require_part
+
+        require_part(part, f"{part} not found")
+        raise AssertionError("not reached")
+
+    return measure
+
+
+def test_make_bench_skips_a_figure_whose_part_is_missing_and_names_it(monkeypatch, capsys):
+    from bench import run
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setitem(run.FIGURES, "needs-sshd", _figure_needing("sshd"))
+    (row,) = run.measure_figure("needs-sshd", ctx=None)
+    assert row["skipped"] == "missing part sshd: sshd not found" and row["pass"] is None
+    assert run.rows({"figures": [row]}) == [
+        ["needs-sshd", "-", "-", "missing part sshd: sshd not found", "-", "skipped"]
+    ]
+    # under CI a missing part is an error, as in the tests
+    monkeypatch.setenv("CI", "true")
+    (row,) = run.measure_figure("needs-sshd", ctx=None)
+    assert row["error"].startswith("sshd tests cannot run under CI") and row["pass"] is False
+    assert "Traceback" in capsys.readouterr().err  # (an error's traceback is shown, as before)
