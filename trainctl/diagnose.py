@@ -25,8 +25,11 @@ checkpoint location each), keep no warm capacity, and inject no faults.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -132,11 +135,16 @@ class Diagnosis(BaseModel):
     within_noise: list[str] = []  # shares smaller than the runs' own spread
     kept: bool = True  # the measurement runs are still in the store
 
-    def render(self) -> str:
+    def render(self, *, runs: bool = True) -> str:
+        """The report; `runs=False` leaves out the runs' lines (the CLI printed each as it
+        ended), keeping their job names when they were kept."""
         lines = [f"diagnosis of {self.job} ({self.nodes} node(s))", ""]
         for run in self.runs:
-            where = f"   [{run.job}]" if self.kept else ""
-            lines.append(f"  {run.line()}{where}")
+            if runs:
+                where = f"   [{run.job}]" if self.kept else ""
+                lines.append(f"  {run.line()}{where}")
+            elif self.kept:
+                lines.append(f"  {run.label:<28} kept as {run.job}")
         for label, spread in self.spread.items():
             lines.append(f"  {label:<28} spread of {self.repeats} runs: {spread:.0%}")
         lines.append("")
@@ -173,6 +181,7 @@ def diagnose(
     max_seconds: int = 600,
     repeats: int = 3,
     keep: bool = False,
+    on_start: Callable[[int], None] | None = None,
     on_run: Callable[[str, str], None] | None = None,
     on_result: Callable[[RunMeasurement], None] | None = None,
 ) -> Diagnosis:
@@ -183,8 +192,8 @@ def diagnose(
     own history of interruptions, else an assumed rate for its market; none for local or
     SSH capacity). `repeats`: runs of each configuration, interleaved, to tell a
     difference from the machine's noise. The measurement runs are hidden from job lists
-    and removed at the end unless `keep`. `on_run(label, job)` is told as each run starts,
-    `on_result(run)` as it ends."""
+    and removed at the end unless `keep`. `on_start(nodes)` is told once the input is
+    checked, `on_run(label, job)` as each run starts, `on_result(run)` as it ends."""
     from trainctl.controller.submit import default_store
 
     _check_positive("steps", steps)
@@ -198,10 +207,15 @@ def diagnose(
     record = JobStore(store, job_name).load()  # JobNotFoundError: one line, before any run
     size = record.spec.instance_count if nodes is None else nodes
     _check_positive("nodes", size)
+    if on_start:
+        on_start(size)
+
+    started: list[str] = []  # every run begun, the one under way too
 
     def run(label: str, count: int, synthetic: bool) -> RunMeasurement:
         tag = "syn" if synthetic else f"{count}n"
         name = _derived_name(job_name, tag)
+        started.append(name)
         if on_run:
             on_run(label, name)
         measured = _run(store, record, name, label, count, synthetic, steps, warmup, max_seconds)
@@ -212,17 +226,21 @@ def diagnose(
     many_label = f"{size} node{'s' if size > 1 else ''}"
     runs: list[RunMeasurement] = []
     try:
-        # Interleaved (a, b, c, a, b, c...): a load that comes and goes touches every
-        # configuration alike, rather than all the runs of one.
-        for _ in range(repeats):
-            runs.append(run(many_label, size, synthetic=False))
-            if runs[0].data_wait is not None:  # it draws through `batches`: data can be swapped
-                runs.append(run(f"{many_label}, synthetic data", size, synthetic=True))
-            if size > 1:
-                runs.append(run("1 node", 1, synthetic=False))
+        with _sigterm_interrupts():
+            # Interleaved (a, b, c, a, b, c...): a load that comes and goes touches every
+            # configuration alike, rather than all the runs of one.
+            for _ in range(repeats):
+                runs.append(run(many_label, size, synthetic=False))
+                if runs[0].timing is None:
+                    break  # no step reported and cut at max_seconds: more runs say no more
+                if runs[0].data_wait is not None:  # it draws through `batches`: swap the data
+                    runs.append(run(f"{many_label}, synthetic data", size, synthetic=True))
+                if size > 1:
+                    runs.append(run("1 node", 1, synthetic=False))
     finally:
+        _end_runs(store, started)  # (only an interrupted one has not ended)
         if not keep:
-            _remove_runs(store, [r.job for r in runs])
+            _remove_runs(store, started)
     if interruptions_per_hour is not None:
         rate, source = interruptions_per_hour, "given"
     else:
@@ -240,6 +258,37 @@ def diagnose(
     )
     result.kept = keep
     return result
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends diagnose as Ctrl-C does (KeyboardInterrupt): the run under way is
+    stopped by its controller, which handles both while it runs, and no other starts."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end_runs(store: Store, names: list[str]) -> None:
+    """Stop a run diagnose was interrupted in (Ctrl-C, SIGTERM) before its controller
+    recorded its end, or before one ran at all: nothing of it goes on."""
+    from trainctl.controller.submit import stop_job
+
+    for name in names:
+        try:
+            if not JobStore(store, name).load().state.is_terminal():
+                stop_job(store, name, timeout=60)
+        except Exception:  # (not made yet, or gone: nothing to end)
+            pass
 
 
 def _remove_runs(store: Store, names: list[str]) -> None:
@@ -334,7 +383,11 @@ def _follow(store: Store, record: JobRecord) -> JobRecord:
 
         start_detached(store, record)
         return supervise(store, record.name, printer=None)
-    return Controller(store, record.name, printer=None).run()
+    controller = Controller(store, record.name, printer=None)
+    final = controller.run()
+    if controller.signalled is not None:  # Ctrl-C or SIGTERM stopped the run: diagnose too
+        raise KeyboardInterrupt
+    return final
 
 
 def _notice_unsaved(runs: list[RunMeasurement]) -> str | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -39,12 +41,14 @@ def _job_names(home: Path) -> set[str]:
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_diagnose_digits_measures_every_share_and_leaves_the_job_alone(home):
-    job = digits_estimator({"epochs": 1, "checkpoint-every": 4}).fit(logs=False)
+    # 2 epochs of 23 steps a node: the measured steps span the first epoch's end, where
+    # rank 0 alone reports again (its test accuracy), as the demo does
+    job = digits_estimator({"epochs": 2, "checkpoint-every": 4}).fit(logs=False)
     before = job.describe()
     checkpoints = sorted(i.key for i in job.store.list(f"jobs/{job.name}/checkpoints"))
 
     done = _trainctl(
-        "diagnose", job.name, "--steps", "8", "--warmup", "2", "--repeats", "1", "--keep",
+        "diagnose", job.name, "--steps", "30", "--warmup", "2", "--repeats", "1", "--keep",
         "-o", "json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -54,14 +58,17 @@ def test_diagnose_digits_measures_every_share_and_leaves_the_job_alone(home):
     # a line per run as it ended (on stderr: stdout is the JSON)
     printed = [line.strip() for line in done.stderr.splitlines() if "ms/step" in line]
     assert printed == [run.line().strip() for run in result.runs], done.stderr
-    for run in result.runs:
-        assert run.state == "Completed" and run.steps == 8, run
-        assert run.samples == 8 * 32 and run.seconds and run.seconds > 0, run
+    for run in result.runs:  # every rank ended at the same step, by itself
+        assert run.state == "Completed" and run.steps == 30, run
+        assert run.seconds and run.seconds > 0, run
         assert run.job.startswith(f"{job.name}-dx-")
     main, synthetic, single = result.runs
     assert main.nodes == synthetic.nodes == 2 and single.nodes == 1
+    # 32 a batch, and the epoch's last (short) batch among the 2-node runs' 30
+    assert 29 * 32 < main.samples < 30 * 32 and synthetic.samples == main.samples, main
+    assert single.samples == 30 * 32, single
     assert synthetic.synthetic and main.data_wait is not None and main.data_wait > 0
-    assert main.saves == 2 and main.checkpoint_stall and main.checkpoint_stall > 0
+    assert main.saves == 8 and main.checkpoint_stall and main.checkpoint_stall > 0  # 4, 8...32
     assert main.notice_handler == "trainctl"  # digits checkpoints at a notice (PreemptionFlag)
     for share in (result.communication_share, result.io_share, result.checkpoint_share):
         assert share is not None and 0 <= share < 1
@@ -97,6 +104,63 @@ def test_diagnose_a_script_without_helpers_times_whole_runs_and_says_what_it_cou
     assert "scaling efficiency" in out and "synthetic" not in out, out
     assert "not measured:" in out and "report_step" in out, out
     assert _job_names(home) == {job.name}  # its runs (no synthetic one) removed: no --keep
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_diagnose_ends_runs_whose_ranks_report_unequally_and_ends_at_sigterm(home):
+    """Only rank 0 reports, twice at each epoch's end; every rank all-reduces each step.
+    Each run ends (by the controller, soon after the measurement), and SIGTERM ends
+    diagnose itself, its run stopped and removed."""
+    job = Estimator("train.py", source_dir=str(FIXTURES / "rank0steps"), instance_count=2).fit(
+        logs=False
+    )
+    started = time.monotonic()
+    done = _trainctl("diagnose", job.name, "--steps", "10", "--warmup", "2", "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 150  # (it hung until max_seconds: 600 s a run)
+    assert done.stdout.startswith(f"diagnosing {job.name}"), done.stdout  # a header at once
+    as_they_ended = done.stdout.split(f"diagnosis of {job.name}")[0]
+    two, one = [line for line in as_they_ended.splitlines() if "10 steps" in line]
+    assert two.strip().startswith("2 nodes") and one.strip().startswith("1 node"), done.stdout
+    assert _job_names(home) == {job.name}
+
+    proc = subprocess.Popen(
+        [TRAINCTL, "diagnose", job.name, "--steps", "10", "--warmup", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_job_names(home)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # its first run is made
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert time.monotonic() - stopped_at < 45, "diagnose went on after SIGTERM"
+    assert _job_names(home) == {job.name}  # the run under way: stopped and removed
+
+
+def test_diagnose_counts_steps_not_calls(monkeypatch):
+    """A step reported twice (rank 0's accuracy at an epoch's end) counts once: each rank
+    ends at the same step however often it reports one."""
+
+    def ending_step(calls: list[int]) -> int:
+        monkeypatch.setenv(diagnosis.DIAGNOSE_STEPS, "5")
+        monkeypatch.setenv(diagnosis.DIAGNOSE_WARMUP, "2")
+        monkeypatch.setattr(diagnosis, "_meter_read", False)
+        monkeypatch.setattr(diagnosis, "_meter", None)
+        try:
+            return next(step for step in calls if diagnosis.on_step(step, rank=1))
+        finally:
+            monkeypatch.setattr(diagnosis, "_meter", None)  # no exit-time report
+
+    every_step = list(range(1, 20))
+    epoch_ends_again = [c for step in every_step for c in ([step, step] if step % 3 else [step])]
+    assert ending_step(every_step) == ending_step(epoch_ends_again) == 8  # 2 + 1 + 5
 
 
 @pytest.mark.timeout(60)

@@ -280,6 +280,31 @@ def test_a_step_pruned_between_scan_and_upload_is_not_an_error(tmp_path, store, 
     assert sync.sync_once() == 0  # nothing left to do: the vanished file is not retried
 
 
+def test_a_step_directory_pruned_during_the_scan_is_not_an_error(tmp_path, store, monkeypatch):
+    """The script's rotation deletes a whole step directory after the scan listed it and
+    before it looked inside (the demo's `[Errno 2] ... checkpoints/step-000000030`): the
+    pass leaves it out and says nothing."""
+    import os
+    import shutil
+
+    local = tmp_path / "ckpt"
+    for step in ("step-000000030", "step-000000040"):
+        (local / step).mkdir(parents=True)
+        (local / step / "model.pt").write_bytes(step.encode())
+    real_scandir = os.scandir
+
+    def rotating(path="."):
+        if isinstance(path, (str, os.PathLike)) and Path(path).name == "step-000000030":
+            shutil.rmtree(path, ignore_errors=True)  # the script's rotation, just then
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", rotating)
+    said: list[str] = []
+    sync = CheckpointSync(store, local, 0, interval=60, log=said.append)
+    assert sync.sync_once() == 1 and said == []
+    assert list(json.loads(store.get_text(manifest_key(0)))["files"]) == ["step-000000040/model.pt"]
+
+
 def test_a_checkpoint_saved_in_place_and_cut_short_keeps_its_last_whole_copy(tmp_path, store):
     """A SageMaker-style script's torch.save straight into its checkpoint dir (no temp name):
     a copy caught mid-write never overwrites the stored one."""

@@ -464,13 +464,23 @@ def diagnose(
 
     check_output(output)
 
-    def ended(run: Any) -> None:
+    def say(text: str) -> None:
         # (sys.stdout looked up now: under the spinner rich has redirected it above the line)
         lines = sys.stderr if output == "json" else sys.stdout
-        lines.write(f"  {run.line()}\n")
+        lines.write(text + "\n")
         lines.flush()
 
-    with progress_status(f"diagnosing {job}") as say:
+    def ended(run: Any) -> None:
+        say(f"  {run.line()}")
+
+    def header(nodes: int) -> None:
+        say(
+            f"diagnosing {job} on {nodes} node(s): each run {warmup} warm-up + {steps} "
+            f"measured steps, at most {max_seconds} s; {repeats} run(s) of each "
+            "configuration; a line as each ends"
+        )
+
+    with progress_status(f"diagnosing {job}") as running:
         result = run_diagnosis(
             job,
             steps=steps,
@@ -480,13 +490,14 @@ def diagnose(
             max_seconds=max_seconds,
             repeats=repeats,
             keep=keep,
-            on_run=lambda label, name: say(f"{label} ({name})"),
+            on_start=header,
+            on_run=lambda label, name: running(f"{label} ({name})"),
             on_result=ended,
         )
     if output == "json":
         print_json(result.model_dump())
         return
-    sys.stdout.write("\n" + result.render() + "\n")
+    sys.stdout.write("\n" + result.render(runs=False) + "\n")
 
 
 @app.command()

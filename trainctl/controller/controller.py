@@ -66,6 +66,10 @@ RECORD_SAVE_SECONDS = 2.0
 # After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
 # a preemption) before blaming the user's code.
 SETTLE_SECONDS = 3.0
+# A diagnose run's ranks end by themselves once measured when each reported every step;
+# where they report unequally (rank 0 only, at epoch ends) a rank waits in a collective for
+# a peer that has ended: past this, what still runs is stopped (the measurement is in).
+MEASURED_GRACE_SECONDS = 10.0
 # Attempts in a row that end before every node started training: then the job fails.
 MAX_ATTEMPTS_NEVER_STARTED = 3
 # How often the provider is asked whether machines are gone (EC2: DescribeInstances).
@@ -154,6 +158,7 @@ class Controller:
         self._attempt_started = 0.0
         self.budget = TimeBudget(self.record)  # max_run, max_wait
         self._notices: dict[int, float] = {}
+        self._measured_at: float | None = None  # a diagnose run's measurement arrived
         self._resumes = Resumes()  # where the attempt resumed from, and what that cost
         # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
         # job on its on-demand fallback trying spot again (None: it is not).
@@ -178,6 +183,11 @@ class Controller:
         )
 
     # -- signals ------------------------------------------------------------------------
+    @property
+    def signalled(self) -> int | None:
+        """The signal (SIGINT, SIGTERM) that stopped the job while this ran, if one did."""
+        return self._signal
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only note it: the watch loop turns it into a stop with the requester's reason.
         if signum == getattr(signal, "SIGHUP", None):
@@ -456,6 +466,7 @@ class Controller:
         self._training_started = None
         self._first_step_at = None
         self._notices = {}
+        self._measured_at = None
         self._resumes = Resumes()
         self._state_stored = False
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
@@ -671,6 +682,15 @@ class Controller:
             watch.next_stop_check = now + STOP_CHECK_SECONDS
             self.stop_reason = self.jobs.stop_requested()
             self.stop_reason = self.stop_reason or self.budget.reached(self._training_started)
+        if self.stop_reason is None and self._measured_at is not None:
+            # (a rank that ended abnormally after the measurement is one its peer's end
+            # broke: not the script's failure)
+            if all(n.exit_code is not None for n in runners) or (
+                now - self._measured_at > MEASURED_GRACE_SECONDS
+            ):
+                self.stop_reason = "measured: the diagnose run has its steps"
+            else:
+                return None  # the other ranks end by themselves, or at the grace
         if self.stop_reason is not None:
             self._stop_nodes(nodes, self.settings.stop_grace_seconds, self.stop_reason)
             return AttemptEnd("stopped", self.stop_reason)
@@ -860,6 +880,8 @@ class Controller:
         """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
         fields = {k: v for k, v in msg.items() if k not in ("event", "attempt")}
         self.jobs.event("diagnosis", attempt=attempt.number, **fields)
+        if self.record.measurement_of is not None and self._measured_at is None:
+            self._measured_at = clock().monotonic()
 
     def _started_up(self, attempt: Attempt, nodes: dict[int, LiveNode]) -> None:
         """Once every node has launched and a step was seen: where the start-up went, per

@@ -20,6 +20,8 @@ no step complete across ranks: a relaunch from scratch although every rank had c
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,16 +49,25 @@ def scan(local: Path) -> dict[str, Signature]:
     found: dict[str, Signature] = {}
     if not local.is_dir():
         return found
-    for path in local.rglob("*"):
-        rel = path.relative_to(local)
-        if any(part.endswith(TMP_SUFFIX) for part in rel.parts) or rel.parts[0] == MANIFEST_DIR:
-            continue
-        try:
-            if path.is_file() and not path.is_symlink():
-                st = path.stat()
-                found[rel.as_posix()] = (st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            continue  # pruned while we looked
+    # os.walk, not Path.rglob: a script that rotates its checkpoints deletes a step's
+    # directory between the listing of its parent and the look inside it, which rglob
+    # raises (FileNotFoundError) and os.walk passes over (errors go to onerror: none).
+    for top, dirs, files in os.walk(local):
+        here = Path(top).relative_to(local)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.endswith(TMP_SUFFIX) and not (here == Path(".") and d == MANIFEST_DIR)
+        ]
+        for name in files:
+            if name.endswith(TMP_SUFFIX) or (here == Path(".") and name == MANIFEST_DIR):
+                continue
+            try:
+                st = os.stat(os.path.join(top, name), follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # pruned while we looked
+            if stat.S_ISREG(st.st_mode):
+                found[(here / name).as_posix()] = (st.st_size, st.st_mtime_ns)
     return found
 
 

@@ -8,14 +8,19 @@ that lets it substitute synthetic data.
 Everything here is inert unless the diagnose run sets DIAGNOSE_STEPS in the environment:
 `batches` then only passes the loader's batches through. Under a diagnose run:
 
-- the first DIAGNOSE_WARMUP `report_step` calls are a warm-up (start-up, first
-  iterations, allocator growth) and are not measured;
-- the next DIAGNOSE_STEPS calls are: wall time, the time spent waiting for the next batch
+- steps are counted by the step number `report_step` is given, not by its calls: a
+  script that reports a step twice (rank 0 again at an epoch's end, with its accuracy)
+  counts it once, so every rank that reports each step ends at the same one;
+- the first DIAGNOSE_WARMUP steps are a warm-up (start-up, first iterations, allocator
+  growth) and are not measured;
+- the next DIAGNOSE_STEPS steps are: wall time, the time spent waiting for the next batch
   in `batches` (data loading), the samples of each batch, and the time `Checkpointer.save`
   held the loop (and its background write took);
-- then rank 0 sends a `diagnosis` control message with those numbers and every rank ends
-  the process (exit 0): every rank calls `report_step` at the same step, as a data-parallel
-  loop does;
+- then rank 0 sends a `diagnosis` control message with those numbers and each rank that
+  reached the step ends the process (exit 0). Ranks that report less (rank 0 only, or
+  some steps only) cannot all end together that way: the controller stops what is still
+  running a few seconds after the message (trainctl.controller), so no run waits in a
+  collective for a peer that has gone;
 - with SYNTHETIC_DATA=1, `batches` yields the loader's first batch again and again (as
   many batches per epoch as the loader has): no reading, decoding or collating, which is
   how the run without data loading is made.
@@ -52,7 +57,8 @@ class _Meter:
         # sampler that never runs (nothing is drawn from it) would not say how long the
         # next one is; None for a loader without a length
         self.epoch_sizes: list[int] | None = None
-        self.calls = 0
+        self.calls = 0  # distinct steps reported (a step reported again is not counted)
+        self.step_seen: int | None = None  # the step number reported last
         self.started: float | None = None  # when the warm-up ended
         self.used_batches = False  # the script draws its data through `batches`
         self.data_wait = 0.0
@@ -202,11 +208,14 @@ def checkpoint_written(seconds: float) -> None:
 
 
 def on_step(step: int, rank: int) -> bool:
-    """Called by `report_step` on every rank: count; True once the run is measured (the
-    caller then ends the process)."""
+    """Called by `report_step` on every rank: count each new step; True once the run is
+    measured (the caller then ends the process)."""
     meter = _active()
-    if meter is None:
+    if meter is None or meter.reported:
         return False
+    if meter.step_seen is not None and int(step) == meter.step_seen:
+        return False  # the same step again (an epoch's end, another metric): counted once
+    meter.step_seen = int(step)
     meter.calls += 1
     meter.last_at = time.perf_counter()
     if meter.started is None:
