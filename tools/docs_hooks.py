@@ -175,7 +175,8 @@ def _command(path: str, command: Any, context: Any, *, top: bool = False) -> str
             continue
         names, text = record
         names = names.replace("|", "\\|")
-        text = " ".join(text.split()).replace("|", "\\|")
+        # (`<redacted>` and `SM_CHANNEL_<CHANNEL>` are text, not HTML tags)
+        text = _text_not_tags(" ".join(text.split()).replace("|", "\\|"))
         rows.append(f"| `{names}` | {text} |")
     if rows:
         lines += ["| argument or option | what it does |", "|---|---|", *rows]
@@ -185,4 +186,11 @@ def _command(path: str, command: Any, context: Any, *, top: bool = False) -> str
 def _help(text: str) -> str:
     """A docstring as markdown: its paragraphs, each line joined (as `--help` wraps it)."""
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
-    return "\n\n".join(paragraphs)
+    return _text_not_tags("\n\n".join(paragraphs))
+
+
+def _text_not_tags(text: str) -> str:
+    """`<` outside code spans as `&lt;`: help's `<redacted>` is a word, not an HTML tag
+    (which a page would drop); inside backticks it is shown as written already."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))

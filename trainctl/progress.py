@@ -64,7 +64,6 @@ def progress_task(
         with _notebook_task(description, total, bytes_) as advance:
             yield advance
         return
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -75,12 +74,14 @@ def progress_task(
         TransferSpeedColumn,
     )
 
+    from trainctl.terminal import console
+
     columns: list = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is not None:
         columns.append(BarColumn())
         columns += [DownloadColumn(), TransferSpeedColumn()] if bytes_ else []
     columns.append(TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
 
@@ -99,9 +100,9 @@ def status(message: str) -> Iterator[Callable[[str], None]]:
         finally:
             line.show(f"{message}: done in {line.elapsed():.1f} s", force=True)
         return
-    from rich.console import Console
+    from trainctl.terminal import console
 
-    with Console(stderr=True).status(message) as spinner:
+    with console(stderr=True).status(message) as spinner:
         yield lambda text: spinner.update(f"{message}: {text}")
 
 

@@ -89,9 +89,48 @@ def test_version_and_help_follow_click_conventions(made):
         assert "<bool>" not in shown and "<str>" not in shown and "{" not in shown, shown
     logs = run(env, "logs", "--help").stdout
     assert "Usage: trainctl logs [OPTIONS] JOB" in logs
-    assert re.search(r"--follow\s+-f\s+Keep printing", logs), logs
+    assert re.search(r"-f, --follow\s+Keep printing", logs), logs
     # a docstring's lines are one paragraph that wraps to the terminal
-    assert "follows until the job ends and then, like attach" in " ".join(logs.split())
+    assert "follows until the job ends and then, like `attach`" in " ".join(logs.split())
+
+
+def _option_names() -> dict[str, list[str]]:
+    """Every command's option names (the click tree the installed command is made of)."""
+    import typer
+
+    from trainctl.cli import app, tidy_help
+
+    root = tidy_help(typer.main.get_command(app))
+    return {
+        name: [
+            opt
+            for param in command.params
+            if param.param_type_name == "option" and not param.hidden
+            for opt in (*param.opts, *param.secondary_opts)
+        ]
+        for name, command in root.commands.items()
+    }
+
+
+def test_help_shows_every_option_name_whole_at_any_width(made):
+    """No name cut with "…" (typer's tables did at 80 and at 120 columns), no line wider
+    than the terminal but an option's own names, and `<redacted>` shown as a word."""
+    env, _ = made
+    names = _option_names()
+    for columns in (40, 80, 120):  # (click's help is never narrower than 50)
+        for command in ("submit", "tune", "logs"):  # the longest option names
+            shown = run({**env, "COLUMNS": str(columns)}, command, "--help").stdout
+            assert "…" not in shown, shown
+            for name in names[command]:
+                assert re.search(rf"(^|[\s,/]){re.escape(name)}([\s,/=]|$)", shown, re.M), (
+                    columns, command, name, shown,
+                )  # fmt: skip
+            for line in shown.splitlines():
+                width = max(columns, 50)
+                assert len(line) <= width or line.strip().startswith("-"), (columns, line)
+    submit = run({**env, "COLUMNS": "80"}, "submit", "--help").stdout
+    assert submit.count("<redacted>") >= 2, submit  # --secret-env, --secret-hyperparameters
+    assert "\x1b[" not in submit  # plain text: nothing for NO_COLOR to take out
 
 
 def test_tab_completes_job_names_for_every_command_that_takes_one(made):
@@ -177,8 +216,13 @@ def test_node_colours_follow_no_color_term_and_force_color(made):
     assert "\x1b[" in coloured and "[algo-1]" in ANSI.sub("", coloured)
     assert COLOUR.search(coloured), coloured
     _, uncoloured = on_a_terminal({**env, "NO_COLOR": "1"}, "logs", "saver")
-    # no-color.org: no colour; bold may stay
-    assert "[algo-1] saved" in ANSI.sub("", uncoloured) and not COLOUR.search(uncoloured)
+    assert "[algo-1] saved" in uncoloured and "\x1b[" not in uncoloured
+    # no escape at all under NO_COLOR (rich alone keeps bold): tables, status, trees
+    for command in (("jobs",), ("status", "saver"), ("artifacts", "saver")):
+        _, shown = on_a_terminal({**env, "NO_COLOR": "1"}, *command)
+        assert "saver" in shown and "\x1b[" not in shown, (command, shown)
+        _, bold = on_a_terminal(env, *command)
+        assert "\x1b[" in bold, command  # (and with colour, they have styles)
     _, dumb = on_a_terminal({**env, "TERM": "dumb"}, "logs", "saver")
     assert "[algo-1] saved" in dumb and "\x1b[" not in dumb
     forced = run({**env, "FORCE_COLOR": "1"}, "logs", "saver")

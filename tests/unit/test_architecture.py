@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "trainctl.procs",
         "trainctl.cluster",
         "trainctl.gpus",
+        "trainctl.terminal",
         "trainctl.metrics",
         "trainctl.toolkit",
         "trainctl.train",

@@ -13,9 +13,11 @@ app = typer.Typer(
     name="trainctl",
     help="Managed training for PyTorch: submit jobs, follow their logs, fetch their models.",
     no_args_is_help=True,
-    # Markdown: a docstring's lines are one paragraph that wraps to the terminal, and
-    # `code` reads as code.
-    rich_markup_mode="markdown",
+    # click's plain help, as kubectl's and the aws CLI's: an option's whole name on its
+    # line at any width (typer's rich tables cut long names with "…" on narrow terminals
+    # and took `<redacted>` for markup), no colour escapes, and a docstring's lines one
+    # paragraph that wraps to the terminal.
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 

@@ -22,10 +22,10 @@ from trainctl.cli.app import (
 @handle_errors
 def pools(output: str = OutputOpt) -> None:
     """List the resource pools configured in config.yaml."""
-    from rich.console import Console
     from rich.table import Table
 
     from trainctl.spec.settings import get_settings, trainctl_home
+    from trainctl.terminal import console
 
     check_output(output)
     configured = get_settings().pools
@@ -55,7 +55,7 @@ def pools(output: str = OutputOpt) -> None:
             market,
             str(pool.max_instances or "-"),
         )
-    Console().print(table)
+    console().print(table)
 
 
 RegionOpt = typer.Option(
@@ -133,8 +133,9 @@ def warm(
     if not listed:
         sys.stdout.write("no warm capacity\n")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from trainctl.terminal import console
 
     table = Table(box=None, header_style="bold")
     for col in ("POOL", "REGION", "INSTANCES", "MARKET", "LEFT BY", "IDLE", "EXPIRES IN", "STATE"):
@@ -152,7 +153,7 @@ def warm(
             "released" if p["pool"] in gone else p["state"],
         )
     # Piped, the table keeps whole pool and job names rather than a terminal's 80 columns.
-    Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+    console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
 
 
 @app.command()

@@ -87,12 +87,12 @@ def jobs(
 def _console() -> Any:
     """A console as wide as the terminal; piped, as wide as the lines are (a pipe or a file
     gets every column whole, never the 80 columns rich assumes)."""
-    from rich.console import Console
+    from trainctl.terminal import console
 
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=100_000)
-    return console
+    out = console(highlight=False)
+    if not out.is_terminal:
+        out = console(highlight=False, width=100_000)
+    return out
 
 
 def _cells(*values: Any) -> list[Any]:
@@ -591,10 +591,11 @@ def artifacts(
 
 
 def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:
-    from rich.console import Console
     from rich.tree import Tree
 
-    console = Console(highlight=False)
+    from trainctl.terminal import console
+
+    out = console(highlight=False)
     for root, infos in groups:
         tree = Tree(f"[bold]{root}[/]")
         branches: dict[str, Tree] = {"": tree}
@@ -607,7 +608,7 @@ def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:
                         f"[bold blue]{parts[depth - 1]}/[/]"
                     )
             branches["/".join(parts[:-1])].add(f"{parts[-1]}  [dim]{_size(info.size)}[/]")
-        console.print(tree)
+        out.print(tree)
 
 
 def _size(n: int) -> str:

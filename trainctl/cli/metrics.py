@@ -39,11 +39,12 @@ def metrics(
     printed: set[tuple[Any, ...]] = set()  # -f with json/csv: each value once, as it comes
     live = None
     if follow and output == "text" and sys.stdout.isatty():
-        from rich.console import Console
         from rich.live import Live
 
+        from trainctl.terminal import console
+
         # redrawn in place on the terminal (the last view stays when the job ends)
-        live = Live(console=Console(highlight=False), auto_refresh=False)
+        live = Live(console=console(highlight=False), auto_refresh=False)
         live.start()
     try:
         while True:
@@ -103,10 +104,10 @@ def _show(points: list[dict[str, Any]], names: list[str] | None, output: str, pl
         writer.writeheader()
         writer.writerows(points)
         return
-    from rich.console import Console
+    from trainctl.terminal import console
 
     view = _view(points, names, plot)
-    Console(highlight=False, soft_wrap=plot).print(view)
+    console(highlight=False, soft_wrap=plot).print(view)
 
 
 def _view(points: list[dict[str, Any]], names: list[str] | None, plot: bool) -> Any:

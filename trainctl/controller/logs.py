@@ -15,12 +15,12 @@ class LogPrinter:
     """Writes `[algo-N] line` to a terminal (coloured) or a plain stream."""
 
     def __init__(self, stream: TextIO | None = None, *, colour: bool | None = None) -> None:
-        from rich.console import Console
+        from trainctl.terminal import console
 
         self.stream = stream or sys.stdout
         # colour=None: rich decides, as everywhere else: a terminal gets colour unless
         # NO_COLOR is set or TERM=dumb; FORCE_COLOR colours a pipe too.
-        self.console = Console(
+        self.console = console(
             file=self.stream,
             force_terminal=colour,
             no_color=None if colour is None else not colour,
