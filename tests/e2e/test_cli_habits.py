@@ -347,8 +347,32 @@ def test_logs_filters_times_and_merge(made, tmp_path):
         == run(env, "logs", "ticker", "-n", "0").stdout
     )
     whole = run(env, "logs", "ticker").stdout.splitlines()
-    assert run(env, "logs", "ticker", "--tail", "2").stdout.splitlines() == whole[-2:]
+    # --tail: each node's last lines (kubectl's, per container), in their order
+    each = [[line for line in whole if line.startswith(f"[algo-{n}] ")] for n in (1, 2)]
+    assert run(env, "logs", "ticker", "--tail", "2").stdout.splitlines() == (
+        each[0][-2:] + each[1][-2:]
+    )
     assert run(env, "logs", "ticker", "--attempt", "2").stdout == ""
+    # --rank on nodes of one process each: the node's rank is its worker's
+    assert _ticks(run(env, "logs", "ticker", "--rank", "1").stdout) == _ticks(second)
+    assert not any(
+        line.startswith("[algo-2] [trainctl]")
+        for line in run(env, "logs", "ticker", "--rank", "1").stdout.splitlines()
+    )  # (the node agent's own lines are no worker's)
+    # --no-prefix: the script's lines alone; -o json: a JSON object a line
+    bare = run(env, "logs", "ticker", "-n", "1", "--no-prefix").stdout
+    assert [line for line in bare.splitlines() if line.startswith("tick ")] == [
+        f"tick {i} node 1" for i in range(3)
+    ]
+    assert "[algo-" not in bare
+    objects = [
+        json.loads(line) for line in run(env, "logs", "ticker", "-o", "json").stdout.splitlines()
+    ]
+    ticks = [o for o in objects if " tick " in f" {o['line']}"]
+    assert [(o["node"], o["rank"], o["attempt"], o["line"]) for o in ticks[:3]] == [
+        ("algo-1", 0, 1, f"tick {i} node 0") for i in range(3)
+    ]
+    assert all(STAMP.match(o["time"] + " ") for o in objects), objects
 
     # --merge interleaves the nodes by each line's time: stamps set here (node 0's ticks at
     # :00, :02, :04, node 1's at :01, :03, :05), not left to when each node got a CPU
@@ -379,9 +403,17 @@ def test_logs_filters_times_and_merge(made, tmp_path):
     old.write_text("\n".join(lines) + "\n")
     recent = _ticks(run(env2, "logs", "ticker", "--since", "1d", "--node", "0").stdout)
     assert recent == ["[algo-1] tick 1 node 0", "[algo-1] tick 2 node 0"]
+    # ... or since a time (kubectl's --since-time, aws logs tail --since): UTC unless it says
+    for when in ("2021-01-01T00:00:00Z", "2021-01-01", "2021-01-01T01:00:00+01:00"):
+        since = _ticks(run(env2, "logs", "ticker", "--since", when, "--node", "0").stdout)
+        assert since == recent, when
+    everything = _ticks(run(env2, "logs", "ticker", "--since", "2019-12-31", "-n", "0").stdout)
+    assert len(everything) == 3
 
     for bad, field in (
         (["--since", "ten minutes"], "--since"),
+        (["--since", "2026-13-01"], "--since"),
+        (["-o", "yaml"], "--output"),
         (["--node", "gpu-3"], "--node"),
         (["--tail", "-1"], "--tail"),
     ):

@@ -271,19 +271,36 @@ def logs(
         None, "--node", "-n", help="Only this node: its rank (0) or algo-N; repeatable."
     ),
     rank: list[int] | None = typer.Option(
-        None, "--rank", help="Only this worker process (its global rank); repeatable."
+        None,
+        "--rank",
+        help="Only this worker process (its global rank; a node of one process has its "
+        "node's); repeatable.",
     ),
     attempt: list[int] | None = typer.Option(
         None, "--attempt", "-a", help="Only this attempt; repeatable."
     ),
-    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines (then follow)."),
+    tail: int | None = typer.Option(
+        None, "--tail", help="Only each node's last N lines (then follow)."
+    ),
     since: str | None = typer.Option(
-        None, "--since", help="Only lines from the last 30s, 10m, 2h, 1d."
+        None,
+        "--since",
+        help="Only lines from the last 30s, 10m, 2h, 1d, or since a time "
+        "(2026-12-02T10:00:00Z; UTC unless it says).",
     ),
     timestamps: bool = typer.Option(
         False, "--timestamps", "-t", help="Each line's time (UTC) before it."
     ),
     merge: bool = typer.Option(False, "--merge", help="Every node's lines interleaved by time."),
+    no_prefix: bool = typer.Option(
+        False, "--no-prefix", help="The script's lines alone, without [algo-N]."
+    ),
+    output: str = typer.Option(
+        "text",
+        "-o",
+        "--output",
+        help="text, or json: a JSON object a line (time, attempt, node, rank, line).",
+    ),
 ) -> None:
     """Print every node's log (all attempts) from the store, node after node (--merge:
     interleaved by time); -f follows until the job ends and then, like `attach`, prints its
@@ -294,6 +311,7 @@ def logs(
     from trainctl.estimator import TrainingJob
     from trainctl.state import JobState
 
+    check_output(output)
     handle = TrainingJob.attach(job)
     handle.logs(
         follow=follow,
@@ -304,6 +322,8 @@ def logs(
         since=since,
         timestamps=timestamps,
         merge=merge,
+        prefix=not no_prefix,
+        output=output,
     )
     if not follow:
         return
@@ -314,7 +334,8 @@ def logs(
         )
         raise typer.Exit(EXIT_FAILED)
     record = handle._record()
-    print_summary(LogPrinter(sys.stdout), record)
+    if output == "text":  # (JSON lines are the lines alone; the exit code is the verdict)
+        print_summary(LogPrinter(sys.stdout), record)
     if record.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+# How the node agent starts the lines it writes itself (trainctl.node.agent's log).
+AGENT_LINE = "[trainctl] "
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
 
 
@@ -29,11 +31,18 @@ class LogPrinter:
         )
 
     def node_line(
-        self, rank: int, line: str, *, attempt: int | None = None, stamp: str | None = None
+        self,
+        rank: int,
+        line: str,
+        *,
+        attempt: int | None = None,
+        stamp: str | None = None,
+        prefix: bool = True,
     ) -> None:
         """`[algo-N] line`; a line of one of several processes `[algo-N:R] line` (R: its
         rank, see protocol.RANK_MARK); an attempt after the first `[algo-N#A] line`; with
-        `stamp` (its time, --timestamps), `TIME [algo-N] line`."""
+        `stamp` (its time, --timestamps), `TIME [algo-N] line`; without `prefix`, the
+        script's line alone (after its time, if asked)."""
         from rich.text import Text
 
         from trainctl.protocol import split_rank
@@ -43,9 +52,17 @@ class LogPrinter:
         if attempt is not None and attempt != 1:
             label += f"#{attempt}"
         text = Text() if stamp is None else Text(f"{stamp:<24} ", style="dim")
-        text.append(f"[{label}] ", style=f"bold {COLOURS[rank % len(COLOURS)]}")
+        if prefix:
+            text.append(f"[{label}] ", style=f"bold {COLOURS[rank % len(COLOURS)]}")
         text.append(line)
         self.console.print(text)
+
+    def json_line(self, fields: dict[str, object]) -> None:
+        """One JSON object on its own line (`logs -o json`): no colour, no wrapping."""
+        import json
+
+        self.stream.write(json.dumps(fields) + "\n")
+        self.stream.flush()
 
     def info(self, message: str) -> None:
         from rich.text import Text
@@ -61,19 +78,62 @@ class LogSelection:
     ranks: frozenset[int] | None = None  # process ranks of `[rank R]` lines; None: all lines
     attempts: tuple[int, ...] | None = None  # None: every attempt
     since: str | None = None  # a stamp (protocol.stamp): lines stamped earlier are left out
-    tail: int | None = None  # only the last N lines of what is there now (then follow)
+    tail: int | None = None  # only each node's last N lines of what is there now (then follow)
     merge: bool = False  # every node's lines interleaved by time, not node after node
     timestamps: bool = False  # print each line's time before it
+    prefix: bool = True  # `[algo-N]` before each line
+    output: str = "text"  # text | json (a JSON object a line: time, attempt, node, rank, line)
 
-    def keeps(self, node: int, stamp: str | None, text: str) -> bool:
-        from trainctl.protocol import split_rank
-
+    def keeps(self, node: int, stamp: str | None, text: str, *, single: bool = False) -> bool:
+        """Whether the line is printed; `single`: its node runs one worker process, whose
+        global rank is the node's (its lines carry no `[rank R]` mark)."""
         if self.nodes is not None and node not in self.nodes:
             return False
-        if self.ranks is not None and split_rank(text)[0] not in self.ranks:
+        if self.ranks is not None and line_rank(node, text, single=single) not in self.ranks:
             return False
         # (stamps sort as times do; a line stored before stamps is not known to be recent)
         return self.since is None or (stamp is not None and stamp >= self.since)
+
+
+def line_rank(node: int, text: str, *, single: bool) -> int | None:
+    """The global rank of the worker that printed a node log line: its `[rank R]` mark, or
+    on a node of one worker process the node's rank (that worker's); None: no worker's
+    (the node agent's own `[trainctl] ...` lines among them)."""
+    from trainctl.protocol import split_rank
+
+    process = split_rank(text)[0]
+    if process is None and single and not text.startswith(AGENT_LINE):
+        return node
+    return process
+
+
+def since_time(value: str | float) -> float:
+    """`--since` as a time (seconds since the epoch): a duration back from now (`10m`,
+    `2h`, seconds as a number) or a time (`2026-12-02T10:00:00Z`, `2026-12-02 10:00`, a
+    date; UTC unless it names its offset). Else SpecError naming --since."""
+    from datetime import datetime, timezone
+
+    from trainctl.errors import SpecError
+    from trainctl.spec.durations import parse_duration
+
+    if not isinstance(value, str):
+        return time.time() - float(value)
+    try:
+        return time.time() - parse_duration(value, "--since")
+    except SpecError:
+        pass
+    text = value.strip()
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "zZ" else text)
+    except ValueError:
+        raise SpecError(
+            "--since",
+            f"{value!r} is neither a duration (30s, 10m, 2h, 1d) nor a time "
+            "(2026-12-02T10:00:00Z; UTC unless it says)",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
 
 
 def log_selection(
@@ -85,12 +145,14 @@ def log_selection(
     tail: int | None = None,
     merge: bool = False,
     timestamps: bool = False,
+    prefix: bool = True,
+    output: str = "text",
 ) -> LogSelection:
     """A LogSelection from what a user writes: nodes as ranks (0) or names (`algo-1`),
-    `since` as a duration (`10m`, `2h`) or seconds. Bad values: SpecError naming the option."""
+    `since` as a duration (`10m`, `2h`), seconds, or a time (see since_time); `output`
+    text or json. Bad values: SpecError naming the option."""
     from trainctl.errors import SpecError
     from trainctl.protocol import stamp
-    from trainctl.spec.durations import parse_duration
 
     def node_rank(value: int | str) -> int:
         text = str(value).strip()
@@ -108,16 +170,18 @@ def log_selection(
         below = [v for v in values or [] if v is not None and v < low]
         if below:
             raise SpecError(flag, f"must be {low} or more, got {below[0]}")
-    if isinstance(since, str):
-        since = parse_duration(since, "--since")
+    if output not in ("text", "json"):
+        raise SpecError("--output", f"unknown format {output!r}; allowed: text, json")
     return LogSelection(
         nodes=None if not nodes else frozenset(node_rank(n) for n in nodes),
         ranks=None if not ranks else frozenset(ranks),
         attempts=None if not attempts else tuple(attempts),
-        since=None if since is None else stamp(time.time() - since),
+        since=None if since is None else stamp(since_time(since)),
         tail=tail,
         merge=merge,
         timestamps=timestamps,
+        prefix=prefix,
+        output=output,
     )
 
 
@@ -127,6 +191,7 @@ class _Line:
     attempt: int
     node: int
     text: str
+    rank: int | None = None  # the worker's global rank (None: no worker's line)
 
 
 class LogFollower:
@@ -145,6 +210,25 @@ class LogFollower:
         self._printed: dict[tuple[int, int], int] = {}
         self._partial: dict[tuple[int, int], bytes] = {}
         self._first = True
+        self._workers: dict[int, int] = {}  # attempt -> worker processes a node ran
+        self._marked: set[tuple[int, int]] = set()  # (attempt, node) logs with [rank R] lines
+
+    def _single(self, attempt: int, node: int) -> bool:
+        """Whether the node ran one worker process in `attempt` (its cluster record says,
+        and none of its lines so far carried another worker's mark)."""
+        if (attempt, node) in self._marked:
+            return False
+        if attempt not in self._workers:
+            from trainctl.cluster import ClusterInfo
+
+            try:
+                cluster = ClusterInfo.model_validate_json(
+                    self.store.get_bytes(self.keys.cluster(attempt))
+                )
+                self._workers[attempt] = cluster.processes_per_host
+            except Exception:  # (no record of it: the lines' marks alone tell)
+                self._workers[attempt] = 0
+        return self._workers[attempt] == 1
 
     def _attempts_now(self) -> list[int]:
         found = []
@@ -162,7 +246,7 @@ class LogFollower:
         if self.selection.merge:  # stable: a node's own lines keep their order
             lines.sort(key=lambda line: line.stamp or "")
         if self._first and self.selection.tail is not None:
-            lines = lines[-self.selection.tail :] if self.selection.tail > 0 else []
+            lines = _last_of_each_node(lines, self.selection.tail)
         self._first = False
         for line in lines:
             self._print(line)
@@ -195,16 +279,39 @@ class LogFollower:
                 self._printed[node] = start + len(chunk) - len(rest)
                 for raw in whole:
                     stamp, text = split_stamp(raw.decode("utf-8", errors="replace"))
-                    if self.selection.keeps(node[1], stamp, text):
-                        found.append(_Line(stamp, attempt, node[1], text))
+                    if found_line := self._kept(attempt, node[1], stamp, text):
+                        found.append(found_line)
         return found
 
+    def _kept(self, attempt: int, node: int, stamp: str | None, text: str) -> _Line | None:
+        from trainctl.protocol import split_rank
+
+        if split_rank(text)[0] is not None:
+            self._marked.add((attempt, node))
+        single = self._single(attempt, node)
+        if not self.selection.keeps(node, stamp, text, single=single):
+            return None
+        return _Line(stamp, attempt, node, text, line_rank(node, text, single=single))
+
     def _print(self, line: _Line) -> None:
-        if self.selection.timestamps:
-            stamp = line.stamp or "-"  # a line stored before stamps: its time is unknown
-            self.printer.node_line(line.node, line.text, attempt=line.attempt, stamp=stamp)
-        else:
-            self.printer.node_line(line.node, line.text, attempt=line.attempt)
+        from trainctl.protocol import split_rank
+
+        if self.selection.output == "json":
+            self.printer.json_line(
+                {
+                    "time": line.stamp,
+                    "attempt": line.attempt,
+                    "node": f"algo-{line.node + 1}",
+                    "rank": line.rank,
+                    "line": split_rank(line.text)[1],
+                }
+            )
+            return
+        # a line stored before stamps: its time is unknown
+        stamp = (line.stamp or "-") if self.selection.timestamps else None
+        self.printer.node_line(
+            line.node, line.text, attempt=line.attempt, stamp=stamp, prefix=self.selection.prefix
+        )
 
     def line_offsets(self) -> dict[tuple[int, int], int]:
         """(attempt, rank) -> bytes of that log printed as whole lines so far."""
@@ -217,9 +324,20 @@ class LogFollower:
         for (attempt, node), rest in sorted(self._partial.items()):
             if rest:
                 stamp, text = split_stamp(rest.decode("utf-8", errors="replace"))
-                if self.selection.keeps(node, stamp, text):
-                    self._print(_Line(stamp, attempt, node, text))
+                if kept := self._kept(attempt, node, stamp, text):
+                    self._print(kept)
         self._partial.clear()
+
+
+def _last_of_each_node(lines: list[_Line], count: int) -> list[_Line]:
+    """Each node's last `count` lines (kubectl's --tail, per container), in their order."""
+    per_node: dict[int, int] = {}
+    kept: list[_Line] = []
+    for line in reversed(lines):
+        if per_node.get(line.node, 0) < count:
+            per_node[line.node] = per_node.get(line.node, 0) + 1
+            kept.append(line)
+    return kept[::-1]
 
 
 def follow_logs(

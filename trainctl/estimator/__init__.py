@@ -160,12 +160,17 @@ class TrainingJob:
         since: str | float | None = None,
         timestamps: bool = False,
         merge: bool = False,
+        prefix: bool = True,
+        output: str = "text",
     ) -> None:
         """Print the job's node logs (every attempt) to `stream`; with `follow`, until the
         job ends. `node`: only these nodes (rank 0 or "algo-1"); `rank`: only these worker
-        processes; `attempt`: only these attempts; `tail`: the last N lines, then follow;
-        `since`: lines from the last "10m" (a duration or seconds); `timestamps`: each
-        line's time (UTC) before it; `merge`: every node's lines interleaved by time."""
+        processes (their global ranks; a node of one process is its node's rank);
+        `attempt`: only these attempts; `tail`: each node's last N lines, then follow;
+        `since`: lines from the last "10m" (a duration or seconds) or since a time
+        ("2026-12-02T10:00:00Z"); `timestamps`: each line's time (UTC) before it; `merge`:
+        every node's lines interleaved by time; `prefix=False`: without `[algo-N]`;
+        `output="json"`: a JSON object a line (time, attempt, node, rank, line)."""
         from trainctl.controller.logs import LogPrinter, follow_logs, log_selection
 
         def listed(value: Any) -> list[Any] | None:
@@ -179,6 +184,8 @@ class TrainingJob:
             tail=tail,
             merge=merge,
             timestamps=timestamps,
+            prefix=prefix,
+            output=output,
         )
         follow_logs(
             self.store,
