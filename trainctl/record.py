@@ -812,6 +812,48 @@ def scan_jobs(
     return sorted(records, key=lambda r: r.created_at, reverse=True), unreadable
 
 
+def find_jobs(
+    store: Store,
+    *,
+    every: bool = False,
+    states: list[str] | None = None,
+    pattern: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[JobRecord], list[UnreadableJob]]:
+    """The jobs `trainctl jobs` lists, newest first, and those whose record cannot be read.
+
+    Without `every`, diagnose's measurement runs and tuning jobs' trials are left out
+    (`trainctl tuning NAME` lists a tuning job's trials). `states`: only jobs in these
+    (any case; `Unreadable` for records that cannot be read); `pattern`: a shell glob on
+    the name (`train-*`); `limit`: the newest N readable jobs. Bad values: SpecError naming
+    the option (--state, --limit)."""
+    from fnmatch import fnmatchcase
+
+    from trainctl.errors import SpecError
+
+    if limit is not None and limit < 1:
+        raise SpecError("--limit", f"must be 1 or more, got {limit}")
+    allowed = {state.value.lower(): state.value for state in JobState} | {
+        "unreadable": "Unreadable"
+    }
+    wanted = set()
+    for state in states or []:
+        if state.strip().lower() not in allowed:
+            shown = ", ".join(sorted(allowed.values()))
+            raise SpecError("--state", f"{state!r} is not a job state; allowed: {shown}")
+        wanted.add(allowed[state.strip().lower()])
+    records, unreadable = scan_jobs(store, measurements=every)
+    if not every:
+        records = [r for r in records if r.tuning_job is None]
+    if pattern:
+        records = [r for r in records if fnmatchcase(r.name, pattern)]
+        unreadable = [u for u in unreadable if fnmatchcase(u.name, pattern)]
+    if wanted:
+        records = [r for r in records if r.state.value in wanted]
+        unreadable = unreadable if "Unreadable" in wanted else []
+    return records[:limit], unreadable
+
+
 def list_jobs(store: Store) -> list[JobRecord]:
     """Every readable job in the store, newest first (see scan_jobs for the others)."""
     return scan_jobs(store)[0]

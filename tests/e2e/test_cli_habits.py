@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -299,8 +300,8 @@ def test_rm_deletes_ended_jobs_and_refuses_a_running_one(made, tmp_path):
     assert unasked.returncode == 2 and "--yes" in unasked.stderr
     assert (home / "store" / "jobs" / "saver" / "job.json").is_file()
 
-    removed = run(env, "rm", "saver", "--yes")
-    assert removed.returncode == 0 and removed.stdout == "removed saver\n"
+    removed = run(env, "rm", "saver", "--yes", "-o", "json")
+    assert removed.returncode == 0 and json.loads(removed.stdout) == {"removed": ["saver"]}
     assert not (home / "store" / "jobs" / "saver").exists()
     listed = json.loads(run(env, "jobs", "-o", "json").stdout)
     assert sorted(j["name"] for j in listed) == sorted([LONG_NAME, "ticker", pending.name])
@@ -321,11 +322,15 @@ def test_prune_deletes_by_age_and_state_and_never_a_running_job(made, tmp_path):
     assert run(env, "prune", "--older-than", "7x", "--yes").returncode == 2
     young = run(env, "prune", "--older-than", "1d", "--yes")
     assert young.returncode == 0 and young.stdout == ""
-    assert "No ended jobs to delete" in young.stderr
+    # says which ended jobs it looked for, and how many there are
+    assert "No ended jobs that ended more than 1d ago in " in young.stderr, young.stderr
+    assert "(3 ended job(s) in all)" in young.stderr, young.stderr
+    as_json = run(env, "prune", "--older-than", "1d", "--yes", "-o", "json")
+    assert json.loads(as_json.stdout) == {"removed": []}
     failed = run(env, "prune", "--state", "failed", "--yes")
     assert failed.stdout == f"removed {LONG_NAME}\n", failed
-    rest = run(env, "prune", "--yes")
-    assert sorted(rest.stdout.splitlines()) == ["removed saver", "removed ticker"], rest
+    rest = run(env, "prune", "--yes", "-o", "json")
+    assert sorted(json.loads(rest.stdout)["removed"]) == ["saver", "ticker"], rest
     names = [j["name"] for j in json.loads(run(env, "jobs", "-o", "json").stdout)]
     assert names == [pending.name]
 
@@ -436,3 +441,77 @@ def test_the_same_filters_from_python(made, monkeypatch):
     ranks = log_selection(ranks=[3])
     assert ranks.keeps(0, None, "[rank 3]\tloss 1") and not ranks.keeps(0, None, "[rank 2]\tx")
     assert not ranks.keeps(0, None, "a line of no worker")
+
+
+def test_jobs_filters_fits_80_columns_and_watches_like_kubectl_get(made, tmp_path):
+    env, root = made
+    names = lambda out: [line.split()[0] for line in out.splitlines()[1:]]  # noqa: E731
+    assert names(run(env, "jobs", "--state", "failed").stdout) == [LONG_NAME]
+    assert names(run(env, "jobs", "-s", "Completed", "-s", "FAILED").stdout) == [
+        "ticker", "saver", LONG_NAME,
+    ]  # fmt: skip
+    assert names(run(env, "jobs", "--limit", "1").stdout) == ["ticker"]  # the newest
+    assert names(run(env, "jobs", "sav*").stdout) == ["saver"]
+    none = run(env, "jobs", "nothing-*")
+    assert none.returncode == 0 and none.stdout == "" and "No matching jobs" in none.stderr
+    for bad, field in ((["-s", "Runnning"], "--state"), (["--limit", "0"], "--limit")):
+        done = run(env, "jobs", *bad)
+        assert done.returncode == 2 and done.stderr.startswith(f"error: {field}: "), done.stderr
+    # a pipe gets every column, the cost among them; 80 columns leave out the least needed
+    # first (a cost where nothing is priced), never a time's digits nor the name
+    wide = run(env, "jobs").stdout.splitlines()
+    assert wide[0].split() == [
+        "NAME", "STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS", "COST",
+    ]  # fmt: skip
+    _, narrow = on_a_terminal({**env, "NO_COLOR": "1"}, "jobs", columns=80)
+    lines = [line for line in narrow.replace("\r", "").splitlines() if line]
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "COST" not in lines[0] and "CREATED" in lines[0], lines
+    assert all(re.search(r" \d\d-\d\d \d\d:\d\d(\s|$)", line) for line in lines[1:]), lines
+    assert "…" not in narrow and LONG_NAME in narrow
+
+    # tuning trials are hidden unless asked for (their tuning job lists them)
+    copy = _copy_home(root, tmp_path)
+    record = Path(copy["TRAINCTL_HOME"]) / "store" / "jobs" / "ticker" / "job.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "tuning_job": "tune-train-x"}))
+    assert "ticker" not in names(run(copy, "jobs").stdout)
+    assert "ticker" in names(run(copy, "jobs", "--all").stdout)
+
+    # --watch: the list again whenever it changes, until Ctrl-C (exit 130)
+    watching = subprocess.Popen(
+        [TRAINCTL, "jobs", "--watch", "--all"], env=copy, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        first = [watching.stdout.readline() for _ in range(4)]  # header and 3 jobs
+        assert first[0].startswith("NAME") and "ticker" in "".join(first), first
+        removed = run(copy, "rm", "ticker", "--yes")
+        assert removed.returncode == 0, removed.stderr
+        again = [watching.stdout.readline() for _ in range(4)]  # a blank line, the new list
+        assert again[0] == "\n" and again[1].startswith("NAME"), again
+        assert "ticker" not in "".join(again[1:]) and "saver" in "".join(again), again
+        watching.send_signal(signal.SIGINT)
+        assert watching.wait(timeout=30) == 130
+    finally:
+        watching.kill()
+        watching.wait()
+
+
+def test_events_shows_a_jobs_timeline(made):
+    env, _ = made
+    shown = run(env, "events", "saver")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert re.match(r"\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +\+0\.0s  state +- -> Pending", lines[0])
+    assert any("Starting -> Training" in line for line in lines), lines
+    assert any(" agents_started " in line and "nodes=1" in line for line in lines), lines
+    states = run(env, "events", "saver", "--type", "state").stdout.splitlines()
+    assert states and all(line.split()[3] == "state" for line in states), states
+    assert states[-1].endswith("-> Completed")
+    stored = [
+        json.loads(line) for line in run(env, "events", "saver", "-o", "json").stdout.splitlines()
+    ]
+    assert len(stored) == len(lines) and stored[0]["type"] == "state"
+    assert {"time", "type"} <= set(stored[-1])
+    missing = run(env, "events", "no-such-job")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: job 'no-such-job'")

@@ -183,6 +183,12 @@ def test_detach_logs_follow_and_stop(home, source):
     assert info["stop_reason"] == "stopped by the user"
     # stopping an ended job is a no-op that still answers
     assert trainctl("stop", "sleepy", check=True).stdout.strip() == "sleepy: Stopped"
+    as_json = json.loads(trainctl("stop", "sleepy", "-o", "json", check=True).stdout)
+    assert as_json["name"] == "sleepy" and as_json["state"] == "Stopped"
+    # attach to an ended job: its verdict; -o json: the record on stdout, the lines on stderr
+    attached = trainctl("attach", "sleepy", "-o", "json")
+    assert attached.returncode == 1 and json.loads(attached.stdout)["state"] == "Stopped"
+    assert "[trainctl] job sleepy: Stopped in" in attached.stderr
 
 
 def test_ctrl_c_on_attached_submit_stops_everything(home, source):

@@ -67,6 +67,7 @@ def test_a_tuning_job_runs_its_trials_as_jobs_and_names_the_best(home, capsys):
     info = tuner.describe()
     assert info["state"] == "Completed" and info["trials"] == {"Completed": 6}, info
     name = tuner.latest_tuning_job
+    assert name.startswith("tune-train-")  # told from its trials' and other jobs' names
     frame = tuner.analytics().dataframe()
     assert len(frame) == 6 and set(frame["TrainingJobStatus"]) == {"Completed"}
     best = frame.iloc[0]  # best objective first
@@ -230,6 +231,10 @@ def test_a_killed_submitter_and_supervisor_lose_and_repeat_no_trial(home, tmp_pa
     assert f"tuning job {name}: Completed; best {name}-" in attached.stdout
     info = HyperparameterTuner.attach(name).describe()
     assert info["state"] == "Completed", info
+    # -o json: the tuning job's summary on stdout (its progress on stderr)
+    again = subprocess.run([TRAINCTL, "attach", name, "-o", "json"], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0 and json.loads(again.stdout)["state"] == "Completed", again
     record = tuning.load()
     assert [t.number for t in record.trials] == list(range(5))
     assert [t.job for t in record.trials] == [f"{name}-{n:03d}" for n in range(5)]
@@ -357,9 +362,11 @@ def test_tune_from_a_file_and_see_the_trials_from_the_cli(cli_home, tmp_path):
     """`trainctl tune -f` runs the Grid (4 combinations, each once); `trainctl tuning`
     lists it, `trainctl tuning NAME` shows the trials with the best marked."""
     (tmp_path / "tune.yaml").write_text(TUNE_YAML.format(source=FIXTURES / "tunable"))
-    done = _trainctl("tune", "-f", str(tmp_path / "tune.yaml"))
+    done = _trainctl("tune", "-f", str(tmp_path / "tune.yaml"), "-o", "json")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Completed; best grid-" in done.stdout
+    assert "Completed; best grid-" in done.stderr  # -o json: the progress on stderr
+    summary = json.loads(done.stdout)
+    assert summary["state"] == "Completed" and summary["name"].startswith("grid-"), summary
     listed = _trainctl("tuning")
     name = next(line.split()[0] for line in listed.stdout.splitlines() if "grid-" in line)
     assert "Completed" in listed.stdout and "4/4" in listed.stdout

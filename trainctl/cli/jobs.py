@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -23,57 +24,64 @@ from trainctl.cli.app import (
 @app.command()
 @handle_errors
 def jobs(
+    pattern: str | None = typer.Argument(
+        None, metavar="[PATTERN]", help="Only names that match this glob (train-*)."
+    ),
+    state: list[str] | None = typer.Option(
+        None, "--state", "-s", help="Only jobs in this state (Training, Failed...); repeatable."
+    ),
+    limit: int | None = typer.Option(None, "--limit", "-l", help="Only the newest N."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Keep the list up to date until Ctrl-C."
+    ),
     every: bool = typer.Option(
-        False, "--all", "-a", help="Also `trainctl diagnose`'s measurement runs (--keep)."
+        False,
+        "--all",
+        "-a",
+        help="Also tuning trials (`trainctl tuning NAME` lists them) and `trainctl "
+        "diagnose`'s measurement runs (--keep).",
     ),
     output: str = OutputOpt,
 ) -> None:
-    """List jobs, newest first."""
-    from rich.table import Table
-
+    """List jobs, newest first: name, state, instances, created (UTC), duration, attempts,
+    cost. Columns a narrow terminal has no room for are left out, the least needed first;
+    `-o json` has every field."""
     from trainctl.controller.submit import default_store
-    from trainctl.controller.supervise import controller_view
-    from trainctl.record import JobStore, scan_jobs
+    from trainctl.record import find_jobs
 
     check_output(output)
     store = default_store()
-    records, unreadable = scan_jobs(store, measurements=every)
-    views = {r.name: controller_view(JobStore(store, r.name), r) for r in records}
+
+    def listed() -> tuple[list[Any], list[Any], dict[str, Any]]:
+        from trainctl.controller.supervise import controller_view
+        from trainctl.record import JobStore
+
+        records, unreadable = find_jobs(
+            store, every=every, states=state, pattern=pattern, limit=limit
+        )
+        views = {r.name: controller_view(JobStore(store, r.name), r) for r in records}
+        return records, unreadable, views
+
+    records, unreadable, views = listed()
     if output == "json":
         print_json(
             [{**r.describe(), "controller": views[r.name]} for r in records]
             + [u.describe() for u in unreadable]
         )
         return
+    if watch:
+        _watch_jobs(listed)
+        return
     if not records and not unreadable:
         # say where it looked: a demo or a test may have used another TRAINCTL_HOME
         from trainctl.spec.settings import get_settings
 
         home = get_settings().home
-        sys.stderr.write(f"No jobs in {store.uri} (TRAINCTL_HOME={home}).\n")
+        narrowed = " matching" if (pattern or state or limit) else ""
+        sys.stderr.write(f"No{narrowed} jobs in {store.uri} (TRAINCTL_HOME={home}).\n")
         return
     console = _console()
-    table = Table(box=None, header_style="bold")
-    # The name is what every other command takes: always whole; the other columns narrow
-    # (each cell one line, cut with an ellipsis) when the terminal is too small for all.
-    width = max(len(r.name) for r in [*records, *unreadable])
-    table.add_column("NAME", no_wrap=True, min_width=width)
-    for col in ("STATE", "INSTANCES", "CREATED", "DURATION", "ATTEMPTS"):
-        table.add_column(col)
-    for r in records:
-        table.add_row(
-            r.name,
-            *_cells(
-                _state_text(r.state.value, views[r.name]),
-                f"{r.spec.instance_count} x {r.spec.instance_type}",
-                _created(r.created_at),
-                _duration(r.duration_s),
-                str(len(r.attempts)),
-            ),
-        )
-    for u in unreadable:  # listed, not skipped: `status NAME` says what is wrong
-        table.add_row(u.name, *_cells(_state_text("Unreadable"), "-", "-", "-", "-"))
-    console.print(table)
+    console.print(_jobs_table(records, unreadable, views, console.width))
     for u in unreadable:  # why, one line each, beside the table (a pipe gets the table)
         sys.stderr.write(f"{u.problem}; `trainctl rm --unreadable {u.name}` deletes it\n")
     lost = [name for name, view in views.items() if view and view.get("lost")]
@@ -82,6 +90,123 @@ def jobs(
             f"A lost controller's job is taken over by `trainctl attach JOB` "
             f"(here: trainctl attach {lost[0]}).\n"
         )
+
+
+# How often `jobs --watch` looks at the store again.
+WATCH_SECONDS = 2.0
+
+
+def _watch_jobs(listed: Any) -> None:
+    """The list, redrawn in place on a terminal; to a pipe, printed again whenever it
+    changes (kubectl get -w). Until Ctrl-C or SIGTERM (exit 130)."""
+    import signal
+    import time
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    console = _console()
+    if console.is_terminal:
+        from rich.live import Live
+
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                records, unreadable, views = listed()
+                live.update(_jobs_table(records, unreadable, views, console.width), refresh=True)
+                time.sleep(WATCH_SECONDS)
+    shown = None
+    while True:
+        records, unreadable, views = listed()
+        table = _jobs_table(records, unreadable, views, None)
+        with console.capture() as captured:
+            console.print(table)
+        text = captured.get()
+        if text != shown:
+            sys.stdout.write(("\n" if shown is not None else "") + text)
+            sys.stdout.flush()
+            shown = text
+        time.sleep(WATCH_SECONDS)
+
+
+def _jobs_table(records: list[Any], unreadable: list[Any], views: dict[str, Any], width: Any):
+    """`trainctl jobs`' table, fitted to `width` columns (None: every column)."""
+    rows = [
+        [
+            r.name,
+            _state_text(r.state.value, views[r.name]),
+            f"{r.spec.instance_count} x {r.spec.instance_type}",
+            _created(r.created_at),
+            _duration(r.duration_s),
+            str(len(r.attempts)),
+            _cost_cell(r),
+        ]
+        for r in records
+    ]
+    rows += [[u.name, _state_text("Unreadable"), "-", "-", "-", "-", "-"] for u in unreadable]
+    # the name is what every other command takes: always whole, as are a time's digits;
+    # a column with no room is left out, the least needed first (never cut inside)
+    columns = [
+        ("NAME", None),
+        ("STATE", None),
+        ("INSTANCES", 2),
+        ("CREATED", 4),
+        ("DURATION", 3),
+        ("ATTEMPTS", 0),
+        ("COST", 1),
+    ]
+    return _fitted_table(columns, rows, width)
+
+
+def _fitted_table(columns: list[tuple[str, int | None]], rows: list[list[Any]], width: Any):
+    """A table of `rows` under `columns` (header, drop order: lowest first; None: always
+    kept) that fits `width` terminal columns (None: all), every cell on one line and
+    whole. Only a column that is always kept may still be wider than the terminal (a long
+    name): the terminal then wraps its line."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def cell_len(value: Any) -> int:
+        return Text(value).cell_len if isinstance(value, str) else value.cell_len
+
+    gap = 2
+    widths = [
+        max([len(header), *(cell_len(row[i]) for row in rows)])
+        for i, (header, _) in enumerate(columns)
+    ]
+    kept = list(range(len(columns)))
+
+    def says_nothing(i: int) -> bool:  # every cell `-` (a cost where nothing is priced)
+        return all(_plain(row[i]) == "-" for row in rows)
+
+    droppable = sorted(
+        (i for i, (_, order) in enumerate(columns) if order is not None),
+        key=lambda i: (not says_nothing(i), columns[i][1]),
+    )
+    while (
+        width is not None
+        and droppable
+        and (sum(widths[i] for i in kept) + gap * (len(kept) - 1) > width)
+    ):
+        kept.remove(droppable.pop(0))
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, gap // 2))
+    for i in kept:
+        table.add_column(columns[i][0], no_wrap=True, min_width=widths[i])
+    for row in rows:
+        table.add_row(*(_one_line(row[i]) for i in kept))
+    return table
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else value.plain
+
+
+def _cost_cell(record: Any) -> str:
+    """What the job's instances cost ($), `-` where nothing is priced (this machine)."""
+    cost = record.describe()["cost"]
+    if not cost or cost["usd"] is None:
+        return "-"
+    return f"${cost['usd']:.2f}"
 
 
 def _console() -> Any:
@@ -342,10 +467,79 @@ def logs(
 
 @app.command()
 @handle_errors
-def attach(job: str = JobArg) -> None:
+def events(
+    job: str = JobArg,
+    kind: list[str] | None = typer.Option(
+        None, "--type", "-t", help="Only events of this type (state, startup...); repeatable."
+    ),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until it ends."),
+    output: str = typer.Option(
+        "text", "-o", "--output", help="text, or json: a JSON object a line, as stored."
+    ),
+) -> None:
+    """A job's timeline: every state change, attempt, start-up, restore, relaunch and
+    teardown, with its time (UTC) and how long after the job's first event."""
+    from trainctl.estimator import TrainingJob
+
+    check_output(output)
+    handle = TrainingJob.attach(job)
+    first: list[str] = []
+
+    def show(event: dict[str, Any]) -> None:
+        if output == "json":
+            sys.stdout.write(json.dumps(event, default=str) + "\n")
+        else:
+            first[:] = first or [str(event.get("time", ""))]
+            sys.stdout.write(_event_line(event, first[0]) + "\n")
+        sys.stdout.flush()
+
+    handle.follow_events(show, types=kind, follow=follow)
+
+
+def _event_line(event: dict[str, Any], first: str) -> str:
+    """`16:36:23.703  +0.0s  state  Pending -> Provisioning  attempt=1`: its time (UTC),
+    since the first event shown, its type and its fields."""
+    from trainctl.record import parse_iso
+
+    when = str(event.get("time", ""))
+    try:
+        since = f"+{parse_iso(when) - parse_iso(first):.1f}s"
+    except Exception:
+        since = "-"
+    fields = {k: v for k, v in event.items() if k not in ("time", "type")}
+    if event.get("type") == "state":
+        head = f"{fields.pop('previous', None) or '-'} -> {fields.pop('state', '-')}"
+    else:
+        head = ""
+    detail = " ".join(
+        f"{k}={v if isinstance(v, (int, float, str)) else json.dumps(v, default=str)}"
+        for k, v in fields.items()
+        if v is not None
+    )
+    text = " ".join(part for part in (head, detail) if part)
+    line = f"{when[5:10]} {when[11:23]}  {since:>8}  {event.get('type', '?'):<16} {text}"
+    if not sys.stdout.isatty():
+        return line  # a pipe or a file: one event a line
+    import shutil
+    import textwrap
+
+    # a terminal: the fields wrap under their column (a URI, one word, stays whole)
+    indent = " " * (len(line) - len(text))
+    width = shutil.get_terminal_size().columns
+    return "\n".join(
+        textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False) or [line]
+    )
+
+
+@app.command()
+@handle_errors
+def attach(job: str = JobArg, output: str = OutputOpt) -> None:
     """Follow a job's logs to its end, like submit; if its controller is lost (killed, a
     closed laptop), take the job over: adopt its running nodes, or finish or relaunch it.
-    A tuning job is followed trial by trial, and taken over the same way."""
+    A tuning job is followed trial by trial, and taken over the same way. `-o json`: the
+    logs go to stderr, the ended job's record to stdout."""
+    from contextlib import redirect_stdout
+
     from trainctl.controller.logs import LogPrinter
     from trainctl.controller.submit import default_store, print_summary
     from trainctl.controller.supervise import supervise
@@ -354,31 +548,41 @@ def attach(job: str = JobArg) -> None:
     from trainctl.state import JobState
     from trainctl.tuning.record import MAX_TUNING_NAME, TuningStore
 
+    check_output(output)
     store = default_store()
     tuning = len(job) <= MAX_TUNING_NAME and not JobStore(store, job).exists()
     if tuning and TuningStore(store, job).exists():
         from trainctl.tuning import HyperparameterTuner
 
-        info = HyperparameterTuner.attach(job).wait()
+        with redirect_stdout(sys.stderr if output == "json" else sys.stdout):
+            info = HyperparameterTuner.attach(job).wait()
+        if output == "json":
+            print_json(info)
         if info["state"] != "Completed":
             raise typer.Exit(EXIT_FAILED)
         return
     TrainingJob.attach(job)  # one line if there is no such job
-    printer = LogPrinter(sys.stdout)
+    printer = LogPrinter(sys.stderr if output == "json" else sys.stdout)
     final = supervise(store, job, printer=printer)
     print_summary(printer, final)
+    if output == "json":
+        print_json(final.describe())
     if final.state is not JobState.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 @handle_errors
-def stop(job: str = JobArg) -> None:
+def stop(job: str = JobArg, output: str = OutputOpt) -> None:
     """Stop a running job; returns once its nodes have ended and its capacity is released."""
     from trainctl.estimator import TrainingJob
 
+    check_output(output)
     info = TrainingJob.attach(job).stop(wait=True)
-    sys.stdout.write(f"{job}: {info['state']}\n")
+    if output == "json":
+        print_json(info)
+    else:
+        sys.stdout.write(f"{job}: {info['state']}\n")
 
 
 @app.command("rm")
@@ -397,6 +601,7 @@ def rm(
         help="Also delete named jobs whose record cannot be read (listed as Unreadable), "
         "unless a controller holds them.",
     ),
+    output: str = OutputOpt,
 ) -> None:
     """Delete ended jobs: their store prefix (record, logs, metrics, and the outputs and
     checkpoints kept there) and node directories. A job that has not ended is refused and
@@ -404,10 +609,18 @@ def rm(
     from trainctl.controller.remove import removable_jobs, remove_jobs
     from trainctl.controller.submit import default_store
 
+    check_output(output)
     store = default_store()
     removable_jobs(store, names, unreadable=unreadable)  # every refusal before the question
     _confirm(f"Delete {_some_jobs(names)}?", yes)
-    for name in remove_jobs(store, names, unreadable=unreadable):
+    _removed(remove_jobs(store, names, unreadable=unreadable), output)
+
+
+def _removed(names: list[str], output: str) -> None:
+    if output == "json":
+        print_json({"removed": names})
+        return
+    for name in names:
         sys.stdout.write(f"removed {name}\n")
 
 
@@ -421,6 +634,7 @@ def prune(
         None, "--state", help="Only jobs in this state (Completed, Failed, Stopped); repeatable."
     ),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    output: str = OutputOpt,
 ) -> None:
     """Delete every ended job (with --older-than, --state: those that match), as `rm` does;
     running jobs are never touched."""
@@ -428,15 +642,32 @@ def prune(
     from trainctl.controller.submit import default_store
     from trainctl.spec.durations import parse_duration
 
+    check_output(output)
     store = default_store()
     seconds = parse_duration(older_than, "--older-than") if older_than is not None else None
     chosen = [r.name for r in prune_candidates(store, older_than=seconds, states=state)]
     if not chosen:
-        sys.stderr.write(f"No ended jobs to delete in {store.uri}.\n")
+        if output == "json":
+            print_json({"removed": []})
+            return
+        ended = len(prune_candidates(store))
+        matching = " and ".join(
+            part
+            for part in (
+                f"that ended more than {older_than} ago" if older_than else "",
+                f"in state {' or '.join(state)}" if state else "",
+            )
+            if part
+        )
+        if matching:
+            sys.stderr.write(
+                f"No ended jobs {matching} in {store.uri} ({ended} ended job(s) in all).\n"
+            )
+        else:
+            sys.stderr.write(f"No ended jobs to delete in {store.uri}.\n")
         return
     _confirm(f"Delete {_some_jobs(chosen)}?", yes)
-    for name in remove_jobs(store, chosen):
-        sys.stdout.write(f"removed {name}\n")
+    _removed(remove_jobs(store, chosen), output)
 
 
 def _some_jobs(names: list[str]) -> str:

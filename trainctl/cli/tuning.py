@@ -28,14 +28,24 @@ def tune(
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Return once started; `trainctl tuning NAME` follows."
     ),
+    output: str = OutputOpt,
 ) -> None:
-    """Start a tuning job: trials of the job with the tuned hyperparameters."""
+    """Start a tuning job: trials of the job with the tuned hyperparameters. `-o json`:
+    its progress goes to stderr, the tuning job's summary to stdout."""
+    import sys
+    from contextlib import redirect_stdout
+
     from trainctl.cli.submit import load_job_file
     from trainctl.tuning import HyperparameterTuner
 
+    check_output(output)
     tuner = HyperparameterTuner.from_config(load_job_file(file))
-    tuner.fit(wait=not detach)
-    if not detach and tuner.describe()["state"] != "Completed":
+    with redirect_stdout(sys.stderr if output == "json" else sys.stdout):
+        tuner.fit(wait=not detach)
+    info = tuner.describe()
+    if output == "json":
+        print_json(info)
+    if not detach and info["state"] != "Completed":
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -94,7 +104,8 @@ def tuning(
     table = Table(box=None, header_style="bold")
     for column in ("", "TRIAL", "JOB", "STATE", record.spec.objective_metric_name, *ranges):
         table.add_column(column)
-    table.add_column("START")  # capacity -> the first step; "warm": on a pool a trial left
+    # seconds from capacity asked for to the first step; "warm": on a pool a trial left
+    table.add_column("START-UP")
     for trial, row in zip(record.trials, rows, strict=True):
         mark = "*" if best is not None and trial.number == best.number else ""
         table.add_row(
@@ -151,6 +162,8 @@ def _objective_chart(record: Any, width: int = 80) -> str:
             running = value
         best.append(running if running is not None else float("nan"))
     plt.plot(xs, best, label="best so far")
+    if len(xs) <= 20:  # trials are numbered: whole ticks, not 2.5
+        plt.xticks(xs)
     plt.xlabel("trial")
     plt.title(record.spec.objective_metric_name)
     return str(plt.uncolorize(plt.build()))

@@ -81,10 +81,37 @@ class TrainingJob:
     def model_data(self) -> str | None:
         return self._record().model_data
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self, types: list[str] | None = None) -> list[dict[str, Any]]:
+        """The job's timeline (events.jsonl), oldest first: dicts with `time`, `type` and
+        the event's fields; `types`: only events of these types."""
         from trainctl.record import JobStore
 
-        return JobStore(self.store, self.name).events()
+        found = JobStore(self.store, self.name).events()
+        return found if not types else [e for e in found if e.get("type") in types]
+
+    def follow_events(
+        self,
+        on_event: Any,
+        *,
+        types: list[str] | None = None,
+        follow: bool = False,
+        poll: float = 0.5,
+    ) -> None:
+        """`on_event(event)` for each event of the timeline (`types`: only these); with
+        `follow`, for each new one too, until the job ends (or nobody controls it)."""
+        import time
+
+        seen = 0
+        while True:
+            done = self._ended_or_unwatched()
+            found = self.events()
+            for event in found[seen:]:
+                if not types or event.get("type") in types:
+                    on_event(event)
+            seen = len(found)
+            if not follow or done:
+                return
+            time.sleep(poll)
 
     def metric_history(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """Every metric value in time order, as dicts: time (epoch seconds), name, value,

@@ -216,7 +216,8 @@ class HyperparameterTuner:
         )
         store = self.estimator.store()
         preflight(spec, store.uri)  # every check a trial's submit makes, before anything
-        base = self.base_tuning_job_name or Path(spec.entry_point).stem
+        # `tune-train-...`: told from a training job's `train-...` at a glance
+        base = self.base_tuning_job_name or f"tune-{Path(spec.entry_point).stem}"
         name = job_name or generate_job_name(base)[:MAX_TUNING_NAME].strip("-")
         tuning = TuningStore(store, check_tuning_name(name))
         if tuning.exists():
