@@ -44,6 +44,18 @@ def quiet(on: bool = True) -> None:
     _quiet = on
 
 
+@contextmanager
+def silenced() -> Iterator[None]:
+    """No progress drawn inside (a replay's simulated jobs package and upload too: their
+    bars would fight the spinner of the command that runs them); as it was after."""
+    global _quiet
+    was, _quiet = _quiet, True
+    try:
+        yield
+    finally:
+        _quiet = was
+
+
 def shown() -> bool:
     """Whether progress is drawn: a terminal on stderr, or a notebook, and not quiet."""
     if _quiet:

@@ -78,6 +78,14 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     at_once = by_name["fallback-now"]
     assert at_once.time_ratio.median <= 1.2 and at_once.on_demand_share.median > 0.3
 
+    # on an 80-column terminal: wrapped, a block per strategy (a pipe gets the table)
+    narrow = estimate.render(80).splitlines()
+    assert all(len(line) <= 80 or " " not in line.strip() for line in narrow), narrow
+    for strategy in estimate.strategies:
+        at = narrow.index(strategy.title)
+        assert narrow[at + 1].startswith("  hours ") and "cost x " in narrow[at + 1], narrow
+    assert max(len(line) for line in estimate.render().splitlines()) > 80  # the table whole
+
     table = _trainctl(
         "estimate", measured_job, "--trace", "synthetic-rare", "--instance-type",
         "p3.2xlarge", "--nodes", "4", "--hours", "0.5", "--starts", "1", "--workers", "1",

@@ -798,7 +798,11 @@ def estimate(
     if output == "json":
         print_json(result.model_dump())
         return
-    sys.stdout.write(result.render() + "\n")
+    import shutil
+
+    # a terminal's width (a pipe or a file: the table whole, a strategy a line)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    sys.stdout.write(result.render(width) + "\n")
 
 
 @app.command()

@@ -96,7 +96,10 @@ class Estimate(BaseModel):
     starts: int
     strategies: list[StrategyEstimate]
 
-    def render(self) -> str:
+    def render(self, width: int | None = None) -> str:
+        """The estimate as text; with `width` (a terminal's columns), fitted to it: prose
+        wrapped, and the strategy table, where it is wider, as one block per strategy."""
+
         def cell(s: Spread | None, fmt: str) -> str:
             if s is None:
                 return "-"
@@ -133,16 +136,35 @@ class Estimate(BaseModel):
             for r in self.strategies
         ]
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-        for row in [header, *rows]:
-            lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
-        for r in self.strategies:
-            if r.completed < r.runs:
-                why = "; ".join(sorted(set(r.not_completed)))
-                lines.append(
-                    f"{r.title}: {r.runs - r.completed} of {r.runs} start(s) did not complete "
-                    f"(not in the figures): {why}"
-                )
-        return "\n".join(line.rstrip() for line in lines)
+        table = [
+            "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]
+        ]
+        if width is not None and max(len(line) for line in table) > width:
+            table = []  # a block per strategy: its title, then its figures named
+            for row in rows:
+                table.append(row[0])
+                table.append("  " + " · ".join(f"{name} {value}" for name, value in zip(
+                    header[1:], row[1:], strict=True
+                )))  # fmt: skip
+        ended = [
+            f"{r.title}: {r.runs - r.completed} of {r.runs} start(s) did not complete "
+            f"(not in the figures): {'; '.join(sorted(set(r.not_completed)))}"
+            for r in self.strategies
+            if r.completed < r.runs
+        ]
+        out = [line.rstrip() for line in lines] + table + ended
+        if width is None:
+            return "\n".join(out)
+        import textwrap
+
+        wrapped = []
+        for line in out:
+            indent = " " * (len(line) - len(line.lstrip()))
+            wrapped += textwrap.wrap(
+                line, width, subsequent_indent=indent + "  ", break_long_words=False
+            ) or [""]
+        return "\n".join(wrapped)
 
 
 def measured_speed(record: JobRecord) -> tuple[float, float]:

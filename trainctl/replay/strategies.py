@@ -226,13 +226,16 @@ class Replay:
 
 
 def run_replay(job: Replay) -> dict[str, Any]:
-    row = replay(
-        job.trace,
-        job.workload,
-        job.strategy,
-        interval_seconds=job.interval_seconds,
-        start_s=job.start_s,
-    )
+    from trainctl.progress import silenced
+
+    with silenced():  # its jobs' packaging and uploads: not the user's to watch
+        row = replay(
+            job.trace,
+            job.workload,
+            job.strategy,
+            interval_seconds=job.interval_seconds,
+            start_s=job.start_s,
+        )
     return {**row, "interval": job.label}
 
 
