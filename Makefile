@@ -41,6 +41,9 @@ demo: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@# The site is self-contained: no page loads a font, style or script from elsewhere.
+	@if grep -rlE '<(link|script)[^>]+(href|src)="(https?:)?//' site --include='*.html'; then \
+		echo "the pages above load something from elsewhere"; exit 1; fi
 	@# Bytecode for the package and the tests' scripts, written once: the suite starts ~1,500
 	@# Python processes, and where PYTHONDONTWRITEBYTECODE is set (CI) each one would compile
 	@# every trainctl module it imports again (0.02-0.05 CPU-s a process).

@@ -105,15 +105,15 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
     esc = html.escape
     state = info["state"]
     colour = STATE_COLOURS.get(state, "#0969da")
-    cost = info.get("cost") or {}
+    from trainctl.record import cost_text
+
     rows = [
         ("state", f"<b style='color:{colour}'>{esc(state)}</b>"),
         ("instances", esc(f"{info['instance_count']} x {info['instance_type']}")),
         ("duration", esc("-" if info["duration_s"] is None else f"{info['duration_s']:.1f} s")),
         ("model", esc(info.get("model_data") or "-")),
     ]
-    if cost.get("usd") is not None:
-        rows.append(("cost", esc(f"${cost['usd']:.2f}")))
+    rows.append(("cost", esc(cost_text(info.get("cost")))))
     if info.get("failure_reason"):
         rows.append(("failure", esc(info["failure_reason"])))
     if info.get("attempts"):

@@ -412,6 +412,23 @@ def cost_summary(instances: list[InstanceCost]) -> dict[str, Any] | None:
     }
 
 
+def cost_text(cost: dict[str, Any] | None) -> str:
+    """A job's cost (cost_summary) in words, for `status` and a notebook's view."""
+    if cost is None:
+        return "none billed (this machine's or your hosts' capacity)"
+    hours = cost["instance_seconds"] / 3600
+    if cost["usd"] is None:
+        return f"{hours:.2f} instance-hours (no price known)"
+    text = f"${cost['usd']:.2f} for {hours:.2f} instance-hours"
+    if cost.get("warm_seconds"):
+        text += f" ({cost['warm_seconds'] / 3600:.2f} of them kept warm after the job)"
+    if cost["spot_savings_usd"]:
+        text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
+    if cost["unpriced_instances"]:
+        text += f" ({cost['unpriced_instances']} instance(s) without a price not counted)"
+    return text
+
+
 class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -150,6 +150,18 @@ def test_tab_completes_job_names_for_every_command_that_takes_one(made):
             timeout=30,
         )
         assert done.returncode == 0 and done.stdout.split() == [LONG_NAME], (words, done)
+    # a field of a few values completes them
+    offered = subprocess.run(
+        [TRAINCTL],
+        env={
+            **env,
+            "_TRAINCTL_COMPLETE": "complete_bash",
+            "COMP_WORDS": "trainctl submit train.py --distribution ",
+            "COMP_CWORD": "4",
+        },
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert offered.stdout.split() == ["torch_distributed", "mpi", "none"], offered
     # As a user asks for it: from bash, which typer finds among the command's parents (the
     # `exit` keeps bash from replacing itself with the command).
     script = subprocess.run(

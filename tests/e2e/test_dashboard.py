@@ -67,6 +67,11 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
             points = page.locator(".chart[data-metric='loss'] circle.pt").count()
             assert points > 20, points
             assert page.locator(".chart[data-metric='loss'] path.line").count() == 2  # attempts
+            # the latest value as a person reads it; whole steps on the x axis
+            title = page.locator(".chart[data-metric='loss'] .title span").inner_text()
+            assert re.fullmatch(r"\d\.\d{1,4}(e-\d+)?|0\.0*\d{1,4}", title), title
+            steps = page.locator(".chart[data-metric='loss'] svg text.xtick").all_text_contents()
+            assert steps and all(re.fullmatch(r"\d+", tick) for tick in steps), steps
             attempts = page.locator("#attempts-table tr.attempt")
             assert attempts.count() == 2
             assert "killed by injected fault kill:1@step25" in attempts.nth(0).inner_text()

@@ -53,6 +53,9 @@ def test_fit_in_a_notebook_updates_one_output_and_renders_the_job(home, tmp_path
     assert "nb-fit" in page and "Completed" in page
     assert "<svg" in page and "loss=" in page  # the loss curve the script reports
     assert "<table>" in page and "outcome" in page  # the attempts
+    # the cost row, as the docs promise, here that nothing was billed
+    assert ">cost</th>" in page, page
+    assert "none billed (this machine" in page, page
     assert "algo-1: nothing · algo-2: nothing" in page  # what each node restored: a first start
     assert "Estimator: train.py on 2 x local" in notebook.cells[2].outputs[0]["data"]["text/html"]
 

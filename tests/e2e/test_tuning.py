@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,10 @@ def _see_on_the_dashboard(home, tmp_path, tuner, pruned, best) -> None:
             # ended trial on the objective chart
             assert page.locator(".chart[data-chart='curves'] path.line").count() == 5
             assert page.locator(".chart[data-chart='objective'] circle.pt").count() >= 5
+            ticks = page.locator(
+                ".chart[data-chart='objective'] svg text.xtick"
+            ).all_text_contents()
+            assert ticks and all(re.fullmatch(r"\d+", tick) for tick in ticks), ticks  # trials
             page.screenshot(path=str(tmp_path / "tuning.png"), full_page=True)
             # a trial's job page names its tuning job and links back
             page.click(f"text={best['TrainingJobName']}")

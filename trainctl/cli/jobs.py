@@ -310,7 +310,9 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
     if record.failure_reason:
         rows.append(("failure", record.failure_reason))
     if (cost := info["cost"]) is not None:
-        rows.append(("cost", _cost_text(cost)))
+        from trainctl.record import cost_text
+
+        rows.append(("cost", cost_text(cost)))
     if record.attempts:
         latest = record.attempts[-1]
         rows.append(("started from", latest.started_from()))
@@ -371,20 +373,6 @@ def _print_fields(console: Any, rows: list[tuple[str, Any]]) -> None:
         grid.add_column(overflow="fold")
         grid.add_row(key, text)
         console.print(grid)
-
-
-def _cost_text(cost: dict[str, Any]) -> str:
-    hours = cost["instance_seconds"] / 3600
-    if cost["usd"] is None:
-        return f"{hours:.2f} instance-hours (no price known)"
-    text = f"${cost['usd']:.2f} for {hours:.2f} instance-hours"
-    if cost.get("warm_seconds"):
-        text += f" ({cost['warm_seconds'] / 3600:.2f} of them kept warm after the job)"
-    if cost["spot_savings_usd"]:
-        text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
-    if cost["unpriced_instances"]:
-        text += f" ({cost['unpriced_instances']} instance(s) without a price not counted)"
-    return text
 
 
 @app.command()

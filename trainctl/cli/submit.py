@@ -138,7 +138,13 @@ def _field_options() -> tuple[list[inspect.Parameter], dict[str, tuple[str, str]
                 field.name,
                 P.KEYWORD_ONLY,
                 annotation=annotation,
-                default=typer.Option(None, *decls, help=door.help, metavar=door.metavar),
+                default=typer.Option(
+                    None,
+                    *decls,
+                    help=door.help,
+                    metavar=door.metavar,
+                    autocompletion=_choices(door.metavar),
+                ),
             )
         )
         for index, flag in enumerate(door.old_flags):
@@ -153,6 +159,17 @@ def _field_options() -> tuple[list[inspect.Parameter], dict[str, tuple[str, str]
                 )
             )
     return params, old
+
+
+def _choices(metavar: str | None) -> Any:
+    """TAB completion for a field whose values are a few words (`torch_distributed|mpi|
+    none`): those that start with what is typed; None for any other field."""
+    import re
+
+    if not metavar or not re.fullmatch(r"[a-z_]+(\|[a-z_]+)+", metavar):
+        return None
+    words = metavar.split("|")
+    return lambda incomplete: [w for w in words if w.startswith(incomplete)]
 
 
 FIELD_OPTIONS, OLD_FLAGS = _field_options()

@@ -130,8 +130,8 @@
         div.className = "chart";
         div.setAttribute("data-metric", name);
         var last = byName[name][byName[name].length - 1];
-        div.innerHTML = "<div class='title'>" + esc(name) + " <span class='muted'>" + esc(last.value) + "</span></div>";
-        window.trainctlChart(div, series, {});
+        div.innerHTML = "<div class='title'>" + esc(name) + " <span class='muted'>" + esc(window.trainctlNumber(last.value)) + "</span></div>";
+        window.trainctlChart(div, series, { integerX: true });
         var legend = document.createElement("div");
         legend.className = "legend";
         legend.innerHTML = series.map(function (s) { return "<span style='color:" + s.color + "'>&#9644; " + esc(s.label) + "</span>"; }).join("");
@@ -209,7 +209,7 @@
         div.className = "chart";
         div.setAttribute("data-chart", kind);
         div.innerHTML = "<div class='title'>" + esc(title) + "</div>";
-        window.trainctlChart(div, series, {});
+        window.trainctlChart(div, series, { integerX: true });
         var legend = document.createElement("div");
         legend.className = "legend";
         legend.innerHTML = series.filter(function (s) { return s.legend !== false; }).map(function (s) {
