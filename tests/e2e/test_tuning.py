@@ -383,6 +383,14 @@ def test_tune_from_a_file_and_see_the_trials_from_the_cli(cli_home, tmp_path):
     table = _trainctl("tuning", name).stdout
     best_line = next(line for line in table.splitlines() if line.strip().startswith("*"))
     assert data["best"]["job"] in best_line and "adam" in best_line and "64" in best_line
+    # 80 columns: the trial's job name whole (what `logs` takes); a tuned value left out
+    # before any name is cut
+    from tests.helpers import on_a_terminal
+
+    _, narrow = on_a_terminal({**os.environ, "NO_COLOR": "1"}, "tuning", name, columns=80)
+    lines = [line for line in narrow.replace("\r", "").splitlines() if line]
+    assert all(len(line) <= 80 for line in lines) and "…" not in narrow, lines
+    assert all(f"{name}-00{n}" in narrow for n in range(4)), narrow
     # a range that cannot work: one line, exit 2, nothing made
     (tmp_path / "bad.yaml").write_text(
         TUNE_YAML.format(source=FIXTURES / "tunable").replace(

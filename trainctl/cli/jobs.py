@@ -81,7 +81,7 @@ def jobs(
         sys.stderr.write(f"No{narrowed} jobs in {store.uri} (TRAINCTL_HOME={home}).\n")
         return
     console = _console()
-    console.print(_jobs_table(records, unreadable, views, console.width))
+    console.print(_jobs_table(records, unreadable, views, _width(console)))
     for u in unreadable:  # why, one line each, beside the table (a pipe gets the table)
         sys.stderr.write(f"{u.problem}; `trainctl rm --unreadable {u.name}` deletes it\n")
     lost = [name for name, view in views.items() if view and view.get("lost")]
@@ -113,7 +113,7 @@ def _watch_jobs(listed: Any) -> None:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while True:
                 records, unreadable, views = listed()
-                live.update(_jobs_table(records, unreadable, views, console.width), refresh=True)
+                live.update(_jobs_table(records, unreadable, views, _width(console)), refresh=True)
                 time.sleep(WATCH_SECONDS)
     shown = None
     while True:
@@ -220,9 +220,10 @@ def _console() -> Any:
     return out
 
 
-def _cells(*values: Any) -> list[Any]:
-    """One line per cell: a column too narrow cuts its text with an ellipsis."""
-    return [_one_line(v) for v in values]
+def _width(console: Any) -> int | None:
+    """The columns a table may fill: the terminal's; None for a pipe or a file (every
+    column whole)."""
+    return console.width if console.is_terminal else None
 
 
 def _one_line(value: Any) -> Any:

@@ -57,9 +57,7 @@ def tuning(
     output: str = OutputOpt,
 ) -> None:
     """List tuning jobs, or one's trials with their values (the best marked *)."""
-    from rich.table import Table
-
-    from trainctl.cli.jobs import _cells, _console, _state_text
+    from trainctl.cli.jobs import _console, _fitted_table, _state_text, _width
     from trainctl.controller.submit import default_store
     from trainctl.tuning import TuningAnalytics, tuning_jobs, tuning_summary
     from trainctl.tuning.record import TuningStore
@@ -75,24 +73,24 @@ def tuning(
                 + [{"name": n, "state": "Unreadable", "problem": why} for n, why in unreadable]
             )
             return
-        table = Table(box=None, header_style="bold")
-        for column in ("NAME", "STATE", "STRATEGY", "TRIALS", "BEST"):
-            table.add_column(column, no_wrap=column == "NAME")
+        rows: list[list[Any]] = []
         for r in records:
             best = r.best()
-            table.add_row(
-                r.name,
-                *_cells(
+            rows.append(
+                [
+                    r.name,
                     r.state,
                     r.spec.strategy,
                     f"{len([t for t in r.trials if t.state not in ('Pending', 'Running')])}"
                     f"/{r.spec.max_jobs}",
-                    "-" if best is None else f"{best.objective:.6g} ({best.job})",
-                ),
+                    "-" if best is None else f"{best.objective:.6g} (trial {best.number})",
+                ]
             )
         for tuning_name, _ in unreadable:  # the line saying why: `trainctl tuning NAME`
-            table.add_row(tuning_name, *_cells(_state_text("Unreadable"), "-", "-", "-"))
-        _console().print(table)
+            rows.append([tuning_name, _state_text("Unreadable"), "-", "-", "-"])
+        console = _console()
+        columns = [("NAME", None), ("STATE", None), ("STRATEGY", 0), ("TRIALS", 2), ("BEST", 1)]
+        console.print(_fitted_table(columns, rows, _width(console)))
         return
     record = TuningStore(store, name).load()
     rows = TuningAnalytics(record, store).rows()
@@ -101,25 +99,29 @@ def tuning(
         return
     best = record.best()
     ranges = list(record.spec.ranges)
-    table = Table(box=None, header_style="bold")
-    for column in ("", "TRIAL", "JOB", "STATE", record.spec.objective_metric_name, *ranges):
-        table.add_column(column)
-    # seconds from capacity asked for to the first step; "warm": on a pool a trial left
-    table.add_column("START-UP")
-    for trial, row in zip(record.trials, rows, strict=True):
-        mark = "*" if best is not None and trial.number == best.number else ""
-        table.add_row(
-            mark,
+    # the job name whole (what `logs` and `status` take), the objective, then as many of
+    # the tuned values as there is room for; START-UP: seconds from capacity asked for to
+    # the first step ("warm": on a pool a trial left)
+    columns: list[tuple[str, int | None]] = [
+        ("", None), ("TRIAL", None), ("JOB", None), ("STATE", None),
+        (record.spec.objective_metric_name, None),
+        *((name, len(ranges) - i) for i, name in enumerate(ranges)),
+        ("START-UP", 0),
+    ]  # fmt: skip
+    table_rows = [
+        [
+            "*" if best is not None and trial.number == best.number else "",
             str(trial.number),
             trial.job,
-            *_cells(
-                trial.state,
-                "-" if trial.objective is None else f"{trial.objective:.6g}",
-                *(_value(trial.params.get(r)) for r in ranges),
-                _start(row),
-            ),
-        )
+            trial.state,
+            "-" if trial.objective is None else f"{trial.objective:.6g}",
+            *(_value(trial.params.get(r)) for r in ranges),
+            _start(row),
+        ]
+        for trial, row in zip(record.trials, rows, strict=True)
+    ]
     console = _console()
+    table = _fitted_table(columns, table_rows, _width(console))
     console.print(f"tuning job {record.name}: {record.state} ({record.spec.strategy}, "
                   f"{record.spec.objective_type} {record.spec.objective_metric_name})")  # fmt: skip
     console.print(table)
