@@ -244,8 +244,7 @@ def test_cli_dry_run_and_estimate(cap_home, script) -> None:
 
 
 def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
-    from trainctl.cli.jobs import _cost_text
-    from trainctl.record import InstanceCost, cost_summary
+    from trainctl.record import InstanceCost, cost_summary, cost_text
 
     spot = dict(instance_type="p3.2xlarge", market="spot", seconds=3600.0)
     instances = [
@@ -276,11 +275,12 @@ def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
         "unpriced_instances": 1,
         "warm_seconds": 0,
     }
-    assert _cost_text(cost) == (
+    assert cost_text(cost) == (
         "$1.75 for 2.50 instance-hours; spot saved $2.84 of $4.59 "
         "(1 instance(s) without a price not counted)"
     )
     assert cost_summary([]) is None
+    assert cost_text(None).startswith("none billed")  # local or SSH capacity
 
 
 @pytest.mark.timeout(30)

@@ -105,7 +105,9 @@ def _watch_jobs(listed: Any) -> None:
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)
+    # both, whatever was inherited: a shell's background job starts with SIGINT ignored
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
     console = _console()
     if console.is_terminal:
         from rich.live import Live
