@@ -98,3 +98,19 @@ def test_make_bench_skips_a_figure_whose_part_is_missing_and_names_it(monkeypatc
     (row,) = run.measure_figure("needs-sshd", ctx=None)
     assert row["error"].startswith("sshd tests cannot run under CI") and row["pass"] is False
     assert "Traceback" in capsys.readouterr().err  # (an error's traceback is shown, as before)
+
+
+def test_the_docs_cli_page_shows_angle_brackets_as_text():
+    """`<redacted>` in --secret-env's help is a word on the page, not an HTML tag the
+    browser drops; inside a code span it stays as written."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "tools" / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = hooks.cli_reference()
+    assert "shown as &lt;redacted>" in page, page[:2000]
+    assert "<redacted>" not in page.replace("`<redacted>`", "")
+    assert "`SM_CHANNEL_<CHANNEL>`" in page  # (a code span: shown as written)
+    assert hooks._text_not_tags("a <b> `<c>` d") == "a &lt;b> `<c>` d"
