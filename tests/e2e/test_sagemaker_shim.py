@@ -5,6 +5,7 @@ kernel, in the containers SageMaker's local mode would use)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import contextmanager
 from functools import cache
@@ -129,6 +130,7 @@ def test_a_role_arn_is_used_as_the_instance_profile_of_its_name_with_one_warning
         ({"enable_network_isolation": True}, "enable_network_isolation", "not supported"),
         ({"volume_kms_key": "arn:aws:kms:..."}, "volume_kms_key", "not supported"),
         ({"distribution": {"smdistributed": {}}}, "distribution", "runs only on SageMaker"),
+        ({"distribution": {"smdistributed": {"x": {}}}}, "distribution", "runs only on"),
     ],
 )
 def test_what_trainctl_cannot_honour_is_one_line_naming_it(home, kwargs, field, text):
@@ -213,6 +215,61 @@ def test_fit_with_sagemaker_api_on_two_local_nodes(home, tmp_path, capsys):
     assert list(frame.columns) == ["timestamp", "metric_name", "value"]
     assert sorted(frame["value"].tolist()) == [0.0, 1.0]
     assert set(frame["metric_name"]) == {"shard"}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_a_sagemaker_data_parallel_script_runs_unchanged_on_two_nodes(home, capsys):
+    """smdistributed's data parallel library (today's `smddp` backend and its older module
+    API) and the training toolkit's Environment, imported as on SageMaker, over torchrun on
+    2 local nodes: every rank trains in one group and ends with the same weights."""
+    est = PyTorch(
+        entry_point="train.py",
+        source_dir=str(FIXTURES / "smddp"),
+        role=None,
+        instance_count=2,
+        instance_type="local",
+        hyperparameters={"lr": 0.1},
+        distribution={"smdistributed": {"dataparallel": {"enabled": True}}},
+    )
+    assert spec_of(est).launcher == "torchrun"
+    est.fit(logs=False)
+    job = est.latest_training_job
+    assert job.describe()["state"] == "Completed"
+    lines = "".join(
+        job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log") for rank in (0, 1)
+    )
+    for rank in (0, 1):
+        found = re.search(
+            rf"SMDDP rank={rank} world=2 backend=gloo same=True host=(\S+) "
+            rf"master={rank == 0} hosts=(\S+) gpus=0 model_dir_ok=True lr=0.1",
+            lines,
+        )
+        assert found, lines
+        assert found[2].split(",")[rank] == found[1]  # SM_HOSTS, in rank order
+        assert f"LEGACY rank={rank} world=2 local_rank=0 local_size=1 sum=3 same=True" in lines, (
+            lines
+        )
+    assert est.model_data.endswith("/output/model.tar.gz")
+
+
+@pytest.mark.timeout(30)
+def test_smdistributed_model_parallel_is_refused_and_data_parallel_options_warn(home):
+    for value in ({"modelparallel": {"enabled": True}}, {"dataparallel": {"enabled": False}}):
+        with pytest.raises(SpecError) as raised:
+            pytorch(distribution={"smdistributed": value})
+        assert raised.value.field == "distribution" and "runs only on SageMaker" in str(
+            raised.value
+        )
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        est = pytorch(
+            distribution={
+                "smdistributed": {"dataparallel": {"enabled": True, "custom_mpi_options": "-x"}}
+            }
+        )
+    (warned,) = others(caught)
+    assert warned.startswith("distribution: ") and "'custom_mpi_options'" in warned
+    assert spec_of(est).launcher == "torchrun"
 
 
 # --- every SageMaker argument, the session, the role, framework images without an engine ----

@@ -69,3 +69,30 @@ def test_a_rank_registers_its_stacks_are_taken_and_its_groups_noted(tmp_path: Pa
         rank.wait()
     assert (tmp_path / "mark").read_text() == "ran\nran\n"  # in both processes
     assert registered(ranks) == []  # gone
+
+
+def test_sagemakers_packages_import_from_the_stand_ins_only_where_not_installed(tmp_path):
+    """`sagemaker_training` and `smdistributed` import in a job's process from the hook's
+    stand-ins; an installed one (a SageMaker image's) is found first."""
+    probe = (
+        "import sagemaker_training.environment as e, smdistributed.dataparallel.torch as t;"
+        "print(e.__file__); print(t.__file__)"
+    )
+    env = hook_env({**os.environ, "PYTHONPATH": ""}, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    toolkit, smddp = done.stdout.split()
+    assert "/worker_site/compat/sagemaker_training/" in toolkit
+    assert "/worker_site/compat/smdistributed/dataparallel/torch/" in smddp
+    installed = tmp_path / "site" / "sagemaker_training"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    (installed / "environment.py").write_text("REAL = True\n")
+    env = hook_env({**os.environ, "PYTHONPATH": str(tmp_path / "site")}, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == str(installed / "environment.py")

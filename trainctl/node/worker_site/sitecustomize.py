@@ -13,6 +13,10 @@ torchrun's or the plain launcher's LOCAL_RANK, or Open MPI's rank) and only ther
 - notes each process group `torch.distributed.init_process_group` forms, with its world
   size, in <pid>.groups (whether a multi-node job's ranks ever trained together).
 
+In every process it also lets SageMaker's `smdistributed.dataparallel` and
+`sagemaker_training` import from compat/ where they are not installed (last on
+sys.meta_path: an installed one, a SageMaker image's, is always found first).
+
 Standard library only, nothing imported eagerly but what Python has loaded already, and
 nothing here may ever raise into the user's program.
 """
@@ -158,7 +162,28 @@ def _run_shadowed():
         return
 
 
+# SageMaker's packages that scripts import and that compat/ stands in for.
+COMPAT_PACKAGES = ("smdistributed", "sagemaker_training")
+
+
+class _CompatFallback:
+    """A meta-path finder, last: the stand-ins of COMPAT_PACKAGES, for a name no other
+    finder found (their submodules then load from the stand-in's own __path__)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in COMPAT_PACKAGES:
+            return None
+        import importlib.machinery
+
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat")
+        return importlib.machinery.PathFinder.find_spec(name, [here])
+
+
 def _main():
+    try:
+        sys.meta_path.append(_CompatFallback())
+    except Exception:
+        pass
     directory = os.environ.get("TRAINCTL_RANKS_DIR")
     if directory and _rank() is not None and os.path.isdir(directory):
         try:

@@ -15,6 +15,11 @@ How SageMaker's arguments map (every one of them is listed in trainctl.sagemaker
   bucket>/...` URIs are the store's on a file store (see trainctl.sagemaker.session).
 - `input_mode`: File (each channel a copy) or FastFile (file:// channels linked), for every
   channel that does not say otherwise in its TrainingInput.
+- `distribution`: torch_distributed and pytorchddp are torchrun; `mpi` is Open MPI;
+  `smdistributed`'s dataparallel is torchrun too, its `smddp` backend NCCL on GPUs and gloo
+  on CPUs, and `smdistributed.dataparallel` importable on the nodes (a stand-in over
+  torch.distributed where SageMaker's own is not installed: trainctl/node/worker_site/
+  compat). Its model parallel library is refused in one line.
 - `dependencies`: as SageMaker, directories copied next to the source (not pip packages).
 - `keep_alive_period_in_seconds`: a warm pool, as SageMaker's (EC2 types only, at most
   3600 s): the next job with the same capacity spec starts on the same instances.
@@ -122,11 +127,7 @@ def distribution_of(value: dict[str, Any] | None) -> dict[str, Any] | None:
         elif key == "mpi":
             out["mpi"] = dict(options or {})
         elif key == "smdistributed":
-            raise SpecError(
-                "distribution",
-                "smdistributed (SageMaker's data and model parallel libraries) runs only on "
-                "SageMaker; use {'torch_distributed': {'enabled': True}}",
-            )
+            out.update(_smdistributed(options))
         else:
             raise SpecError(
                 "distribution",
@@ -134,6 +135,37 @@ def distribution_of(value: dict[str, Any] | None) -> dict[str, Any] | None:
                 "pytorchddp, mpi)",
             )
     return out
+
+
+def _smdistributed(options: Any) -> dict[str, Any]:
+    """SageMaker's data-parallel library (`{'dataparallel': {'enabled': True}}`) runs as
+    torchrun: on the nodes `smdistributed.dataparallel` imports (a stand-in over
+    torch.distributed where SageMaker's own is not installed) and the `smddp` backend is
+    NCCL on GPUs, gloo on CPUs. The model-parallel library has no such stand-in."""
+    parts = options if isinstance(options, dict) else {}
+    if (parts.get("modelparallel") or {}).get("enabled"):
+        raise SpecError(
+            "distribution",
+            "smdistributed's model parallel library (SMP) runs only on SageMaker; its "
+            "data parallel one runs here: {'smdistributed': {'dataparallel': "
+            "{'enabled': True}}}, or torch_distributed with FSDP",
+        )
+    if not (parts.get("dataparallel") or {}).get("enabled"):
+        raise SpecError(
+            "distribution",
+            "smdistributed without {'dataparallel': {'enabled': True}}: SageMaker's model "
+            "parallel library runs only on SageMaker; its data parallel one runs here",
+        )
+    unknown = sorted(set(parts) - {"dataparallel", "modelparallel"})
+    if unknown:
+        raise SpecError("distribution", f"smdistributed has no {unknown[0]!r}")
+    for option in sorted(set(parts["dataparallel"]) - {"enabled"}):
+        warn(
+            "distribution",
+            f"smdistributed dataparallel's {option!r} tunes SageMaker's own AllReduce; "
+            "here the collectives are NCCL's or gloo's, so it has no effect",
+        )
+    return {DISTRIBUTIONS["torch_distributed"]: {"enabled": True}}
 
 
 def framework_without_engine(

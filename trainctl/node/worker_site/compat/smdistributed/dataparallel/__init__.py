@@ -1,0 +1,1 @@
+"""SageMaker's data-parallel library (smddp), as torch.distributed: see torch/."""
