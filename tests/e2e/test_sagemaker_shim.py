@@ -308,6 +308,48 @@ def test_a_name_sagemaker_does_not_have_is_a_type_error_with_the_closest_name(ho
         pytorch(instance_typ="ml.p3.2xlarge")
     with pytest.raises(TypeError, match=r"'checkpoint_uri'; did you mean 'checkpoint_s3_uri'\?"):
         pytorch(checkpoint_uri="s3://b/c")
+    # names no spelling distance finds: what other SDKs (and trainctl) call them
+    with pytest.raises(TypeError, match=r"'env'; did you mean 'environment'\?"):
+        pytorch(env={"A": "1"})
+    from trainctl.sagemaker._compat import ALIASES, SAGEMAKER_ARGUMENTS
+
+    assert set(ALIASES.values()) <= set(SAGEMAKER_ARGUMENTS)
+
+
+@pytest.mark.timeout(30)
+def test_the_tuner_refuses_what_comes_after_training_in_one_line(home):
+    from trainctl.sagemaker.tuner import ContinuousParameter, HyperparameterTuner
+
+    tuner = HyperparameterTuner(
+        pytorch(instance_type="local", role=None), "accuracy",
+        {"lr": ContinuousParameter(0.01, 0.1)},
+        metric_definitions=[{"Name": "accuracy", "Regex": "accuracy=([0-9.]+)"}], max_jobs=2,
+    )  # fmt: skip
+    for method in ("deploy", "transfer_learning_tuner", "create"):
+        with pytest.raises(SpecError, match=r"not supported by trainctl: ") as raised:
+            getattr(tuner, method)
+        assert raised.value.field == method and "\n" not in str(raised.value)
+    with pytest.raises(AttributeError):
+        tuner.no_such_method  # noqa: B018
+
+
+@pytest.mark.timeout(30)
+def test_without_source_dir_only_the_entry_point_is_sent_as_on_sagemaker(home, tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    (folder / "data.csv").write_text("1,2\n")  # a notebook's folder holds its data too
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        est = pytorch(entry_point=str(folder / "train.py"), source_dir=None,
+                      instance_type="local", role=None)  # fmt: skip
+    (warned,) = others(caught)
+    assert warned.startswith("source_dir: not given: only train.py is sent"), warned
+    spec = spec_of(est)
+    assert spec.entry_point == "train.py"
+    assert sorted(p.name for p in Path(spec.source_dir).iterdir()) == ["train.py"]
+    with pytest.raises(SpecError) as raised:
+        pytorch(entry_point=str(folder / "missing.py"), source_dir=None)
+    assert raised.value.field == "entry_point"
 
 
 @pytest.mark.timeout(30)

@@ -117,12 +117,29 @@ PASSED = tuple(name for name in sagemaker_passed() if name not in SIGNATURE)
 INPUT_MODES = ("File", "FastFile")
 
 
+# Names people write for SageMaker's own that no spelling distance finds (other SDKs',
+# trainctl's): the did-you-mean names SageMaker's.
+ALIASES = {
+    "env": "environment",
+    "environment_variables": "environment",
+    "hyperparams": "hyperparameters",
+    "spot": "use_spot_instances",
+    "use_spot": "use_spot_instances",
+    "instances": "instance_count",
+    "nodes": "instance_count",
+    "checkpoint_path": "checkpoint_local_path",
+    "max_runtime": "max_run",
+    "job_name": "base_job_name",
+}
+
+
 def check_arguments(kwargs: dict[str, Any], owner: str = "PyTorch") -> None:
     """Names SageMaker does not have are a TypeError (with the closest real name); what
     trainctl cannot honour is one line naming it; what it does not act on, one warning."""
     for name in kwargs:
         if name not in SAGEMAKER_ARGUMENTS:
-            close = difflib.get_close_matches(name, sorted(SAGEMAKER_ARGUMENTS), n=1)
+            close = [ALIASES[name]] if name in ALIASES else []
+            close = close or difflib.get_close_matches(name, sorted(SAGEMAKER_ARGUMENTS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
     for name, (defaults, why) in REFUSED.items():

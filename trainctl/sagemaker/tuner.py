@@ -32,11 +32,29 @@ RANGE_LISTS = {
 }
 
 
+# SageMaker's HyperparameterTuner methods with nothing to run here: one line each.
+NOT_TUNING = {
+    "deploy": "trainctl trains models; it hosts no endpoints (the best job's model is at "
+    "best_estimator().model_data)",
+    "delete_endpoint": "trainctl hosts no endpoints",
+    "transfer_learning_tuner": "no warm start from a parent tuning job",
+    "identical_dataset_and_algorithm_tuner": "no warm start from a parent tuning job",
+    "create": "no multi-algorithm tuning jobs (one estimator per tuner)",
+}
+
+
 class HyperparameterTuner(_Tuner):
     """trainctl's HyperparameterTuner, describing itself as SageMaker's does."""
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **tuning_job_keys(self._record())}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NOT_TUNING:
+            from trainctl.errors import SpecError
+
+            raise SpecError(name, f"not supported by trainctl: {NOT_TUNING[name]}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def tuning_job_keys(record: Any) -> dict[str, Any]:

@@ -243,10 +243,10 @@ class PyTorch:
         if framework_without_engine(framework_version, py_version, image_uri):
             framework_version = py_version = None
         self._hyperparameters = dict(hyperparameters or {})
-        self._sources = _with_dependencies(entry_point, source_dir, dependencies or [])
+        self._sources = _staged_sources(entry_point, source_dir, dependencies or [])
         if self._sources is not None:
             weakref.finalize(self, shutil.rmtree, self._sources, True)
-            if source_dir is None:  # the entry point's directory was copied
+            if source_dir is None:  # the entry point alone was copied
                 entry_point = Path(entry_point).name
             source_dir = str(self._sources)
         self._fields = {
@@ -348,19 +348,37 @@ class PyTorch:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-def _with_dependencies(
+def _staged_sources(
     entry_point: str, source_dir: str | None, dependencies: list[str]
 ) -> Path | None:
-    """SageMaker's `dependencies`: directories copied into the code directory, next to the
-    source. A temporary copy of source_dir with them, or None when there are none."""
-    if not dependencies:
+    """The code directory as SageMaker makes it, where it differs from source_dir as given:
+    without a source_dir, the entry point alone (not its folder, which in a notebook's
+    folder is the notebook and its data), with one warning when the folder has more; and
+    `dependencies`, directories copied next to the source. A temporary directory, or None
+    when source_dir is the code directory as it is."""
+    if source_dir is not None and not dependencies:
         return None
-    source = Path(source_dir) if source_dir else Path(entry_point).resolve().parent
-    if not source.is_dir():
-        raise SpecError("source_dir", f"{source} is not a directory")
+    if source_dir is None:
+        script = Path(entry_point)
+        if not script.is_file():
+            raise SpecError("entry_point", f"{entry_point} is not a file (and no source_dir)")
+        others = [p.name for p in script.resolve().parent.iterdir() if p.name != script.name]
+        if others:
+            warn(
+                "source_dir",
+                f"not given: only {script.name} is sent to the nodes, as SageMaker does "
+                f"(not the {len(others)} other entries of its folder; give source_dir to "
+                "send them)",
+                stacklevel=5,
+            )
+    elif not Path(source_dir).is_dir():
+        raise SpecError("source_dir", f"{source_dir} is not a directory")
     staged = Path(tempfile.mkdtemp(prefix="trainctl-sagemaker-src-"))
     try:
-        shutil.copytree(source, staged, dirs_exist_ok=True, symlinks=True)
+        if source_dir is None:
+            shutil.copy2(entry_point, staged / Path(entry_point).name)
+        else:
+            shutil.copytree(source_dir, staged, dirs_exist_ok=True, symlinks=True)
         for index, dependency in enumerate(dependencies):
             path = Path(dependency)
             if not path.exists():
