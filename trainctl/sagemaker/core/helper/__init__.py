@@ -1,0 +1,1 @@
+"""`sagemaker.core.helper` (SDK v3)."""
