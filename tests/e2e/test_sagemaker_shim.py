@@ -272,6 +272,32 @@ def test_smdistributed_model_parallel_is_refused_and_data_parallel_options_warn(
     assert spec_of(est).launcher == "torchrun"
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_model_uri_is_the_model_channel_and_the_infra_check_is_accepted(home, tmp_path):
+    """SageMaker's model_uri (a model to fine-tune) arrives as the "model" channel, as on
+    SageMaker; enable_infra_check=True is what trainctl's nodes do anyway."""
+    model = tmp_path / "pretrained"
+    model.mkdir()
+    (model / "weights.pt").write_text("w")
+    with quiet():
+        est = PyTorch(
+            entry_point="model_channel.py", source_dir=str(SOURCE), role=None,
+            instance_count=1, instance_type="local", model_uri=str(model),
+            enable_infra_check=True,
+        )  # fmt: skip
+    est.fit()
+    job = est.latest_training_job
+    assert job.describe()["state"] == "Completed"
+    log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-0.log")
+    assert "MODEL True weights.pt" in log, log
+    with pytest.raises(SpecError, match=r"^model_channel_name: 'train' is also a channel"):
+        PyTorch(
+            entry_point="model_channel.py", source_dir=str(SOURCE), role=None,
+            instance_type="local", model_uri=str(model), model_channel_name="train",
+        ).fit({"train": str(model)})  # fmt: skip
+
+
 # --- every SageMaker argument, the session, the role, framework images without an engine ----
 
 

@@ -51,7 +51,16 @@ SAGEMAKER_ARGUMENTS = frozenset(
 )  # fmt: skip
 
 # Honoured, but not passed as they are: the shim reads them itself.
-HANDLED = ("input_mode", "sagemaker_session")
+# model_uri: a channel named model_channel_name (default "model"), as SageMaker's;
+# enable_infra_check: every node's GPUs and store are checked before the script starts,
+# always (a failed check is a lost node, relaunched elsewhere).
+HANDLED = (
+    "input_mode",
+    "sagemaker_session",
+    "model_uri",
+    "model_channel_name",
+    "enable_infra_check",
+)
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
     "tags": "not applied: trainctl tags the EC2 resources it makes with trainctl:* tags",
@@ -68,8 +77,6 @@ WARNED = {
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "volume_kms_key": ((None,), "EBS volumes are encrypted with the account's default key"),
     "output_kms_key": ((None,), "outputs are written with SSE-S3"),
-    "model_uri": ((None,), "no model channel: pass the model as an input channel"),
-    "model_channel_name": (("model",), "no model channel"),
     "rules": ((None,), "no SageMaker Debugger rules"),
     "debugger_hook_config": ((None, False), "no SageMaker Debugger"),
     "tensorboard_output_config": ((None,), "TensorBoard output: not yet"),
@@ -87,7 +94,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         "`arguments`)",
     ),
     "enable_remote_debug": ((None, False), "no remote debugging"),
-    "enable_infra_check": ((None, False), "no infrastructure check"),
     "disable_output_compression": ((False, None), "outputs are always model.tar.gz/output.tar.gz"),
     "compiler_config": ((None,), "no Training Compiler"),
     "training_recipe": ((None,), "no SageMaker HyperPod recipes"),

@@ -229,6 +229,10 @@ class PyTorch:
             session = None
         self.sagemaker_session: Session = session or Session()
         self.input_mode = kwargs.get("input_mode", "File")
+        self.model_uri = kwargs.get("model_uri")
+        self.model_channel_name = kwargs.get("model_channel_name") or "model"
+        if self.model_uri is not None and not isinstance(self.model_uri, str):
+            raise SpecError("model_uri", "must be an s3:// or file:// URI (or a local path)")
         if instance_type is None:
             raise SpecError("instance_type", "is required (e.g. 'ml.p4d.24xlarge' or 'local')")
         itype = instance_type_of(instance_type)
@@ -296,12 +300,25 @@ class PyTorch:
     def _channels(self, inputs: Any) -> Any:
         """`fit`'s inputs with the session's bucket URIs resolved and the estimator's
         input_mode given to every channel that names none."""
-        if inputs is None:
+        if inputs is None and self.model_uri is None:
             return None
         if isinstance(inputs, str | TrainingInput):
             inputs = {"training": inputs}
-        if not isinstance(inputs, dict):
+        if inputs is not None and not isinstance(inputs, dict):
             return inputs  # split_inputs names the mistake
+        inputs = dict(inputs or {})
+        if self.model_uri is not None:  # SageMaker's model channel: another input
+            if self.model_channel_name in inputs:
+                raise SpecError(
+                    "model_channel_name",
+                    f"{self.model_channel_name!r} is also a channel of fit()'s inputs",
+                )
+            uri = (
+                self.model_uri
+                if "://" in self.model_uri
+                else Path(self.model_uri).resolve().as_uri()
+            )
+            inputs[self.model_channel_name] = uri
         out: dict[str, Any] = {}
         for channel, value in inputs.items():
             if isinstance(value, str):
