@@ -298,6 +298,48 @@ def test_model_uri_is_the_model_channel_and_the_infra_check_is_accepted(home, tm
         ).fit({"train": str(model)})  # fmt: skip
 
 
+@pytest.mark.timeout(60)
+def test_git_config_clones_the_repository_and_reads_the_source_inside_it(home, tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    git("init", "--quiet", "--initial-branch", "main")
+    (repo / "src" / "train.py").write_text("print('v1')\n")
+    git("add", ".")
+    git("commit", "--quiet", "-m", "v1")
+    first = git("rev-parse", "HEAD")
+    (repo / "src" / "train.py").write_text("print('v2')\n")
+    git("commit", "--quiet", "-am", "v2")
+    with quiet():
+        latest = pytorch(entry_point="train.py", source_dir="src", git_config={
+            "repo": str(repo), "branch": "main"}, instance_type="local", role=None)  # fmt: skip
+        pinned = pytorch(entry_point="train.py", source_dir="src", git_config={
+            "repo": str(repo), "commit": first}, instance_type="local", role=None)  # fmt: skip
+    assert (Path(spec_of(latest).source_dir) / "train.py").read_text() == "print('v2')\n"
+    assert (Path(spec_of(pinned).source_dir) / "train.py").read_text() == "print('v1')\n"
+    for config, text in (
+        ({"repo": str(repo), "token": "ghp_x"}, "credentials"),
+        ({"repo": str(tmp_path / "nowhere")}, "git clone failed: "),
+        ({"repo": str(repo), "commit": "0" * 40}, "git checkout failed: "),
+        ({"repo": str(repo), "tag": "v1"}, "'tag' is not a key"),
+    ):
+        with pytest.raises(SpecError) as raised:
+            pytorch(entry_point="train.py", source_dir="src", git_config=config)
+        assert raised.value.field == "git_config" and text in str(raised.value), raised.value
+        assert "\n" not in str(raised.value) and "ghp_x" not in str(raised.value)
+    with pytest.raises(SpecError, match=r"^source_dir: '\.\./x' is outside the git_config"):
+        pytorch(entry_point="train.py", source_dir="../x", git_config={"repo": str(repo)})
+
+
 # --- every SageMaker argument, the session, the role, framework images without an engine ----
 
 

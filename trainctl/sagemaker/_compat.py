@@ -53,13 +53,15 @@ SAGEMAKER_ARGUMENTS = frozenset(
 # Honoured, but not passed as they are: the shim reads them itself.
 # model_uri: a channel named model_channel_name (default "model"), as SageMaker's;
 # enable_infra_check: every node's GPUs and store are checked before the script starts,
-# always (a failed check is a lost node, relaunched elsewhere).
+# always (a failed check is a lost node, relaunched elsewhere); git_config: the repository
+# is cloned here and source_dir, entry_point and dependencies are read inside it.
 HANDLED = (
     "input_mode",
     "sagemaker_session",
     "model_uri",
     "model_channel_name",
     "enable_infra_check",
+    "git_config",
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
@@ -83,7 +85,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "profiler_config": ((None,), "no SageMaker Profiler"),
     "enable_network_isolation": ((None, False), "no network isolation"),
     "encrypt_inter_container_traffic": ((None, False), "no encryption between nodes"),
-    "git_config": ((None,), "source from git: clone it and give source_dir"),
     "instance_groups": ((None,), "no heterogeneous clusters"),
     "training_repository_access_mode": ((None,), "images come from a registry the nodes reach"),
     "training_repository_credentials_provider_arn": ((None,), "no private registry credentials"),

@@ -30,6 +30,7 @@ How SageMaker's arguments map (every one of them is listed in trainctl.sagemaker
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import sys
@@ -247,6 +248,20 @@ class PyTorch:
         if framework_without_engine(framework_version, py_version, image_uri):
             framework_version = py_version = None
         self._hyperparameters = dict(hyperparameters or {})
+        self._clone = None
+        if kwargs.get("git_config") is not None:
+            self._clone = clone_git_config(kwargs["git_config"])
+            weakref.finalize(self, shutil.rmtree, self._clone, True)
+            # as on SageMaker: source_dir, entry_point and dependencies are the repository's
+            within = self._clone
+            if source_dir is not None:
+                source_dir = str(_inside(within, source_dir, "source_dir"))
+            else:
+                entry_point = str(_inside(within, entry_point, "entry_point"))
+            dependencies = [
+                str(_inside(within, d, f"dependencies[{i}]"))
+                for i, d in enumerate(dependencies or [])
+            ]
         self._sources = _staged_sources(entry_point, source_dir, dependencies or [])
         if self._sources is not None:
             weakref.finalize(self, shutil.rmtree, self._sources, True)
@@ -363,6 +378,60 @@ class PyTorch:
         if name in NOT_TRAINING:
             raise SpecError(name, f"not supported by trainctl: {NOT_TRAINING[name]}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# git_config's keys (SageMaker's); credentials are refused: a token in a clone URL would
+# reach the process list and git's own messages.
+GIT_KEYS = {"repo", "branch", "commit"}
+GIT_CREDENTIALS = {"2FA_enabled", "username", "password", "token"}
+
+
+def clone_git_config(config: Any) -> Path:
+    """SageMaker's `git_config` ({"repo", "branch", "commit"}): the repository cloned into
+    a temporary directory on this machine (the nodes get the packaged source, as always).
+    SpecError naming git_config for a bad config or a clone that fails."""
+    import subprocess
+
+    if not isinstance(config, dict) or not isinstance(config.get("repo"), str):
+        raise SpecError("git_config", "must be a dict with 'repo' (and 'branch', 'commit')")
+    if GIT_CREDENTIALS & set(config):
+        raise SpecError(
+            "git_config",
+            "credentials (username, password, token, 2FA_enabled) are not supported: use an "
+            "SSH URL with your SSH agent, or a credential helper git already has",
+        )
+    unknown = sorted(set(config) - GIT_KEYS)
+    if unknown:
+        raise SpecError("git_config", f"{unknown[0]!r} is not a key; allowed: branch, commit, repo")
+    target = Path(tempfile.mkdtemp(prefix="trainctl-sagemaker-git-"))
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # a prompt would hang a notebook
+    steps = [["git", "clone", "--quiet", config["repo"], str(target)]]
+    if config.get("branch"):
+        steps[0][3:3] = ["--branch", str(config["branch"])]
+    if config.get("commit"):
+        steps.append(["git", "-C", str(target), "checkout", "--quiet", str(config["commit"])])
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=600, env=env)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            raise SpecError("git_config", f"{step[1]} failed: {exc}") from None
+        if done.returncode != 0:
+            shutil.rmtree(target, ignore_errors=True)
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SpecError("git_config", f"git {step[1] if step[1] != '-C' else step[3]} "
+                            f"failed: {last}")  # fmt: skip
+    return target
+
+
+def _inside(root: Path, relative: str, field: str) -> Path:
+    """`relative` inside the cloned repository `root` (never outside it)."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise SpecError(field, f"{relative!r} is outside the git_config repository")
+    if not path.exists():
+        raise SpecError(field, f"{relative!r} is not in the git_config repository")
+    return path
 
 
 def _staged_sources(
