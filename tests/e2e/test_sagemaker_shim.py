@@ -322,6 +322,7 @@ def test_git_config_clones_the_repository_and_reads_the_source_inside_it(home, t
     with quiet():
         latest = pytorch(entry_point="train.py", source_dir="src", git_config={
             "repo": str(repo), "branch": "main"}, instance_type="local", role=None)  # fmt: skip
+    with quiet():
         pinned = pytorch(entry_point="train.py", source_dir="src", git_config={
             "repo": str(repo), "commit": first}, instance_type="local", role=None)  # fmt: skip
     assert (Path(spec_of(latest).source_dir) / "train.py").read_text() == "print('v2')\n"
