@@ -164,7 +164,9 @@ class ModelTrainer:
             if value is not None:
                 raise _refuse(name, why)
         if tags:
-            warn("tags", "accepted: trainctl tags EC2 capacity with the job's own tags")
+            from trainctl.sagemaker._compat import WARNED
+
+            warn("tags", WARNED["tags"])  # (the same words as the v2 estimator's)
         if local_container_root is not None:
             warn("local_container_root", "ignored: a job's files are in trainctl's store")
         self._estimator()  # bad input fails here, at construction, as SageMaker's does
