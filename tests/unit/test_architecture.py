@@ -109,8 +109,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+# Not trainctl's modules: SageMaker's packages' stand-ins, imported in a job's worker
+# processes under their own names (smdistributed, sagemaker_training; see the worker hook).
+STAND_INS = PACKAGE / "node" / "worker_site" / "compat"
+
+
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {
+        _module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(STAND_INS)
+    }
 
 
 def _is_type_checking(node: ast.If) -> bool:
