@@ -19,6 +19,10 @@ JOB_TAG = "TRAINCTL_JOB"
 NODE_TAG = "TRAINCTL_NODE"
 ATTEMPT_TAG = "TRAINCTL_ATTEMPT"
 CONTROLLER_TAG = "TRAINCTL_CONTROLLER"
+# Whose nodes: the local provider's home (its nodes directory's parent). Job names are unique
+# within a store, not on a machine: two homes (two users, two test runs) may both have a job
+# `train-1`, and ending one must not end the other's processes.
+HOME_TAG = "TRAINCTL_NODES_HOME"
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -64,19 +68,32 @@ def find_tagged(tag: str, value: str, **more: str) -> list[int]:
     return [pid for pid, _ in _tagged(tag, value, **more)]
 
 
-def job_processes(job: str, node: int | None = None, attempt: int | None = None) -> list[int]:
+def _ours(env: dict[str, str], home: str | None) -> bool:
+    """Whether a tagged process belongs to the nodes of `home` (None: any home's). One
+    without the tag (started before it existed) counts as anyone's, as it always did."""
+    return home is None or env.get(HOME_TAG, home) == home
+
+
+def job_processes(
+    job: str, node: int | None = None, attempt: int | None = None, *, home: str | None = None
+) -> list[int]:
     """The job's processes here: all of them, one node's, or one node's of one attempt (a
-    node killed while its job relaunches must not take the next attempt's agent with it)."""
+    node killed while its job relaunches must not take the next attempt's agent with it);
+    `home`: only those of that home's nodes (HOME_TAG)."""
     more = {} if node is None else {NODE_TAG: str(node)}
     if attempt is not None:
         more[ATTEMPT_TAG] = str(attempt)
-    return find_tagged(JOB_TAG, job, **more)
+    return [pid for pid, env in _tagged(JOB_TAG, job, **more) if _ours(env, home)]
 
 
-def nodes_running(job: str, attempt: int) -> set[int]:
+def nodes_running(job: str, attempt: int, *, home: str | None = None) -> set[int]:
     """The ranks of `job`'s nodes of `attempt` that have a live process here (one scan)."""
     found = _tagged(JOB_TAG, job, **{ATTEMPT_TAG: str(attempt)})
-    return {int(env[NODE_TAG]) for _, env in found if env.get(NODE_TAG, "").isdigit()}
+    return {
+        int(env[NODE_TAG])
+        for _, env in found
+        if env.get(NODE_TAG, "").isdigit() and _ours(env, home)
+    }
 
 
 def _children_map() -> dict[int, list[int]]:

@@ -43,10 +43,10 @@ def agent_env(settings: Settings) -> dict[str, str]:
     """What a node agent needs from here: the settings it acts on, the TRAINCTL_* variables
     in effect, and `node_environment`. Not TRAINCTL_HOME (the node has its own), and
     nothing else: a remote node never gets this machine's credentials."""
-    from trainctl.procs import ATTEMPT_TAG, CONTROLLER_TAG, JOB_TAG, NODE_TAG
+    from trainctl.procs import ATTEMPT_TAG, CONTROLLER_TAG, HOME_TAG, JOB_TAG, NODE_TAG
 
     env = {f"TRAINCTL_{name.upper()}": str(getattr(settings, name)) for name in AGENT_SETTINGS}
-    not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG}
+    not_passed = {"TRAINCTL_HOME", CONTROLLER_TAG, JOB_TAG, NODE_TAG, ATTEMPT_TAG, HOME_TAG}
     env.update(
         {k: v for k, v in os.environ.items() if k.startswith("TRAINCTL_") and k not in not_passed}
     )

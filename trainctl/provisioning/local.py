@@ -37,6 +37,7 @@ from trainctl.gpus import share_gpus, visible_gpus
 from trainctl.image.container import IMAGE_PYTHON, container_mounts
 from trainctl.procs import (
     ATTEMPT_TAG,
+    HOME_TAG,
     JOB_TAG,
     NODE_TAG,
     end_processes,
@@ -109,6 +110,7 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or get_settings().home
+        self.home_tag = str(Path(self.home).resolve())
         # Jobs of this controller that run in an image: job -> its request (mounts, image).
         self._container_requests: dict[str, CapacityRequest] = {}
         # Capacity withheld by injected faults (nocapacity): job -> [(nodes, until)], until
@@ -284,6 +286,7 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         # This machine is the user's own: a process of theirs on a GPU (a notebook's CUDA
         # context) is not a fault, and a replaced node would get the same GPU.
         env["TRAINCTL_GPU_BUSY_FAILS_NODE"] = "0"
+        env[HOME_TAG] = self.home_tag  # (the job's processes are this home's: see procs)
         if not self.runs_in_container(cluster.job):
             return LocalRunner(cluster, rank, root, python=sys.executable, env=env)
         wrap = partial(self.container_argv, cluster, rank)
@@ -294,13 +297,13 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
         its container) runs any more: killed, as a lost machine. (A node that ended on its
         own is told apart by the controller: its agent said how it ended.)"""
         ranks = {node.rank for node in cluster.nodes}
-        missing = ranks - nodes_running(cluster.job, cluster.attempt)
+        missing = ranks - nodes_running(cluster.job, cluster.attempt, home=self.home_tag)
         if missing:
             # Once more, a moment later: an agent just started can be in its exec, which
             # lets its starter go on before its environment (the tags) can be read, and a
             # node taken for lost there relaunched an attempt 0.4 s old under a loaded suite.
             time.sleep(RESCAN_SECONDS)
-            missing -= nodes_running(cluster.job, cluster.attempt)
+            missing -= nodes_running(cluster.job, cluster.attempt, home=self.home_tag)
         return {rank: "its processes are gone (killed)" for rank in sorted(missing)}
 
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
@@ -311,12 +314,14 @@ class LocalProvider(Provider, CapacityProbe, FaultInjection):
 
             remove_containers(engine, [container_name(cluster.job, cluster.attempt, rank)])
         # This attempt's only: the controller may already be starting the next one there.
-        end_processes(lambda: job_processes(cluster.job, rank, cluster.attempt), grace=0)
+        end_processes(
+            lambda: job_processes(cluster.job, rank, cluster.attempt, home=self.home_tag), grace=0
+        )
 
     def terminate(self, job: str, *, grace: float) -> None:
         # The attached engine processes are tagged: their SIGTERM reaches the agents inside
         # (sig-proxy), and what still runs after the grace period goes with the containers.
-        end_processes(lambda: job_processes(job), grace)
+        end_processes(lambda: job_processes(job, home=self.home_tag), grace)
         engine = self._marked_engine(job)
         left: Exception | None = None
         if engine is not None:
