@@ -829,6 +829,22 @@ def scan_jobs(
     return sorted(records, key=lambda r: r.created_at, reverse=True), unreadable
 
 
+def state_names(given: list[str] | None, allowed: list[str], what: str) -> set[str]:
+    """The states a `--state` option names, matched in any case against `allowed`; a name
+    that is not one of them is a SpecError saying it is not `what` and listing them."""
+    from trainctl.errors import SpecError
+
+    by_name = {name.lower(): name for name in allowed}
+    wanted = set()
+    for state in given or []:
+        match = by_name.get(state.strip().lower())
+        if match is None:
+            shown = ", ".join(sorted(allowed))
+            raise SpecError("--state", f"{state!r} is not {what}; allowed: {shown}")
+        wanted.add(match)
+    return wanted
+
+
 def find_jobs(
     store: Store,
     *,
@@ -850,15 +866,8 @@ def find_jobs(
 
     if limit is not None and limit < 1:
         raise SpecError("--limit", f"must be 1 or more, got {limit}")
-    allowed = {state.value.lower(): state.value for state in JobState} | {
-        "unreadable": "Unreadable"
-    }
-    wanted = set()
-    for state in states or []:
-        if state.strip().lower() not in allowed:
-            shown = ", ".join(sorted(allowed.values()))
-            raise SpecError("--state", f"{state!r} is not a job state; allowed: {shown}")
-        wanted.add(allowed[state.strip().lower()])
+    known = [state.value for state in JobState] + ["Unreadable"]
+    wanted = state_names(states, known, "a job state")
     records, unreadable = scan_jobs(store, measurements=every)
     if not every:
         records = [r for r in records if r.tuning_job is None]

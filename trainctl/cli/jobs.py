@@ -205,7 +205,9 @@ def _plain(value: Any) -> str:
 
 def _cost_cell(record: Any) -> str:
     """What the job's instances cost ($), `-` where nothing is priced (this machine)."""
-    cost = record.describe()["cost"]
+    from trainctl.record import cost_summary
+
+    cost = cost_summary(record.instances)  # (describe()'s cost, without the rest of it)
     if not cost or cost["usd"] is None:
         return "-"
     return f"${cost['usd']:.2f}"

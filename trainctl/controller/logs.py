@@ -286,12 +286,16 @@ class LogFollower:
     def _kept(self, attempt: int, node: int, stamp: str | None, text: str) -> _Line | None:
         from trainctl.protocol import split_rank
 
-        if split_rank(text)[0] is not None:
+        # a line's rank only where it is asked for (--rank, -o json): following a job's logs
+        # (attach, fit) reads no cluster record for it
+        ranked = self.selection.ranks is not None or self.selection.output == "json"
+        if ranked and split_rank(text)[0] is not None:
             self._marked.add((attempt, node))
-        single = self._single(attempt, node)
+        single = ranked and self._single(attempt, node)
         if not self.selection.keeps(node, stamp, text, single=single):
             return None
-        return _Line(stamp, attempt, node, text, line_rank(node, text, single=single))
+        rank = line_rank(node, text, single=single) if ranked else None
+        return _Line(stamp, attempt, node, text, rank)
 
     def _print(self, line: _Line) -> None:
         from trainctl.protocol import split_rank

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
-from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs
+from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs, state_names
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
@@ -80,14 +80,8 @@ def prune_candidates(
 ) -> list[JobRecord]:
     """The ended jobs `prune` would remove: those that ended more than `older_than`
     seconds ago (None: any), in one of `states` (None: any ended state)."""
-    allowed = {s.value for s in JobState if s.is_terminal()}
-    wanted = set()
-    for state in states or []:
-        match = next((a for a in allowed if a.lower() == state.strip().lower()), None)
-        if match is None:
-            shown = ", ".join(sorted(allowed))
-            raise SpecError("--state", f"{state!r} is not an ended state; allowed: {shown}")
-        wanted.add(match)
+    allowed = [s.value for s in JobState if s.is_terminal()]
+    wanted = state_names(states, allowed, "an ended state")
     now = time.time()
     chosen = []
     for record in scan_jobs(store)[0]:

@@ -35,6 +35,16 @@ def clean_key(key: str, *, allow_empty: bool = False) -> str:
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
+def as_uri(location: str) -> str:
+    """A location as users give one (SageMaker's channels and model_uri take both): a URI
+    as it is, a local path as its file:// URI."""
+    if "://" in location:
+        return location
+    from pathlib import Path
+
+    return Path(location).resolve().as_uri()
+
+
 def split_s3_uri(uri: str, field: str = "uri") -> tuple[str, str]:
     """`s3://bucket/a/b/` -> ("bucket", "a/b"). Raises SpecError naming `field`."""
     if not uri.startswith("s3://"):

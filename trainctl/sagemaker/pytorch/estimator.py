@@ -45,6 +45,7 @@ from trainctl.estimator.inputs import TrainingInput
 from trainctl.sagemaker._compat import PASSED, check_arguments, warn
 from trainctl.sagemaker.job import SageMakerTrainingJob
 from trainctl.sagemaker.session import ROLE_PLACEHOLDER, Session, warn_placeholder_role
+from trainctl.spec.uris import as_uri
 
 ROLE_ARN_RE = re.compile(
     r"^arn:aws[\w-]*:iam::\d{12}:(?P<kind>role|instance-profile)/(?:[\w+=,.@-]+/)*"
@@ -328,12 +329,7 @@ class PyTorch:
                     "model_channel_name",
                     f"{self.model_channel_name!r} is also a channel of fit()'s inputs",
                 )
-            uri = (
-                self.model_uri
-                if "://" in self.model_uri
-                else Path(self.model_uri).resolve().as_uri()
-            )
-            inputs[self.model_channel_name] = uri
+            inputs[self.model_channel_name] = as_uri(self.model_uri)
         out: dict[str, Any] = {}
         for channel, value in inputs.items():
             if isinstance(value, str):
@@ -405,22 +401,23 @@ def clone_git_config(config: Any) -> Path:
         raise SpecError("git_config", f"{unknown[0]!r} is not a key; allowed: branch, commit, repo")
     target = Path(tempfile.mkdtemp(prefix="trainctl-sagemaker-git-"))
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # a prompt would hang a notebook
-    steps = [["git", "clone", "--quiet", config["repo"], str(target)]]
-    if config.get("branch"):
-        steps[0][3:3] = ["--branch", str(config["branch"])]
+    branch = ["--branch", str(config["branch"])] if config.get("branch") else []
+    steps = [("clone", ["clone", "--quiet", *branch, config["repo"], str(target)])]
     if config.get("commit"):
-        steps.append(["git", "-C", str(target), "checkout", "--quiet", str(config["commit"])])
-    for step in steps:
+        steps.append(
+            ("checkout", ["-C", str(target), "checkout", "--quiet", str(config["commit"])])
+        )
+    for name, args in steps:
         try:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=600, env=env)
+            done = subprocess.run(
+                ["git", *args], capture_output=True, text=True, timeout=600, env=env
+            )
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
         except (OSError, subprocess.TimeoutExpired) as exc:
+            done, why = None, str(exc)
+        if done is None or done.returncode != 0:
             shutil.rmtree(target, ignore_errors=True)
-            raise SpecError("git_config", f"{step[1]} failed: {exc}") from None
-        if done.returncode != 0:
-            shutil.rmtree(target, ignore_errors=True)
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SpecError("git_config", f"git {step[1] if step[1] != '-C' else step[3]} "
-                            f"failed: {last}")  # fmt: skip
+            raise SpecError("git_config", f"git {name} failed: {why}")
     return target
 
 

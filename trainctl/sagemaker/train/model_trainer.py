@@ -47,6 +47,7 @@ from trainctl.sagemaker.train.configs import (
     TensorBoardOutputConfig,
 )
 from trainctl.sagemaker.train.distributed import MPI, Torchrun
+from trainctl.spec.uris import as_uri
 
 __all__ = ["Mode", "ModelTrainer"]
 
@@ -241,7 +242,7 @@ class ModelTrainer:
                     f"input_data_config[{index}].data_source",
                     "no EFS or FSx file systems: an s3:// or file:// URI, or a local path",
                 )
-            uri = self.sagemaker_session.resolve(_as_uri(source))
+            uri = self.sagemaker_session.resolve(as_uri(source))
             channels[data.channel_name] = TrainingInput(
                 uri, distribution=distribution, input_mode=mode, content_type=data.content_type
             )
@@ -413,10 +414,3 @@ def _hyperparameters(value: dict[str, Any] | str | None) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise SpecError("hyperparameters", f"{value} holds no JSON or YAML mapping")
     return loaded
-
-
-def _as_uri(source: str) -> str:
-    """An s3:// or file:// URI as it is; a local path as file://."""
-    if "://" in source:
-        return source
-    return Path(source).resolve().as_uri()
