@@ -25,16 +25,14 @@ checkpoint location each), keep no warm capacity, and inject no faults.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from trainctl.errors import SpecError
+from trainctl.procs import sigterm_interrupts
 from trainctl.record import JobRecord, JobStore, parse_iso
 from trainctl.state import JobState
 from trainctl.store import Store
@@ -226,7 +224,7 @@ def diagnose(
     many_label = f"{size} node{'s' if size > 1 else ''}"
     runs: list[RunMeasurement] = []
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             # Interleaved (a, b, c, a, b, c...): a load that comes and goes touches every
             # configuration alike, rather than all the runs of one.
             for _ in range(repeats):
@@ -258,24 +256,6 @@ def diagnose(
     )
     result.kept = keep
     return result
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM ends diagnose as Ctrl-C does (KeyboardInterrupt): the run under way is
-    stopped by its controller, which handles both while it runs, and no other starts."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _end_runs(store: Store, names: list[str]) -> None:

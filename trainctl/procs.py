@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 JOB_TAG = "TRAINCTL_JOB"
@@ -180,3 +181,24 @@ def end_descendants(pid: int, grace: float) -> list[tuple[int, str]]:
         except (ChildProcessError, OSError):
             pass
     return found
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends the command as Ctrl-C does (KeyboardInterrupt), so that what it started
+    is ended by the same cleanup (a process that is only told to end, `kill PID`, leaves
+    nothing behind). Only in the main thread, where signal handlers can be set."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trainctl.clock import clock
 from trainctl.errors import JobNotFoundError, NotFoundError
-from trainctl.spec.job import JobSpec
+from trainctl.spec.job import JobSpec, written_uris
 from trainctl.state import JobState, can_transition
 from trainctl.store import Store, open_store
 
@@ -89,6 +89,11 @@ class JobKeys:
     @property
     def checkpoints(self) -> str:
         return f"{self.prefix}/checkpoints"
+
+    @property
+    def tensorboard(self) -> str:
+        """The nodes' TensorBoard logs, unless tensorboard_s3_uri names another place."""
+        return f"{self.prefix}/tensorboard"
 
     @property
     def workdir(self) -> str:
@@ -900,13 +905,20 @@ def _outside_output(output_path: str, name: str) -> Store:
 
 def written_locations(spec: JobSpec, name: str) -> list[tuple[str, str]]:
     """(field, URI) of each location outside its directory in the store that job `name`
-    writes to: its checkpoint URI and its output location under output_path, if given."""
-    found = []
-    if spec.checkpoint_s3_uri:
-        found.append(("checkpoint_s3_uri", spec.checkpoint_s3_uri))
-    if spec.output_path:
-        found.append(("output_path", _outside_output(spec.output_path, name).uri))
-    return found
+    writes to: its checkpoint and TensorBoard URIs, and its output location under
+    output_path, if given."""
+    return [
+        (field, _outside_output(uri, name).uri if field == "output_path" else uri)
+        for field, uri in written_uris(spec)
+    ]
+
+
+def tensorboard_store(record: JobRecord) -> Store:
+    """Where the job's nodes copy their TensorBoard logs: tensorboard_s3_uri, else
+    jobs/<job>/tensorboard/."""
+    if record.spec.tensorboard_s3_uri:
+        return open_store(record.spec.tensorboard_s3_uri, field="tensorboard_s3_uri")
+    return open_store(record.store_uri).child(JobKeys(record.name).tensorboard)
 
 
 def checkpoint_store(record: JobRecord) -> Store:

@@ -145,6 +145,24 @@ def test_either_order_running_jobs_locations_are_apart(home, src, tmp_path):
     assert sorted(c["job"] for c in _claims(home)) == ["c", "d"]
 
 
+@pytest.mark.timeout(120)
+def test_tensorboard_locations_are_apart_and_continued_once_ended(home, src, tmp_path):
+    tb = (tmp_path / "tb" / "a").as_uri()
+    _create(home, src, "a", tensorboard_s3_uri=tb)
+    assert [c["field"] for c in _claims(home)] == ["tensorboard_s3_uri"]
+    for flag, field in (
+        ("--tensorboard-s3-uri", "tensorboard_s3_uri"),
+        ("--checkpoint-s3-uri", "checkpoint_s3_uri"),
+    ):
+        proc = cli("submit", "train.py", "--source-dir", str(src), "--job-name", "b", flag, tb)
+        line = one_line_error(proc)
+        assert line.startswith(f"error: {field}: "), line
+        assert "overlaps the TensorBoard logs of job 'a' (Pending)" in line, line
+    _end(home, "a")  # ended: its TensorBoard logs may be continued where they are
+    _create(home, src, "b", tensorboard_s3_uri=tb)
+    assert [c["job"] for c in _claims(home)] == ["b"]
+
+
 def _race(home: Path, src: Path, uris: list[str], monkeypatch) -> list[object]:
     """Two submits that both passed every check before either recorded its job (the window
     an upload opens): what each got, a record or the error."""

@@ -54,6 +54,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainctl.notebook", "trainctl.diagnose", "trainctl.replay"),
     ("trainctl.estimator",),
     ("trainctl.tuning",),
+    # TensorBoard over jobs' logs (a tuning job's trials too), for the CLI and the dashboard
+    ("trainctl.tensorboard",),
     # the dashboard shows tuning jobs too
     ("trainctl.sagemaker", "trainctl.ui"),
     ("trainctl.cli",),

@@ -470,7 +470,9 @@ def test_cloud_layout_root_slash(src: Path) -> None:
         "/opt/ml/model",
         "/opt/ml/output/data",
         "/opt/ml/checkpoints",
+        "/opt/ml/output/tensorboard",
     ]
+    assert env["TRAINCTL_TENSORBOARD_DIR"] == "/opt/ml/output/tensorboard"  # SageMaker's path
     # what the agent makes owner-only, and where the ranks register: never the machine's /
     assert str(layout.private) == "/opt/ml" and str(layout.ranks) == "/opt/ml/.trainctl/ranks"
     assert Layout(Path("/n/node-0")).private == Path("/n/node-0")

@@ -1,5 +1,5 @@
-"""`trainctl metrics JOB` (a job's metric history as a table, JSON, CSV or terminal charts) and
-`trainctl ui` (the web dashboard)."""
+"""`trainctl metrics JOB` (a job's metric history as a table, JSON, CSV or terminal charts),
+`trainctl ui` (the web dashboard) and `trainctl tensorboard` (TensorBoard over jobs' logs)."""
 
 from __future__ import annotations
 
@@ -168,3 +168,35 @@ def ui(
         sys.stderr.flush()
 
     serve(default_store(), host=host, port=port, token=token, ready=ready)
+
+
+@app.command()
+@handle_errors
+def tensorboard(
+    jobs: list[str] = typer.Argument(
+        ..., metavar="JOB...", help="Jobs (or tuning jobs: each trial a run) to show side by side."
+    ),
+    port: int = typer.Option(6006, "--port", "-p", help="Port to listen on (0: a free one)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Loopback address to listen on (TensorBoard has no login)."
+    ),
+    refresh: float = typer.Option(
+        5.0, "--refresh", help="Seconds between copies of what running jobs wrote since."
+    ),
+) -> None:
+    """TensorBoard over jobs' TensorBoard logs, running or ended: what their scripts write to
+    TRAINCTL_TENSORBOARD_DIR (SageMaker's tensorboard_output_config), a run per job."""
+    from trainctl.procs import sigterm_interrupts
+    from trainctl.tensorboard import TensorBoard
+
+    board = TensorBoard(jobs, host=host, port=port, refresh_seconds=refresh)
+    sys.stderr.write(f"trainctl tensorboard: copying the logs of {len(board.sources)} run(s)\n")
+    sys.stderr.flush()
+    with sigterm_interrupts():
+        try:
+            url = board.start()
+            sys.stderr.write(f"trainctl tensorboard: {url} (Ctrl-C to stop)\n")
+            sys.stderr.flush()
+            board.wait()
+        finally:
+            board.stop()

@@ -19,7 +19,7 @@ from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
 from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
 from trainctl.spec.controller import ControllerTarget, controller_target
-from trainctl.spec.job import JobSpec
+from trainctl.spec.job import JobSpec, written_uris
 from trainctl.spec.settings import get_settings
 from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
@@ -66,14 +66,13 @@ def check_isolation(spec: JobSpec, store_uri: str) -> None:
     """The job's URIs stay out of the store's own records (see spec.confine)."""
     from trainctl.spec.confine import check_confined
 
-    for field, uri in (
-        ("checkpoint_s3_uri", spec.checkpoint_s3_uri),
-        ("output_path", spec.output_path),
-    ):
-        if uri:
-            check_confined(uri, field, store_uri)
+    for field, uri in written_uris(spec):
+        check_confined(uri, field, store_uri)
     for name, uri in sorted(spec.inputs.items()):
         check_confined(uri, f"inputs.{name}", store_uri, reading=True)
+
+
+CONTINUED = {("checkpoint_s3_uri", "checkpoints"), ("tensorboard_s3_uri", "TensorBoard logs")}
 
 
 def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
@@ -83,7 +82,13 @@ def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
     as an input channel (`--inputs model=<its output>`), or its checkpoint URI continued
     as is (SageMaker's pattern of resuming from a prefix). Racing submits are kept apart
     by the claims their records take (JobStore.claim_locations)."""
-    from trainctl.record import checkpoint_store, list_jobs, output_store, written_locations
+    from trainctl.record import (
+        checkpoint_store,
+        list_jobs,
+        output_store,
+        tensorboard_store,
+        written_locations,
+    )
     from trainctl.spec.confine import location, overlaps
 
     writes = written_locations(spec, name)
@@ -92,7 +97,11 @@ def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
         return
     for other in list_jobs(store):
         ended = other.state.is_terminal()
-        theirs = [("output", output_store(other).uri), ("checkpoints", checkpoint_store(other).uri)]
+        theirs = [
+            ("output", output_store(other).uri),
+            ("checkpoints", checkpoint_store(other).uri),
+            ("TensorBoard logs", tensorboard_store(other).uri),
+        ]
         for field, uri in writes + reads:
             for kind, their in theirs:
                 if not overlaps(uri, their):
@@ -101,7 +110,8 @@ def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
                 if reading and ended:
                     continue
                 same = location(uri, field) == location(their)
-                if field == "checkpoint_s3_uri" and kind == "checkpoints" and ended and same:
+                # an ended job's checkpoints or TensorBoard logs may be continued as they are
+                if (field, kind) in CONTINUED and ended and same:
                     continue
                 raise SpecError(field, _apart(uri, kind, other, their, reading=reading))
 
@@ -117,12 +127,11 @@ def _apart(uri: str, kind: str, other: JobRecord, their: str, *, reading: bool) 
         )
     if other.state.is_terminal():
         return (
-            f"{uri} overlaps the checkpoints of {job} at {their}; an ended job's checkpoints "
+            f"{uri} overlaps the {kind} of {job} at {their}; an ended job's {kind} "
             "are continued at exactly their URI, or give a prefix of the job's own"
         )
     return (
-        f"{uri} overlaps the checkpoints of {job} at {their}; give each running job a prefix "
-        "of its own"
+        f"{uri} overlaps the {kind} of {job} at {their}; give each running job a prefix of its own"
     )
 
 
@@ -190,10 +199,8 @@ def preflight(spec: JobSpec, store_uri: str) -> None:
     for name, uri in sorted(spec.inputs.items()):
         if uri.startswith("s3://"):
             check_readable(uri, f"inputs.{name}")
-    if spec.checkpoint_s3_uri:
-        check_writable(spec.checkpoint_s3_uri, "checkpoint_s3_uri")
-    if spec.output_path:
-        check_writable(spec.output_path, "output_path")
+    for field, uri in written_uris(spec):
+        check_writable(uri, field)
 
 
 def target_of(spec: JobSpec, store_uri: str) -> ControllerTarget:

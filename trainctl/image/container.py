@@ -265,12 +265,13 @@ def _last_line(output: bytes) -> str:
 def container_mounts(request: CapacityRequest, agent_argv: list[str]) -> list[Mount]:
     """The host directories a containerised agent reaches at their own paths: a file://
     store (from the agent's --store), checkpoint and output locations, and input channels."""
+    from trainctl.spec.job import written_uris
     from trainctl.spec.uris import parse_uri
 
     writable: list[str] = []
     if "--store" in agent_argv:
         writable.append(agent_argv[agent_argv.index("--store") + 1])
-    writable += [uri for uri in (request.checkpoint_s3_uri, request.output_path) if uri]
+    writable += [uri for _, uri in written_uris(request)]
     mounts: list[Mount] = []
     for uri in writable:
         scheme, rest = parse_uri(uri)

@@ -77,7 +77,14 @@ class Layout:
 
     def checkpoints(self, spec: JobSpec) -> Path:
         """The local checkpoint dir; '/opt/ml/...' paths are rebased onto the layout root."""
-        path = spec.checkpoint_local_path or "/opt/ml/checkpoints"
+        return self.rebased(spec.checkpoint_local_path or "/opt/ml/checkpoints")
+
+    def tensorboard(self, spec: JobSpec) -> Path:
+        """The local TensorBoard log dir (SageMaker's default: /opt/ml/output/tensorboard)."""
+        return self.rebased(spec.tensorboard_local_path or "/opt/ml/output/tensorboard")
+
+    def rebased(self, path: str) -> Path:
+        """A node path as the job names it: '/opt/ml/...' is under the layout root."""
         if path == "/opt/ml" or path.startswith("/opt/ml/"):
             return self.root / path.lstrip("/")
         return Path(path)
@@ -90,6 +97,7 @@ class Layout:
             self.model,
             self.output_data,
             self.checkpoints(spec),
+            self.tensorboard(spec),
         ]
 
 
@@ -203,6 +211,9 @@ def sagemaker_env(
         "SM_INPUT_DATA_CONFIG": json.dumps(input_data_config(spec)),
         "SM_RESOURCE_CONFIG": json.dumps(resources),
         "SM_CHECKPOINT_DIR": str(layout.checkpoints(spec)),
+        # trainctl's own name (SageMaker has none; its scripts name the path they gave
+        # tensorboard_output_config, which is this one on a cloud node)
+        "TRAINCTL_TENSORBOARD_DIR": str(layout.tensorboard(spec)),
         "SM_CHANNELS": json.dumps(channels),
         "SM_HPS": json.dumps(spec.hyperparameters),
         "SM_USER_ENTRY_POINT": spec.entry_point,

@@ -113,6 +113,7 @@ class Agent:
         self.finished = False  # the result is being recorded: no more status writes
         self.sync = None
         self.workdir = None  # the working directory's sync (node.workdir), once staged
+        self.tensorboard = None  # the TensorBoard logs' copy (node.tensorboard), once staged
         self.remote_starts: RemoteStartServer | None = None  # multi-host MPI (see there)
         # Where the job's rank processes register (node.ranks), once launched.
         self.ranks_dir: Path | None = None
@@ -178,6 +179,7 @@ class Agent:
             stage_channel(name, uri, self.layout.channel(name), self.log, shard=shard, link=link)
         checkpoints = self.start_checkpoint_sync()
         workdir = self.start_workdir_sync(members)
+        self.start_tensorboard_sync()
         # Where this attempt starts from, for the record (controller: Attempt.restored).
         self.say(
             "restored",
@@ -206,6 +208,26 @@ class Agent:
         ).start()
         return known
 
+    def start_tensorboard_sync(self) -> None:
+        """Copy what the script writes to its TensorBoard dir to the job's TensorBoard
+        location while it runs (node.tensorboard); SageMaker's config file names the dir."""
+        from trainctl.node.tensorboard import TensorBoardSync
+        from trainctl.record import tensorboard_store
+
+        store = tensorboard_store(self.record)
+        local = self.layout.tensorboard(self.spec)
+        write_json(
+            self.layout.config / "tensorboardoutputconfig.json",
+            {"LocalPath": str(local), "S3OutputPath": store.uri},
+        )
+        self.tensorboard = TensorBoardSync(
+            store,
+            local,
+            self.rank,
+            interval=self.settings.tensorboard_sync_seconds,
+            log=self.log,
+        ).start()
+
     def start_workdir_sync(self, shipped: list[str]) -> dict[str, Any]:
         """Put back the working directories the nodes of earlier attempts left (every node's
         files, newest copies), and keep copying this one (node.workdir); returns what was
@@ -229,7 +251,7 @@ class Agent:
                 "output": self.layout.output_data,
             },
             shipped=frozenset(normalise_member(m) for m in shipped),
-            skip_dirs=(self.layout.checkpoints(self.spec),),
+            skip_dirs=(self.layout.checkpoints(self.spec), self.layout.tensorboard(self.spec)),
             ignore=ignore_spec(self.spec.workdir_ignore),
         )
         store = open_store(self.record.store_uri).child(self.jobs.keys.workdir)
@@ -794,6 +816,11 @@ class Agent:
                 self.workdir.close(outputs=code != 0)
             except Exception as exc:
                 self.log(f"final working directory upload failed: {exc}")
+        if self.tensorboard is not None:
+            try:
+                self.tensorboard.close()
+            except Exception as exc:
+                self.log(f"final TensorBoard log upload failed: {exc}")
         if reason and self.stopping and code != EXIT_PREEMPTED:
             self.log(reason)  # "stopped: algo-2 was lost", "stopped by the user"
         elif reason:

@@ -31,15 +31,12 @@ def check_job_uris(record: JobRecord) -> None:
     """The job's checkpoint, output and input URIs again (submit checked them): a record from
     an older trainctl, or one edited in the store, may not reach other jobs' data."""
     from trainctl.spec.confine import check_confined
+    from trainctl.spec.job import written_uris
 
     spec = record.spec
     try:
-        for field, uri in (
-            ("checkpoint_s3_uri", spec.checkpoint_s3_uri),
-            ("output_path", spec.output_path),
-        ):
-            if uri:
-                check_confined(uri, field, record.store_uri)
+        for field, uri in written_uris(spec):
+            check_confined(uri, field, record.store_uri)
         for name, uri in sorted(spec.inputs.items()):
             check_confined(uri, f"inputs.{name}", record.store_uri, reading=True)
     except SpecError as exc:

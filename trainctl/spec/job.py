@@ -10,7 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -38,6 +38,7 @@ from trainctl.spec.limits import (
     check_value,
     system_path,
 )
+from trainctl.spec.options import AwsOptions, SshOptions
 from trainctl.spec.parts import (
     ChannelConfig,
     Distribution,
@@ -45,9 +46,6 @@ from trainctl.spec.parts import (
     MetricDefinition,
     StrictModel,
 )
-
-if TYPE_CHECKING:
-    from trainctl.spec.request import AwsOptions, CapacityRequest, SshOptions
 
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
 MAX_KEEP_ALIVE_SECONDS = 3600
@@ -252,6 +250,25 @@ class JobSpec(StrictModel):
         str | None,
         Door(
             "The checkpoint directory on each node (default /opt/ml/checkpoints).", sagemaker="same"
+        ),
+    ] = None
+    # TensorBoard (trainctl.node.tensorboard): what a node's scripts write under
+    # tensorboard_local_path is copied to tensorboard_s3_uri while the job runs, for
+    # `trainctl tensorboard`. Always on: an empty directory costs a scan, no request.
+    tensorboard_s3_uri: Annotated[
+        str | None,
+        Door(
+            "Where the nodes' TensorBoard logs are copied while the job runs (default: the "
+            "job's store prefix).",
+            sagemaker="mapped: tensorboard_output_config's s3_output_path",
+        ),
+    ] = None
+    tensorboard_local_path: Annotated[
+        str | None,
+        Door(
+            "The TensorBoard log directory on each node (default /opt/ml/output/tensorboard; "
+            "the script finds it in TRAINCTL_TENSORBOARD_DIR).",
+            sagemaker="mapped: tensorboard_output_config's container_local_output_path",
         ),
     ] = None
     max_run: Annotated[
@@ -523,15 +540,11 @@ class JobSpec(StrictModel):
     @property
     def aws(self) -> AwsOptions:
         """The options only EC2 reads, as a block (the fields stay flat)."""
-        from trainctl.spec.request import AwsOptions
-
         return AwsOptions(**{name: getattr(self, name) for name in AwsOptions.model_fields})
 
     @property
     def ssh(self) -> SshOptions:
         """The options only the SSH provider reads, as a block (the fields stay flat)."""
-        from trainctl.spec.request import SshOptions
-
         return SshOptions(**{name: getattr(self, name) for name in SshOptions.model_fields})
 
     @property
@@ -645,12 +658,12 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{name!r} is not a name (1-256 characters)")
         return v
 
-    @field_validator("output_path", "checkpoint_s3_uri")
+    @field_validator("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri")
     @classmethod
     def _uris(cls, v: str | None, info: Any) -> str | None:
         return None if v is None else _check_uri(v, info.field_name)
 
-    @field_validator("checkpoint_local_path")
+    @field_validator("checkpoint_local_path", "tensorboard_local_path")
     @classmethod
     def _abs_path(cls, v: str | None) -> str | None:
         if v is None:
@@ -830,11 +843,21 @@ class JobSpec(StrictModel):
         return self.distribution.launcher if self.distribution else "python"
 
 
-def uses_s3(spec: JobSpec | CapacityRequest) -> bool:
+# The fields that name a location a job writes to outside its own store prefix (the same
+# names on a CapacityRequest, which mounts file:// ones into containers).
+WRITTEN_URI_FIELDS = ("checkpoint_s3_uri", "output_path", "tensorboard_s3_uri")
+
+
+def written_uris(spec: Any) -> list[tuple[str, str]]:
+    """(field, URI) of each written location `spec` (a JobSpec or CapacityRequest) names."""
+    return [(f, uri) for f in WRITTEN_URI_FIELDS if (uri := getattr(spec, f, None))]
+
+
+def uses_s3(spec: Any) -> bool:
     """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
     from trainctl.spec.settings import get_settings
 
-    uris = [get_settings().store_uri, spec.output_path, spec.checkpoint_s3_uri]
+    uris = [get_settings().store_uri, *(uri for _, uri in written_uris(spec))]
     uris += list(spec.inputs.values())
     return any(u and u.startswith("s3://") for u in uris)
 

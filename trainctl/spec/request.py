@@ -17,42 +17,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
-
 from trainctl.errors import SpecError
-from trainctl.spec.capacity import SshHost
+from trainctl.spec.options import AwsOptions, SshOptions, View
 
 if TYPE_CHECKING:
     from trainctl.spec.job import JobSpec
 
 
-class _View(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+__all__ = ["BLOCKS", "AwsOptions", "CapacityRequest", "SshOptions", "flatten_blocks"]
 
 
-class AwsOptions(_View):
-    """What only EC2 reads: the nodes' AMI, instance profile, network and root volume."""
-
-    image_id: str | None = None
-    instance_profile: str | None = None
-    subnets: list[str] = []
-    security_group_ids: list[str] = []
-    volume_size: int | None = None
-
-    @property
-    def root_volume_gb(self) -> int:
-        from trainctl.spec.limits import DEFAULT_VOLUME_GB
-
-        return self.volume_size or DEFAULT_VOLUME_GB
-
-
-class SshOptions(_View):
-    """What only the SSH provider reads: the hosts it places nodes on, in rank order."""
-
-    hosts: list[SshHost] = []
-
-
-class CapacityRequest(_View):
+class CapacityRequest(View):
     """One attempt's capacity: what a provider's plan, provision and price work on."""
 
     instance_type: str
@@ -69,6 +44,7 @@ class CapacityRequest(_View):
     # Data locations a node mounts when it runs in a container on a host path (file://).
     checkpoint_s3_uri: str | None = None
     output_path: str | None = None
+    tensorboard_s3_uri: str | None = None
     inputs: dict[str, str] = {}
     aws: AwsOptions = AwsOptions()
     ssh: SshOptions = SshOptions()
@@ -98,7 +74,7 @@ class CapacityRequest(_View):
 
 
 # The per-provider option blocks of a request, by the name a provider reads them under.
-BLOCKS: dict[str, type[_View]] = {"aws": AwsOptions, "ssh": SshOptions}
+BLOCKS: dict[str, type[View]] = {"aws": AwsOptions, "ssh": SshOptions}
 
 
 def flatten_blocks(fields: dict[str, Any]) -> dict[str, Any]:

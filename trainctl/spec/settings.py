@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         description="How often a node copies new files of its working directory (and model and "
         "output data dirs) to the store, so that a relaunch starts with them.",
     )
+    tensorboard_sync_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a node copies new TensorBoard log data to the store (what "
+        "`trainctl tensorboard` shows of a running job is this far behind).",
+    )
     imds: bool = Field(
         default=False,
         description="The node agent runs on EC2 and polls IMDSv2 for spot interruption "

@@ -16,13 +16,17 @@ log and its artifacts.
     GET /tuning/{name}                          tuning job page: trials, the best, curves
     GET /api/tuning                             [tuning_summary] newest first
     GET /api/tuning/{name}                      tuning_view (trials and their curves)
+    POST /api/jobs/{job}/tensorboard            TensorBoard over the job's logs: {"url"}
 
-Read-only: only GET routes exist, and none writes to the store. A token, when set, is
-required on every request (`?token=` once, then a cookie).
+Read-only: nothing writes to the store. The one POST starts TensorBoard (trainctl.tensorboard)
+on this machine's loopback, one per job, ended with the dashboard; it needs the header
+`X-Trainctl: 1`, which another site's page cannot send without a CORS preflight that is never
+answered. A token, when set, is required on every request (`?token=` once, then a cookie).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import html
 from importlib import resources
@@ -49,6 +53,9 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
     from trainctl.controller.supervise import controller_view
     from trainctl.errors import NotFoundError, SpecError, TrainctlError, UnreadableRecordError
     from trainctl.record import JobKeys, JobStore, scan_jobs
+    from trainctl.tensorboard import TensorBoard
+
+    boards: dict[str, TensorBoard] = {}  # job -> the TensorBoard started for it
 
     def job_store(request: Request) -> JobStore:
         name = request.path_params["job"]
@@ -188,6 +195,27 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
 
         return JSONResponse(tuning_view(tuning_store(request).load(), store))
 
+    async def api_tensorboard(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        if request.headers.get("x-trainctl") != "1":
+            return PlainTextResponse("the X-Trainctl: 1 header is required", status_code=403)
+        name = job_store(request).name
+        board = boards.get(name)
+        if board is None or not board.running:
+            board = TensorBoard([name], store=store, port=0)
+            await run_in_threadpool(board.start)
+            boards[name] = board
+        return JSONResponse({"url": board.url})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        try:
+            yield
+        finally:
+            for board in boards.values():
+                board.stop()
+
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in STATIC:
@@ -235,13 +263,14 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
         Route("/api/jobs/{job}/logs", api_logs),
         Route("/api/jobs/{job}/artifacts", api_artifacts),
         Route("/api/jobs/{job}/files/{path:path}", api_file),
+        Route("/api/jobs/{job}/tensorboard", api_tensorboard, methods=["POST"]),
         Route("/tuning", tunings_page),
         Route("/tuning/{name}", tuning_page),
         Route("/api/tuning", api_tunings),
         Route("/api/tuning/{name}", api_tuning),
         Route("/static/{name}", static),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(Guard)])
+    return Starlette(routes=routes, middleware=[Middleware(Guard)], lifespan=lifespan)
 
 
 def _page(title: str, view: str, store_uri: str, *, job: str = "") -> str:

@@ -66,7 +66,7 @@ from trainctl.provisioning.base import (
 from trainctl.provisioning.ports import free_port
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
-from trainctl.spec.job import JobSpec
+from trainctl.spec.job import JobSpec, written_uris
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 
@@ -162,8 +162,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
     # -- checks and plans -----------------------------------------------------------------
     def check_offline(self, spec: JobSpec, store_uri: str) -> None:
         """EC2 nodes reach the store with their instance profile: only S3 is reachable."""
-        uris = {"TRAINCTL_STORE": store_uri, "output_path": spec.output_path}
-        uris["checkpoint_s3_uri"] = spec.checkpoint_s3_uri
+        uris = {"TRAINCTL_STORE": store_uri, **dict(written_uris(spec))}
         uris.update({f"inputs.{name}": uri for name, uri in spec.inputs.items()})
         for field, uri in uris.items():
             if uri and not uri.startswith("s3://"):

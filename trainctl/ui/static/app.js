@@ -52,7 +52,23 @@
     var main = document.getElementById("main");
     main.innerHTML = "<h1>" + esc(name) + "</h1><div id='summary'></div><h2>Attempts</h2><div id='attempts'></div>" +
       "<h2>Metrics</h2><div id='charts' class='charts'></div><h2>Logs</h2><div id='logs' class='logs'></div>" +
-      "<h2>Artifacts</h2><div id='artifacts'></div>";
+      "<h2>Artifacts</h2><div id='artifacts'></div>" +
+      "<h2>TensorBoard</h2><div id='tensorboard'><button id='tensorboard-open'>Open TensorBoard</button> " +
+      "<span class='muted'>over what the job's scripts write to TRAINCTL_TENSORBOARD_DIR</span></div>";
+    document.getElementById("tensorboard-open").onclick = function () {
+      var box = document.getElementById("tensorboard");
+      this.disabled = true;
+      this.textContent = "starting TensorBoard...";
+      fetch(base + "/tensorboard", { method: "POST", credentials: "same-origin", headers: { "X-Trainctl": "1" } })
+        .then(function (r) {
+          if (!r.ok) return r.text().then(function (t) { throw new Error(t || r.statusText); });
+          return r.json();
+        })
+        .then(function (r) {
+          box.innerHTML = "TensorBoard: <a id='tensorboard-link' target='_blank' rel='noopener' href='" + esc(r.url) + "'>" + esc(r.url) + "</a>";
+        })
+        .catch(function (err) { box.innerHTML = "<p class='state-Failed' id='tensorboard-error'>" + esc(err.message) + "</p>"; });
+    };
     function summary(info) {
       var rows = [["state", '<span class="state-' + esc(info.state) + '">' + esc(info.state) + "</span>"],
         ["instances", esc(info.instance_count + " x " + info.instance_type)], ["launcher", esc(info.launcher)],

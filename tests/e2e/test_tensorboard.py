@@ -1,0 +1,152 @@
+"""TensorBoard over a job's logs, as a user meets it: a real job on 2 local nodes writes
+scalars with torch's SummaryWriter (tests/fixtures/tensorboard, in the style of SageMaker's
+TensorBoard examples) while it runs; `trainctl tensorboard JOB` starts the real TensorBoard,
+whose scalars dashboard shows them in headless Chromium while the job is still running, and
+the dashboard's "Open TensorBoard" gives a working link. Nothing of TensorBoard is left
+behind (process, temp dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TRAINCTL, free_port
+from tests.rigs.dashboard import Dashboard, chromium_path
+
+pytestmark = [pytest.mark.e2e]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "tensorboard" / "train.py"
+STEPS = 6
+
+
+def _get_json(url: str) -> object | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_points(base: str, run: str, want: int, timeout: float = 60) -> list:
+    query = f"{base}data/plugin/scalars/scalars?run={run}&tag=train/loss"
+    deadline = time.monotonic() + timeout
+    points: list = []
+    while time.monotonic() < deadline:
+        points = _get_json(query) or []  # type: ignore[assignment]
+        if isinstance(points, list) and len(points) >= want:
+            return points
+        time.sleep(0.5)
+    raise AssertionError(f"TensorBoard showed {len(points)} of {want} points of {run}")
+
+
+def _our_tensorboards() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "tensorboard.main"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "trainctl-tensorboard-" in line]
+
+
+def _mirrors() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("trainctl-tensorboard-*")}
+
+
+@pytest.mark.chromium
+@pytest.mark.timeout(300)
+def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="the tensorboard package (trainctl[tensorboard])")
+    from playwright.sync_api import sync_playwright
+
+    chromium = chromium_path()
+    monkeypatch.setenv("TRAINCTL_TENSORBOARD_SYNC_SECONDS", "0.5")
+    mirrors_before = _mirrors()
+    hold = tmp_path / "go-on"
+    job = "tb-e2e"
+    submitted = subprocess.run(
+        [TRAINCTL, "submit", str(FIXTURE), "--job-name", job, "--instance-count", "2",
+         "-p", f"steps={STEPS}", "-p", f"hold-file={hold}", "--detach"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    port = free_port()
+    board = subprocess.Popen(
+        [TRAINCTL, "tensorboard", job, "--port", str(port), "--refresh", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ui = None
+    try:
+        assert board.stderr is not None
+        first = board.stderr.readline()
+        assert first.startswith("trainctl tensorboard: copying the logs of 1 run(s)"), first
+        url = board.stderr.readline().split()[2]
+        assert url == f"http://127.0.0.1:{port}/"
+        points = _wait_points(url, job, STEPS)  # copied while the job still runs
+        assert [p[1] for p in points[:STEPS]] == list(range(STEPS))
+        assert points[0][2] == pytest.approx(1.0)
+        status = subprocess.run(
+            [TRAINCTL, "status", job, "-o", "json"], capture_output=True, text=True, timeout=60
+        )
+        assert json.loads(status.stdout)["state"] == "Training", status.stdout
+        ui = Dashboard(Path(os.environ["TRAINCTL_HOME"]))
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url + "#scalars")
+            page.get_by_text("train/loss").first.wait_for(timeout=60_000)
+            page.locator("tf-scalar-card").first.wait_for(timeout=60_000)  # its chart
+            assert page.locator("tf-scalar-card path").count() >= 1  # the line drawn
+            assert page.get_by_text(job, exact=True).count() >= 1  # the run is the job
+            page.screenshot(path=str(tmp_path / "tensorboard.png"), full_page=True)
+            # the dashboard's link: a TensorBoard of its own over the same job
+            page.goto(ui.url.split("?")[0] + f"jobs/{job}")
+            page.click("#tensorboard-open")
+            link = page.locator("#tensorboard-link")
+            link.wait_for(timeout=120_000)
+            linked = link.get_attribute("href")
+            assert linked and linked.startswith("http://127.0.0.1:") and linked != url
+            page.goto(linked + "#scalars")
+            page.get_by_text("train/loss").first.wait_for(timeout=60_000)
+            browser.close()
+        _wait_points(linked, job, STEPS)
+        # the POST needs its header (another site's page cannot send it)
+        request = urllib.request.Request(
+            ui.url.split("?")[0] + f"api/jobs/{job}/tensorboard", method="POST", data=b""
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+    finally:
+        hold.touch()
+        if ui is not None:
+            ui.close()
+        board.send_signal(signal.SIGTERM)  # `kill PID` ends its TensorBoard too
+        board.wait(timeout=30)
+    waited = subprocess.run([TRAINCTL, "attach", job], capture_output=True, text=True, timeout=120)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    deadline = time.monotonic() + 15
+    while _our_tensorboards() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _our_tensorboards()
+    assert _mirrors() == mirrors_before, "a TensorBoard mirror was left behind"
+
+
+@pytest.mark.timeout(60)
+def test_tensorboard_refuses_in_one_line(home):
+    for args, code, words in (
+        (["no-such-job"], 1, "no job or tuning job named 'no-such-job'"),
+        (["x", "--host", "0.0.0.0"], 2, "--host: 0.0.0.0 is not a loopback address"),
+        (["x", "--port", "70000"], 2, "--port: must be 0-65535"),
+    ):
+        result = subprocess.run(
+            [TRAINCTL, "tensorboard", *args], capture_output=True, text=True, timeout=30
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == code and len(lines) == 1, result.stderr
+        assert words in lines[0]
