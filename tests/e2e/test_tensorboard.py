@@ -150,3 +150,79 @@ def test_tensorboard_refuses_in_one_line(home):
         lines = result.stderr.strip().splitlines()
         assert result.returncode == code and len(lines) == 1, result.stderr
         assert words in lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_profile_runs_torchs_profiler_over_the_steps_asked_into_the_tensorboard_logs(home):
+    """An unchanged script's optimizer steps 2-4 (after the first 2, 3 of them), each rank's
+    trace under profiler/ in the job's TensorBoard logs (node-1/ for the second node)."""
+    fixture = FIXTURE.with_name("profiled.py")
+    result = subprocess.run(
+        [TRAINCTL, "submit", str(fixture), "--job-name", "prof", "--profile", "2:3",
+         "--instance-count", "2"],
+        capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    logs = Path(os.environ["TRAINCTL_HOME"]) / "store" / "jobs" / "prof" / "tensorboard"
+    traces = sorted(logs.rglob("*.pt.trace.json"))
+    assert [t.relative_to(logs).parts[:-1] for t in traces] == [
+        ("node-1", "profiler"),
+        ("profiler",),
+    ]
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        steps = [e for e in events if e.get("name", "").startswith("Optimizer.step#SGD.step")]
+        assert len(steps) == 3, trace
+    bad = subprocess.run(
+        [TRAINCTL, "submit", str(fixture), "--profile", "5"], capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "profile" in bad.stderr and "START:COUNT" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.timeout(180)
+def test_sagemakers_tensorboard_and_profiler_configs_both_sdks(home, tmp_path):
+    """v2: tensorboard_output_config and profiler_config's FrameworkProfile; v3:
+    with_tensorboard_output_config. The scalars and traces land at the s3_output_path given."""
+    import warnings
+
+    from trainctl.sagemaker.debugger import (
+        FrameworkProfile,
+        ProfilerConfig,
+        TensorBoardOutputConfig,
+    )
+    from trainctl.sagemaker.pytorch import PyTorch
+    from trainctl.sagemaker.train import ModelTrainer
+    from trainctl.sagemaker.train import configs as v3
+
+    v2_logs, v3_logs = tmp_path / "v2-tb", tmp_path / "v3-tb"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # honoured: no warning
+        estimator = PyTorch(
+            entry_point="profiled.py",
+            source_dir=str(FIXTURE.parent),
+            role="arn:aws:iam::111122223333:role/SageMakerRole",
+            instance_type="local",
+            instance_count=1,
+            tensorboard_output_config=TensorBoardOutputConfig(
+                s3_output_path=v2_logs.as_uri(),
+                container_local_output_path="/opt/ml/output/tensorboard",
+            ),
+            profiler_config=ProfilerConfig(
+                framework_profile_params=FrameworkProfile(start_step=1, num_steps=2)
+            ),
+        )
+    estimator.fit(wait=True, logs=False)
+    traces = list(v2_logs.glob("profiler/*.pt.trace.json"))
+    assert len(traces) == 1, sorted(v2_logs.rglob("*"))
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    assert sum(e.get("name", "").startswith("Optimizer.step#SGD.step") for e in events) == 2
+    trainer = ModelTrainer(
+        source_code=v3.SourceCode(source_dir=str(FIXTURE.parent), entry_script="train.py"),
+        compute=v3.Compute(instance_type="local", instance_count=1),
+        hyperparameters={"steps": 3, "step-seconds": 0},
+    ).with_tensorboard_output_config(v3.TensorBoardOutputConfig(s3_output_path=str(v3_logs)))
+    trainer.train(wait=True, logs=False)
+    assert len(list(v3_logs.glob("events.out.tfevents.*"))) == 1
+    assert trainer._latest_training_job is not None

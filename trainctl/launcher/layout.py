@@ -214,6 +214,8 @@ def sagemaker_env(
         # trainctl's own name (SageMaker has none; its scripts name the path they gave
         # tensorboard_output_config, which is this one on a cloud node)
         "TRAINCTL_TENSORBOARD_DIR": str(layout.tensorboard(spec)),
+        # read by the worker hook (node/worker_site), which runs torch's profiler
+        **({"TRAINCTL_PROFILE": spec.profile} if spec.profile else {}),
         "SM_CHANNELS": json.dumps(channels),
         "SM_HPS": json.dumps(spec.hyperparameters),
         "SM_USER_ENTRY_POINT": spec.entry_point,

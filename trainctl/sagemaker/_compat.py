@@ -54,7 +54,9 @@ SAGEMAKER_ARGUMENTS = frozenset(
 # model_uri: a channel named model_channel_name (default "model"), as SageMaker's;
 # enable_infra_check: every node's GPUs and store are checked before the script starts,
 # always (a failed check is a lost node, relaunched elsewhere); git_config: the repository
-# is cloned here and source_dir, entry_point and dependencies are read inside it.
+# is cloned here and source_dir, entry_point and dependencies are read inside it;
+# tensorboard_output_config: the TensorBoard location and local dir (sagemaker.debugger);
+# profiler_config and disable_profiler: torch's profiler over FrameworkProfile's steps.
 HANDLED = (
     "input_mode",
     "sagemaker_session",
@@ -62,6 +64,9 @@ HANDLED = (
     "model_channel_name",
     "enable_infra_check",
     "git_config",
+    "tensorboard_output_config",
+    "profiler_config",
+    "disable_profiler",
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
@@ -72,7 +77,6 @@ WARNED = {
     "the node logs",
     "max_retry_attempts": "ignored: trainctl relaunches after infrastructure failures "
     "without a limit; failures of the script retry up to max_restarts",
-    "disable_profiler": "ignored: no profiler runs under trainctl",
 }
 # Refused unless left at SageMaker's default (the values here): each would change how the
 # job runs, and trainctl cannot honour it.
@@ -81,8 +85,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "output_kms_key": ((None,), "outputs are written with SSE-S3"),
     "rules": ((None,), "no SageMaker Debugger rules"),
     "debugger_hook_config": ((None, False), "no SageMaker Debugger"),
-    "tensorboard_output_config": ((None,), "TensorBoard output: not yet"),
-    "profiler_config": ((None,), "no SageMaker Profiler"),
     "enable_network_isolation": ((None, False), "no network isolation"),
     "encrypt_inter_container_traffic": ((None, False), "no encryption between nodes"),
     "instance_groups": ((None,), "no heterogeneous clusters"),

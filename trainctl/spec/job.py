@@ -271,6 +271,17 @@ class JobSpec(StrictModel):
             sagemaker="mapped: tensorboard_output_config's container_local_output_path",
         ),
     ] = None
+    # torch's profiler over some optimizer steps of every rank (node/worker_site), its traces
+    # under the TensorBoard dir's profiler/ (TensorBoard's PyTorch profiler tab, Perfetto).
+    profile: Annotated[
+        str | None,
+        Door(
+            "START:COUNT: torch's profiler over COUNT optimizer steps after the first START, on "
+            "every rank, its traces in the TensorBoard logs (profiler/).",
+            metavar="START:COUNT",
+            sagemaker="mapped: profiler_config's FrameworkProfile(start_step, num_steps)",
+        ),
+    ] = None
     max_run: Annotated[
         int, Door("Seconds of training before the job is stopped.", sagemaker="same")
     ] = Field(default=86400, ge=1, le=28 * 86400, strict=True)
@@ -679,6 +690,15 @@ class JobSpec(StrictModel):
             )
         return v
 
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: str | None) -> str | None:
+        if v is not None and profile_steps(v) is None:
+            raise ValueError(
+                f"{v!r} is not START:COUNT (optimizer steps: START >= 0, COUNT 1-1000; e.g. 10:5)"
+            )
+        return v
+
     @field_validator("job_name")
     @classmethod
     def _job_name(cls, v: str | None) -> str | None:
@@ -841,6 +861,15 @@ class JobSpec(StrictModel):
     @property
     def launcher(self) -> str:
         return self.distribution.launcher if self.distribution else "python"
+
+
+def profile_steps(value: str) -> tuple[int, int] | None:
+    """`profile`'s START:COUNT as (start, count); None where it is not one."""
+    start, colon, count = value.partition(":")
+    if not colon or not start.isdigit() or not count.isdigit():
+        return None
+    first, steps = int(start), int(count)
+    return (first, steps) if first <= 10**9 and 1 <= steps <= 1000 else None
 
 
 # The fields that name a location a job writes to outside its own store prefix (the same

@@ -13,6 +13,11 @@ torchrun's or the plain launcher's LOCAL_RANK, or Open MPI's rank) and only ther
 - notes each process group `torch.distributed.init_process_group` forms, with its world
   size, in <pid>.groups (whether a multi-node job's ranks ever trained together).
 
+With TRAINCTL_PROFILE=START:COUNT (the job's `profile`), a rank also runs torch's profiler
+over its optimizer steps START to START+COUNT-1 (counted by a global optimizer step hook,
+installed as torch.optim.optimizer loads: the script is not changed), and writes the trace
+under $TRAINCTL_TENSORBOARD_DIR/profiler/ with TensorBoard's trace handler.
+
 In every process it also lets SageMaker's `smdistributed.dataparallel` and
 `sagemaker_training` import from compat/ where they are not installed (last on
 sys.meta_path: an installed one, a SageMaker image's, is always found first).
@@ -75,16 +80,16 @@ def _wrap_init(c10d, directory):
     c10d.init_process_group = init_process_group
 
 
-class _AfterC10d:
-    """A meta-path finder that lets torch.distributed.distributed_c10d load as usual, then
-    wraps its init_process_group before anything imports the name (torch.distributed's
-    own `from .distributed_c10d import *` comes after)."""
+class _AfterImport:
+    """A meta-path finder that lets module `name` load as usual, then calls `then(module)`
+    before anything imports names from it (torch.distributed's own `from .distributed_c10d
+    import *` comes after the wrap of init_process_group)."""
 
-    def __init__(self, directory):
-        self.directory = directory
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != C10D:
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = None
@@ -97,12 +102,12 @@ class _AfterC10d:
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         execute = loader.exec_module
-        directory = self.directory
+        then = self.then
 
         def exec_module(module):
             execute(module)
             try:
-                _wrap_init(module, directory)
+                then(module)
             except Exception:
                 pass
 
@@ -130,10 +135,73 @@ def _install(directory):
     }
     _write(os.path.join(directory, f"{pid}.json.tmp"), json.dumps(registration))
     os.replace(os.path.join(directory, f"{pid}.json.tmp"), os.path.join(directory, f"{pid}.json"))
-    if C10D in sys.modules:
-        _wrap_init(sys.modules[C10D], directory)
+    _after_import(C10D, lambda module: _wrap_init(module, directory))
+
+
+def _after_import(name, then):
+    """`then(module)` once module `name` is loaded (at once if it is)."""
+    if name in sys.modules:
+        then(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _AfterC10d(directory))
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+OPTIMIZER = "torch.optim.optimizer"
+
+
+def _profile_steps(optimizer_module, start, count, directory, rank):
+    """Profile `count` optimizer steps after the first `start` (steps start..start+count-1,
+    counted from 0) of the first optimizer that steps."""
+    import atexit
+
+    import torch
+
+    state = {"owner": None, "steps": 0, "profiler": None}
+
+    def stop():
+        profiler, state["profiler"] = state["profiler"], None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)  # the trace handler writes the trace
+
+    def begin():
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        handler = torch.profiler.tensorboard_trace_handler(
+            os.path.join(directory, "profiler"), worker_name=f"rank{rank}"
+        )
+        profiler = torch.profiler.profile(activities=activities, on_trace_ready=handler)
+        profiler.__enter__()
+        state["profiler"] = profiler
+
+    def after_step(optimizer, args, kwargs):
+        if state["owner"] is None:
+            state["owner"] = id(optimizer)
+        if id(optimizer) != state["owner"]:
+            return
+        state["steps"] += 1
+        if state["steps"] == start:
+            begin()
+        elif state["steps"] == start + count:
+            stop()
+
+    optimizer_module.register_optimizer_step_post_hook(after_step)
+    if start == 0:
+        begin()  # from the first step on (and what comes before it)
+    atexit.register(stop)  # a script that ends within the window still leaves its trace
+
+
+def _install_profiler():
+    value = os.environ.get("TRAINCTL_PROFILE", "")
+    directory = os.environ.get("TRAINCTL_TENSORBOARD_DIR", "")
+    start, _, count = value.partition(":")
+    rank = _rank()
+    if not (start.isdigit() and count.isdigit() and directory) or rank is None:
+        return
+    _after_import(
+        OPTIMIZER,
+        lambda module: _profile_steps(module, int(start), int(count), directory, rank),
+    )
 
 
 def _run_shadowed():
@@ -188,6 +256,11 @@ def _main():
     if directory and _rank() is not None and os.path.isdir(directory):
         try:
             _install(directory)
+        except Exception:
+            pass
+    if os.environ.get("TRAINCTL_PROFILE"):
+        try:
+            _install_profiler()
         except Exception:
             pass
     _run_shadowed()

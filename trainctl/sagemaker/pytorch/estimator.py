@@ -43,6 +43,7 @@ from trainctl.errors import SpecError
 from trainctl.estimator import Estimator
 from trainctl.estimator.inputs import TrainingInput
 from trainctl.sagemaker._compat import PASSED, check_arguments, warn
+from trainctl.sagemaker.debugger import profile_of, tensorboard_fields
 from trainctl.sagemaker.job import SageMakerTrainingJob
 from trainctl.sagemaker.session import ROLE_PLACEHOLDER, Session, warn_placeholder_role
 from trainctl.spec.uris import as_uri
@@ -243,7 +244,12 @@ class PyTorch:
             # SageMaker's local mode ignores it too (the disk is the machine's own).
             warn("volume_size", f"ignored: {instance_type} runs on this machine", stacklevel=3)
             del fields["volume_size"]
-        for name in ("output_path", "checkpoint_s3_uri"):
+        if kwargs.get("tensorboard_output_config") is not None:
+            fields.update(tensorboard_fields(kwargs["tensorboard_output_config"]))
+        profile = profile_of(kwargs.get("profiler_config"), kwargs.get("disable_profiler"))
+        if profile is not None:
+            fields["profile"] = profile
+        for name in ("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri"):
             if name in fields:
                 fields[name] = self.sagemaker_session.resolve(fields[name])
         if framework_without_engine(framework_version, py_version, image_uri):

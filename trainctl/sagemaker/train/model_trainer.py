@@ -157,6 +157,7 @@ class ModelTrainer:
         self.tags = tags
         self.metric_definitions: list[MetricDefinition] = []
         self.retry_strategy: RetryStrategy | None = None
+        self.tensorboard_output_config: TensorBoardOutputConfig | None = None
         self._latest_training_job: LatestTrainingJob | None = None
         for name, value, why in (
             ("training_image_config", training_image_config, "private registries' own auth"),
@@ -192,8 +193,12 @@ class ModelTrainer:
         # trainctl checks every node's GPUs (and its store) before the script starts, always
         return self
 
-    def with_tensorboard_output_config(self, config: TensorBoardOutputConfig | None = None):
-        raise _refuse("tensorboard_output_config", "no TensorBoard output yet")
+    def with_tensorboard_output_config(
+        self, tensorboard_output_config: TensorBoardOutputConfig | None = None
+    ):
+        self.tensorboard_output_config = tensorboard_output_config or TensorBoardOutputConfig()
+        self._estimator()
+        return self
 
     def __getattr__(self, name: str) -> Any:
         not_here = {
@@ -282,6 +287,12 @@ class ModelTrainer:
             fields["metric_definitions"] = [
                 {"Name": m.name, "Regex": m.regex} for m in self.metric_definitions
             ]
+        if self.tensorboard_output_config is not None:
+            tensorboard = self.tensorboard_output_config
+            if tensorboard.s3_output_path:
+                uri = as_uri(tensorboard.s3_output_path)
+                fields["tensorboard_s3_uri"] = self.sagemaker_session.resolve(uri)
+            fields["tensorboard_local_path"] = tensorboard.local_path
         if self.retry_strategy is not None:
             fields["max_restarts"] = self.retry_strategy.maximum_retry_attempts
         fields = {k: v for k, v in fields.items() if v is not None}
