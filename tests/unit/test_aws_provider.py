@@ -432,6 +432,27 @@ def test_provision_p4d_pair_sends_exactly_the_dry_run_and_tags_everything(aws: A
 
 
 @pytest.mark.timeout(60)
+def test_the_jobs_tags_and_kms_key_reach_its_instances_and_volumes(aws: Aws) -> None:
+    """SageMaker's tags and volume_kms_key (honoured through the shim): beside trainctl's own
+    tags, on every instance and volume; the root volumes encrypted with the key given."""
+    kms = aws.client("kms")
+    key = kms.create_key(Description="trainctl test")["KeyMetadata"]["Arn"]
+    spec = aws.spec(
+        instance_type="g5.xlarge", tags={"team": "vision", "cost-center": "42"}, volume_kms_key=key
+    )
+    aws.provider().provision(CapacityRequest.of(spec), "tagged", 1)
+    ec2 = aws.client("ec2")
+    (instance,) = job_instances(ec2, "tagged")
+    assert {"team": "vision", "cost-center": "42", "trainctl:job": "tagged"}.items() <= tagged(
+        instance
+    ).items()
+    by_job = [{"Name": "tag:trainctl:job", "Values": ["tagged"]}]
+    (volume,) = ec2.describe_volumes(Filters=by_job)["Volumes"]
+    assert tagged(volume)["team"] == "vision"
+    assert (volume["Encrypted"], volume["KmsKeyId"]) == (True, key)
+
+
+@pytest.mark.timeout(60)
 def test_spot_single_node_market_usage_and_spot_reclaim(aws: Aws) -> None:
     spec = aws.spec(use_spot_instances=True)
     provider = aws.provider()

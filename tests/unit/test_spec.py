@@ -124,6 +124,16 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ),
     ("image-malformed", {"image_uri": "Not An Image"}, "image_uri", ("Not An Image",)),
     ("checkpoint-local-relative", {"checkpoint_local_path": "ckpt"}, "checkpoint_local_path", ()),
+    ("tensorboard-uri-ftp", {"tensorboard_s3_uri": "ftp://x"}, "tensorboard_s3_uri", ("ftp",)),
+    ("tensorboard-local-relative", {"tensorboard_local_path": "tb"}, "tensorboard_local_path", ()),
+    ("tensorboard-local-system", {"tensorboard_local_path": "/etc"}, "tensorboard_local_path", ()),
+    ("profile-one-number", {"profile": "5"}, "profile", ("START:COUNT",)),
+    ("profile-zero-steps", {"profile": "5:0"}, "profile", ("COUNT 1-1000",)),
+    ("tags-reserved", {"tags": {"trainctl:job": "x"}}, "tags", ("reserved",)),
+    ("tags-name", {"tags": {"Name": "x"}}, "tags", ("reserved",)),
+    ("tags-long-key", {"tags": {"k" * 129: "x"}}, "tags", ("1-128",)),
+    ("tags-not-text", {"tags": {"team": 1}}, "tags", ()),
+    ("volume-kms-key-spaces", {"volume_kms_key": "my key"}, "volume_kms_key", ()),
     ("unknown-field", {"foo": 1}, "foo", ("unknown key", "entry_point")),
 ]
 

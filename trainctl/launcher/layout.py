@@ -169,6 +169,8 @@ def sagemaker_env(
     channels = sorted(spec.inputs)
     user_args = script_args(spec)
     resources = resource_config(cluster, rank)
+    # SageMaker's container_log_level arrives as the job's SM_LOG_LEVEL (logging.INFO: 20)
+    level = spec.environment.get("SM_LOG_LEVEL", "20")
     training_env: dict[str, Any] = {
         "job_name": cluster.job,
         "hosts": cluster.hosts,
@@ -191,7 +193,7 @@ def sagemaker_env(
         "user_entry_point": spec.entry_point,
         "module_dir": source_uri,
         "checkpoint_dir": str(layout.checkpoints(spec)),
-        "log_level": 20,
+        "log_level": int(level) if level.isdigit() else 20,
     }
     env = {
         "SM_TRAINING_ENV": json.dumps(training_env),

@@ -56,7 +56,9 @@ SAGEMAKER_ARGUMENTS = frozenset(
 # always (a failed check is a lost node, relaunched elsewhere); git_config: the repository
 # is cloned here and source_dir, entry_point and dependencies are read inside it;
 # tensorboard_output_config: the TensorBoard location and local dir (sagemaker.debugger);
-# profiler_config and disable_profiler: torch's profiler over FrameworkProfile's steps.
+# profiler_config and disable_profiler: torch's profiler over FrameworkProfile's steps;
+# container_log_level: SM_LOG_LEVEL and the toolkit environment's log_level, as SageMaker's;
+# tags: [{"Key", "Value"}] on the job's EC2 instances, volumes and network interfaces.
 HANDLED = (
     "input_mode",
     "sagemaker_session",
@@ -67,12 +69,12 @@ HANDLED = (
     "tensorboard_output_config",
     "profiler_config",
     "disable_profiler",
+    "container_log_level",
+    "tags",
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
-    "tags": "not applied: trainctl tags the EC2 resources it makes with trainctl:* tags",
     "code_location": "ignored: the source is packaged into TRAINCTL_STORE",
-    "container_log_level": "ignored: the script's own logging configuration applies",
     "enable_sagemaker_metrics": "ignored: metrics come from metric_definitions matched in "
     "the node logs",
     "max_retry_attempts": "ignored: trainctl relaunches after infrastructure failures "
@@ -81,7 +83,6 @@ WARNED = {
 # Refused unless left at SageMaker's default (the values here): each would change how the
 # job runs, and trainctl cannot honour it.
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "volume_kms_key": ((None,), "EBS volumes are encrypted with the account's default key"),
     "output_kms_key": ((None,), "outputs are written with SSE-S3"),
     "rules": ((None,), "no SageMaker Debugger rules"),
     "debugger_hook_config": ((None, False), "no SageMaker Debugger"),
@@ -140,6 +141,20 @@ ALIASES = {
     "max_runtime": "max_run",
     "job_name": "base_job_name",
 }
+
+
+def tags_of(value: Any) -> dict[str, str]:
+    """SageMaker's tags ([{"Key": ..., "Value": ...}], or a dict) as the job's `tags`."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if not isinstance(value, list | tuple):
+        raise SpecError("tags", "must be a list of {'Key': ..., 'Value': ...}")
+    out: dict[str, str] = {}
+    for i, tag in enumerate(value):
+        if not isinstance(tag, dict) or not isinstance(tag.get("Key"), str):
+            raise SpecError(f"tags[{i}]", "must be {'Key': ..., 'Value': ...}")
+        out[tag["Key"]] = str(tag.get("Value", ""))
+    return out
 
 
 def check_arguments(kwargs: dict[str, Any], owner: str = "PyTorch") -> None:

@@ -47,6 +47,8 @@ from trainctl.spec.parts import (
     StrictModel,
 )
 
+# EC2's 50 tags a resource, less trainctl's own (requests.base_tags) and some room.
+MAX_USER_TAGS = 40
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
 MAX_KEEP_ALIVE_SECONDS = 3600
 # SageMaker's job-name rule, so names carry over both ways.
@@ -413,6 +415,24 @@ class JobSpec(StrictModel):
         int | None,
         Door(f"Root volume of an EC2 node, GB (default {DEFAULT_VOLUME_GB}).", sagemaker="same"),
     ] = Field(default=None, ge=8, le=16384, strict=True)
+    volume_kms_key: Annotated[
+        str | None,
+        Door(
+            "The KMS key (id, alias/NAME or ARN) that encrypts EC2 nodes' root volumes (default: "
+            "the account's EBS key).",
+            sagemaker="same",
+        ),
+    ] = Field(default=None, min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9:/_.\-]+$")
+    tags: Annotated[
+        dict[str, str],
+        Door(
+            "KEY=VALUE: a tag on the job's EC2 instances, volumes and network interfaces, beside "
+            "trainctl's own; repeatable.",
+            cli="pairs",
+            metavar="KEY=VALUE",
+            sagemaker="mapped: tags' [{'Key': ..., 'Value': ...}]",
+        ),
+    ] = Field(default_factory=dict)
     hosts: Annotated[
         list[SshHost],
         Door(
@@ -688,6 +708,18 @@ class JobSpec(StrictModel):
                 f"{v} {why}: the node uploads what this directory holds and writes into it; "
                 "use a directory of the job's own (default /opt/ml/checkpoints)"
             )
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_USER_TAGS:
+            raise ValueError(f"at most {MAX_USER_TAGS} tags (EC2 takes 50; trainctl sets 4)")
+        for key, value in v.items():
+            if not 1 <= len(key) <= 128 or len(value) > 256:
+                raise ValueError(f"{key!r}: a key is 1-128 characters, a value at most 256")
+            if key.lower().startswith(("aws:", "trainctl:")) or key == "Name":
+                raise ValueError(f"{key!r} is reserved (aws:*, trainctl:* and Name are set here)")
         return v
 
     @field_validator("profile")

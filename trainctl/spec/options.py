@@ -23,6 +23,8 @@ class AwsOptions(View):
     subnets: list[str] = []
     security_group_ids: list[str] = []
     volume_size: int | None = None
+    volume_kms_key: str | None = None
+    tags: dict[str, str] = {}
 
     @property
     def root_volume_gb(self) -> int:

@@ -242,7 +242,7 @@ def run_instances(
 ) -> dict[str, Any]:
     """The RunInstances request of one launch choice: all nodes or none (MinCount=MaxCount)."""
     name = instance_name(ctx.job, ctx.attempt)
-    tags = base_tags(ctx, name)
+    tags = base_tags(ctx, name) + [{"Key": k, "Value": v} for k, v in request.aws.tags.items()]
     resource_types = ["instance", "volume", "network-interface"]
     if choice.market == SPOT:
         resource_types.append("spot-instances-request")
@@ -262,6 +262,7 @@ def run_instances(
                     "VolumeSize": request.aws.root_volume_gb,
                     "VolumeType": "gp3",
                     "Encrypted": True,
+                    **({"KmsKeyId": kms} if (kms := request.aws.volume_kms_key) else {}),
                     "DeleteOnTermination": True,
                 },
             }

@@ -16,7 +16,7 @@
 
 It is a face over trainctl's Estimator (one JobSpec, as the v2 PyTorch estimator's): each
 field is honoured as SageMaker means it, or refused in one line naming it
-(`compute.volume_kms_key_id: not supported by trainctl: ...`) unless left at its default.
+(`compute.instance_groups: not supported by trainctl: ...`) unless left at its default.
 `Mode.LOCAL_CONTAINER` runs on this machine (the local provider); SAGEMAKER_TRAINING_JOB on
 the type `compute.instance_type` names (`ml.` types are EC2's).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import SpecError
-from trainctl.sagemaker._compat import warn
+from trainctl.sagemaker._compat import tags_of, warn
 from trainctl.sagemaker.train.configs import (
     CheckpointConfig,
     Compute,
@@ -165,10 +165,6 @@ class ModelTrainer:
         ):
             if value is not None:
                 raise _refuse(name, why)
-        if tags:
-            from trainctl.sagemaker._compat import WARNED
-
-            warn("tags", WARNED["tags"])  # (the same words as the v2 estimator's)
         if local_container_root is not None:
             warn("local_container_root", "ignored: a job's files are in trainctl's store")
         self._estimator()  # bad input fails here, at construction, as SageMaker's does
@@ -293,6 +289,8 @@ class ModelTrainer:
                 uri = as_uri(tensorboard.s3_output_path)
                 fields["tensorboard_s3_uri"] = self.sagemaker_session.resolve(uri)
             fields["tensorboard_local_path"] = tensorboard.local_path
+        if self.tags:
+            fields["tags"] = tags_of([{"Key": t.key, "Value": t.value} for t in self.tags])
         if self.retry_strategy is not None:
             fields["max_restarts"] = self.retry_strategy.maximum_retry_attempts
         fields = {k: v for k, v in fields.items() if v is not None}
@@ -338,7 +336,6 @@ class ModelTrainer:
 
         compute = self.compute
         for name, why in (
-            ("volume_kms_key_id", "no KMS keys on volumes yet"),
             ("instance_groups", "no heterogeneous clusters"),
             ("training_plan_arn", "no SageMaker training plans"),
         ):
@@ -355,6 +352,7 @@ class ModelTrainer:
             "instance_count": compute.instance_count or 1,
             "use_spot_instances": bool(compute.enable_managed_spot_training),
             "keep_alive_period_in_seconds": compute.keep_alive_period_in_seconds,
+            "volume_kms_key": compute.volume_kms_key_id,
         }
         if itype not in ("local", "local_gpu") and compute.volume_size_in_gb not in (None, 30):
             fields["volume_size"] = compute.volume_size_in_gb
