@@ -962,6 +962,11 @@ class Controller:
 
     def _complete(self) -> None:
         out = output_store(self.record)
+        if self.record.spec.disable_output_compression:  # the files, under these prefixes
+            if next(iter(out.list("model/")), None) is not None:
+                self.record.model_data = out.url("model/")
+            if next(iter(out.list("data/")), None) is not None:
+                self.record.output_data = out.url("data/")
         if out.exists("model.tar.gz"):
             self.record.model_data = out.url("model.tar.gz")
         if out.exists("output.tar.gz"):

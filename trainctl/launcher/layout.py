@@ -169,8 +169,6 @@ def sagemaker_env(
     channels = sorted(spec.inputs)
     user_args = script_args(spec)
     resources = resource_config(cluster, rank)
-    # SageMaker's container_log_level arrives as the job's SM_LOG_LEVEL (logging.INFO: 20)
-    level = spec.environment.get("SM_LOG_LEVEL", "20")
     training_env: dict[str, Any] = {
         "job_name": cluster.job,
         "hosts": cluster.hosts,
@@ -193,7 +191,7 @@ def sagemaker_env(
         "user_entry_point": spec.entry_point,
         "module_dir": source_uri,
         "checkpoint_dir": str(layout.checkpoints(spec)),
-        "log_level": int(level) if level.isdigit() else 20,
+        "log_level": spec.container_log_level,
     }
     env = {
         "SM_TRAINING_ENV": json.dumps(training_env),
@@ -224,7 +222,7 @@ def sagemaker_env(
         "SM_USER_ARGS": json.dumps(user_args),
         "SM_MODULE_DIR": source_uri,
         "SM_MODULE_NAME": Path(spec.entry_point).stem,
-        "SM_LOG_LEVEL": "20",
+        "SM_LOG_LEVEL": str(spec.container_log_level),
         "SM_NETWORK_INTERFACE_NAME": resources["network_interface_name"],
     }
     for channel in channels:

@@ -786,6 +786,13 @@ class Agent:
         from trainctl.record import output_store
 
         out = output_store(self.record)
+        if self.spec.disable_output_compression:  # SageMaker's: the files as they are
+            for prefix, local in (("model", self.layout.model), ("data", self.layout.output_data)):
+                files = sorted(p for p in local.rglob("*") if p.is_file() and not p.is_symlink())
+                out.put_files([(f"{prefix}/{p.relative_to(local).as_posix()}", p) for p in files])
+                if files:
+                    self.log(f"{prefix}: {len(files)} file(s) at {out.url(prefix + '/')}")
+            return
         with tempfile.TemporaryDirectory(prefix="trainctl-out-") as tmp:
             model = Path(tmp) / "model.tar.gz"
             if pack_directory(self.layout.model, model):

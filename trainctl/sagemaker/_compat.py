@@ -57,7 +57,6 @@ SAGEMAKER_ARGUMENTS = frozenset(
 # is cloned here and source_dir, entry_point and dependencies are read inside it;
 # tensorboard_output_config: the TensorBoard location and local dir (sagemaker.debugger);
 # profiler_config and disable_profiler: torch's profiler over FrameworkProfile's steps;
-# container_log_level: SM_LOG_LEVEL and the toolkit environment's log_level, as SageMaker's;
 # tags: [{"Key", "Value"}] on the job's EC2 instances, volumes and network interfaces.
 HANDLED = (
     "input_mode",
@@ -69,7 +68,6 @@ HANDLED = (
     "tensorboard_output_config",
     "profiler_config",
     "disable_profiler",
-    "container_log_level",
     "tags",
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
@@ -98,7 +96,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         "`arguments`)",
     ),
     "enable_remote_debug": ((None, False), "no remote debugging"),
-    "disable_output_compression": ((False, None), "outputs are always model.tar.gz/output.tar.gz"),
     "compiler_config": ((None,), "no Training Compiler"),
     "training_recipe": ((None,), "no SageMaker HyperPod recipes"),
     "recipe_overrides": ((None,), "no SageMaker HyperPod recipes"),

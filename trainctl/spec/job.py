@@ -240,6 +240,23 @@ class JobSpec(StrictModel):
             sagemaker="same",
         ),
     ] = None
+    container_log_level: Annotated[
+        int,
+        Door(
+            "The logging level the job's SageMaker-style scripts are given (SM_LOG_LEVEL, the "
+            "training toolkit's log_level; logging.INFO: 20).",
+            sagemaker="same",
+        ),
+    ] = Field(default=20, ge=0, le=50, strict=True)
+    disable_output_compression: Annotated[
+        bool,
+        Door(
+            "Upload the model and output data dirs' files as they are (under output/model/ and "
+            "output/data/), not packed as model.tar.gz and output.tar.gz.",
+            cli="flag",
+            sagemaker="same",
+        ),
+    ] = Field(default=False, strict=True)
     checkpoint_s3_uri: Annotated[
         str | None,
         Door(

@@ -248,15 +248,6 @@ class PyTorch:
             fields.update(tensorboard_fields(kwargs["tensorboard_output_config"]))
         if kwargs.get("tags") is not None:
             fields["tags"] = tags_of(kwargs["tags"])
-        level = kwargs.get("container_log_level")
-        if level is not None:
-            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 50:
-                raise SpecError(
-                    "container_log_level", "must be a logging level, 0-50 (logging.INFO)"
-                )
-            environment = dict(fields.get("environment") or {})
-            environment.setdefault("SM_LOG_LEVEL", str(level))  # (one the user set wins)
-            fields["environment"] = environment
         profile = profile_of(kwargs.get("profiler_config"), kwargs.get("disable_profiler"))
         if profile is not None:
             fields["profile"] = profile

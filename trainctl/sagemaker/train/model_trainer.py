@@ -375,11 +375,10 @@ class ModelTrainer:
         if out is not None:
             if out.kms_key_id:
                 raise _refuse("output_data_config.kms_key_id", "no KMS keys on uploads yet")
-            if (out.compression_type or "GZIP").upper() != "GZIP":
-                raise _refuse(
-                    "output_data_config.compression_type",
-                    "the model is model.tar.gz (gzip), as by default",
-                )
+            compression = (out.compression_type or "GZIP").upper()
+            if compression not in ("GZIP", "NONE"):
+                raise SpecError("output_data_config.compression_type", "must be GZIP or NONE")
+            fields["disable_output_compression"] = compression == "NONE"
             if out.s3_output_path:
                 fields["output_path"] = self.sagemaker_session.resolve(out.s3_output_path)
         ckpt = self.checkpoint_config
