@@ -19,6 +19,7 @@ from trainctl.sagemaker.train.configs import (
     RetryStrategy,
     SourceCode,
     StoppingCondition,
+    Tag,
 )
 from trainctl.sagemaker.train.distributed import SMP, Torchrun
 
@@ -94,7 +95,7 @@ def test_the_trainers_fields_map_to_the_job(home, tmp_path):
     )  # fmt: skip
     assert spec.use_spot_instances and spec.keep_alive_period_in_seconds == 600
     assert spec.volume_size == 200 and spec.max_run == 3600 and spec.max_wait == 7200
-    assert spec.launcher == "torchrun" and spec.max_restarts == 2
+    assert spec.launcher == "torchrun" and spec.max_retry_attempts == 2  # SageMaker's meaning
     assert (spec.entry_point, spec.arguments) == ("train.py", ["--extra", "1"])
     assert spec.hyperparameters == {"epochs": 3, "lr": 0.1}  # from the YAML file
     assert spec.output_path == "s3://bucket/out" and spec.checkpoint_s3_uri == "s3://bucket/ckpt"
@@ -106,8 +107,6 @@ def test_the_trainers_fields_map_to_the_job(home, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"compute": Compute(instance_type="ml.p3.2xlarge", volume_kms_key_id="k")},
-         "compute.volume_kms_key_id"),
         ({"compute": Compute(instance_type="ml.p3.2xlarge", training_plan_arn="arn:x")},
          "compute.training_plan_arn"),
         ({"distributed": Torchrun(smp=SMP(tensor_parallel_degree=2))}, "distributed.smp"),
@@ -115,7 +114,7 @@ def test_the_trainers_fields_map_to_the_job(home, tmp_path):
          "networking.enable_network_isolation"),
         ({"output_data_config": OutputDataConfig(kms_key_id="k")},
          "output_data_config.kms_key_id"),
-        ({"output_data_config": OutputDataConfig(compression_type="NONE")},
+        ({"output_data_config": OutputDataConfig(compression_type="ZSTD")},
          "output_data_config.compression_type"),
         ({"algorithm_name": "xgboost"}, "algorithm_name"),
         ({"source_code": SourceCode(source_dir=".", command="bash run.sh")},
@@ -143,8 +142,17 @@ def test_builders_and_the_2_2xx_import_path(home):
 
     assert Session().default_bucket() and get_execution_role()
     trainer = ModelTrainer(source_code=SOURCE, compute=Compute(instance_type="ml.p3.2xlarge"))
-    with pytest.raises(SpecError, match=r"^tensorboard_output_config: not supported"):
-        trainer.with_tensorboard_output_config()
+    # (what each builder sets: tests/e2e/test_tensorboard.py, test_sagemaker_args.py)
+    assert trainer.with_tensorboard_output_config() is trainer
+    trainer = ModelTrainer(
+        source_code=SOURCE,
+        compute=Compute(instance_type="ml.p3.2xlarge", volume_kms_key_id="alias/train"),
+        output_data_config=OutputDataConfig(compression_type="NONE"),
+        tags=[Tag(key="team", value="vision")],
+    )
+    spec = trainer._estimator().spec
+    assert spec.volume_kms_key == "alias/train" and spec.disable_output_compression
+    assert spec.tags == {"team": "vision"}
     with pytest.raises(SpecError, match=r"^from_recipe: not supported by trainctl: "):
         trainer.from_recipe  # noqa: B018
     assert trainer.with_infra_check_config() is trainer  # the node checks run always

@@ -37,3 +37,23 @@ def test_uncompressed_outputs_and_the_containers_log_level(home, capsys):
     assert (output / "model" / "weights" / "model.json").read_text() == '{"w": [1, 2, 3]}'
     assert (output / "data" / "report.txt").read_text() == "done\n"
     assert not (output / "model.tar.gz").exists() and not (output / "output.tar.gz").exists()
+
+
+@pytest.mark.timeout(180)
+def test_max_retry_attempts_bounds_the_relaunches_after_lost_nodes(home):
+    """max_retry_attempts=1 (SageMaker's, passed as it is): a lost node is relaunched once;
+    the second loss fails the job, saying why (without it, no limit)."""
+    from trainctl.estimator import Estimator
+
+    estimator = Estimator(
+        entry_point="train.py",
+        source_dir=str(FIXTURE.parent / "sleeper"),
+        max_retry_attempts=1,
+        faults=["kill:0@1", "kill:0@1"],
+    )
+    job = estimator.fit(wait=False)
+    job.wait(logs=False, raise_on_failure=False)
+    described = job.describe()
+    assert described["state"] == "Failed", described["state"]
+    assert len(described["attempts"]) == 2
+    assert "max_retry_attempts" in described["failure_reason"]

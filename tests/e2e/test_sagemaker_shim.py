@@ -128,7 +128,10 @@ def test_a_role_arn_is_used_as_the_instance_profile_of_its_name_with_one_warning
         ({"keep_alive_period_in_seconds": 7200}, "keep_alive_period_in_seconds", "3600"),
         ({"input_mode": "Pipe"}, "input_mode", "no Pipe mode"),
         ({"enable_network_isolation": True}, "enable_network_isolation", "not supported"),
-        ({"volume_kms_key": "arn:aws:kms:..."}, "volume_kms_key", "not supported"),
+        ({"instance_groups": [object()]}, "instance_groups", "not supported"),
+        ({"tags": "team=x"}, "tags", "must be a list"),
+        ({"tags": [{"Key": "aws:x", "Value": "1"}]}, "tags", "reserved"),
+        ({"container_log_level": 99}, "container_log_level", "50"),
         ({"distribution": {"smdistributed": {}}}, "distribution", "runs only on SageMaker"),
         ({"distribution": {"smdistributed": {"x": {}}}}, "distribution", "runs only on"),
     ],
@@ -157,9 +160,18 @@ def test_training_input_distribution_is_checked(home):
 @pytest.mark.timeout(30)
 def test_accepted_arguments_without_effect_warn_once_each(home):
     with pytest.warns(SageMakerCompatibilityWarning) as caught:
-        pytorch(sagemaker_session=object(), tags=[{"Key": "team", "Value": "x"}])
+        est = pytorch(
+            sagemaker_session=object(),
+            enable_sagemaker_metrics=True,
+            tags=[{"Key": "team", "Value": "x"}],  # honoured: no warning
+            volume_kms_key="alias/train",
+            max_retry_attempts=3,
+        )
     messages = sorted(m.split(":")[0] for m in others(caught))
-    assert messages == ["sagemaker_session", "tags"]
+    assert messages == ["enable_sagemaker_metrics", "sagemaker_session"]
+    spec = spec_of(est)
+    assert spec.tags == {"team": "x"} and spec.volume_kms_key == "alias/train"
+    assert spec.max_retry_attempts == 3
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
         pytorch(no_such_argument=1)
 

@@ -343,6 +343,16 @@ class Controller:
             why = f"nodes failed to start {streak.never_started} times in a row: {cause}"
             self._end(JobState.FAILED, reason=why)
             return None
+        retries = self.record.spec.max_retry_attempts
+        if end.outcome == "interrupted" and retries is not None:
+            # SageMaker's max_retry_attempts: the record's count, so a controller that took
+            # the job over counts the relaunches before it too
+            lost = sum(a.outcome == "interrupted" for a in self.record.attempts)
+            if lost > retries:
+                why = f"{cause}; relaunched {retries} time(s) already (max_retry_attempts)"
+                self._end(JobState.FAILED, reason=why)
+                return None
+            cause = f"{cause} (retry {lost} of {retries})"
         if end.outcome == "failed":
             streak.user_failures += 1
             restarts = self.record.spec.max_restarts

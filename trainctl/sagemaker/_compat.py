@@ -75,8 +75,6 @@ WARNED = {
     "code_location": "ignored: the source is packaged into TRAINCTL_STORE",
     "enable_sagemaker_metrics": "ignored: metrics come from metric_definitions matched in "
     "the node logs",
-    "max_retry_attempts": "ignored: trainctl relaunches after infrastructure failures "
-    "without a limit; failures of the script retry up to max_restarts",
 }
 # Refused unless left at SageMaker's default (the values here): each would change how the
 # job runs, and trainctl cannot honour it.

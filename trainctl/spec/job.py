@@ -350,6 +350,14 @@ class JobSpec(StrictModel):
         int,
         Door("Relaunches after the user's code fails (infrastructure failures always relaunch)."),
     ] = Field(default=0, ge=0, le=100, strict=True)
+    max_retry_attempts: Annotated[
+        int | None,
+        Door(
+            "Relaunches after infrastructure failures (a node lost, capacity taken back) before "
+            "the job fails (default: no limit).",
+            sagemaker="same",
+        ),
+    ] = Field(default=None, ge=1, le=30, strict=True)
     # Elastic: run on as few as this many nodes when instance_count cannot be had (None:
     # always instance_count, waiting for capacity).
     min_instance_count: Annotated[

@@ -292,7 +292,7 @@ class ModelTrainer:
         if self.tags:
             fields["tags"] = tags_of([{"Key": t.key, "Value": t.value} for t in self.tags])
         if self.retry_strategy is not None:
-            fields["max_restarts"] = self.retry_strategy.maximum_retry_attempts
+            fields["max_retry_attempts"] = self.retry_strategy.maximum_retry_attempts
         fields = {k: v for k, v in fields.items() if v is not None}
         return Estimator(
             **fields,
