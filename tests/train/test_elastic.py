@@ -117,7 +117,9 @@ def test_three_nodes_shrink_to_two_and_grow_back(home, monkeypatch, uninterrupte
         instance_count=3,
         min_instance_count=2,
         hyperparameters=HPS,
-        faults=["nocapacity:2@5+12"],
+        # withheld 6 s: past the 3 s shrink wait, and back well before attempt 2 has trained
+        # its ~4.5 s (at +12 a quick machine finished the job before it came back)
+        faults=["nocapacity:2@5+6"],
     ).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed"
