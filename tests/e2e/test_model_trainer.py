@@ -120,7 +120,7 @@ def test_the_trainers_fields_map_to_the_job(home, tmp_path):
         ({"source_code": SourceCode(source_dir=".", command="bash run.sh")},
          "source_code.command"),
         ({"training_mode": "SOMEWHERE"}, "training_mode"),
-        ({"compute": Compute(instance_type="ml.r7i.48xlarge")}, "instance_type"),
+        ({"compute": Compute(instance_type="ml.r7i.48xlarg")}, "instance_type"),
     ],
 )  # fmt: skip
 def test_what_trainctl_cannot_honour_is_one_line_naming_the_field(home, kwargs, field):

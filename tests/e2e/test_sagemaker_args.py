@@ -57,3 +57,62 @@ def test_max_retry_attempts_bounds_the_relaunches_after_lost_nodes(home):
     assert described["state"] == "Failed", described["state"]
     assert len(described["attempts"]) == 2
     assert "max_retry_attempts" in described["failure_reason"]
+
+
+@pytest.mark.timeout(60)
+def test_the_dry_run_takes_any_ec2_type_by_sagemakers_name_and_prices_it(
+    home, tmp_path, monkeypatch
+):
+    """SageMaker's getting-started types (CPU ones) are EC2 types like any other: the dry run
+    and the estimate take `ml.c5.2xlarge` and price it from the named table; a type without
+    a listed price says so; a misspelt one is one line with the closest names."""
+    import json
+    import subprocess
+
+    from tests.helpers import TRAINCTL
+
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("TRAINCTL_AWS_SSH_CIDR", "203.0.113.7/32")
+    monkeypatch.setenv("TRAINCTL_STORE", "s3://bucket/prefix")
+    env = tmp_path / "src"
+    env.mkdir()
+    (env / "train.py").write_text("print('hi')\n")
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [TRAINCTL, "submit", str(env / "train.py"), "--region", "us-east-1",
+             "--instance-profile", "p", "--estimate", *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    # (the dry run's EC2 requests, made here: the CLI's also asks the s3:// store whether
+    # the source is in it already, which has no AWS to answer in a test)
+    from trainctl.provisioning import get_provider
+    from trainctl.sagemaker.pytorch.estimator import instance_type_of
+    from trainctl.spec.build import build_spec
+    from trainctl.spec.request import CapacityRequest
+
+    spec = build_spec(
+        entry_point="train.py", source_dir=str(env), instance_count=2, region="us-east-1",
+        instance_type=instance_type_of("ml.c5.2xlarge"), instance_profile="p",
+    )  # fmt: skip
+    planned = get_provider(spec.instance_type).dry_run(CapacityRequest.of(spec), "c5", 1)
+    launch = next(r for r in planned if r["operation"] == "RunInstances")
+    assert (launch["params"]["InstanceType"], launch["params"]["MinCount"]) == ("c5.2xlarge", 2)
+    priced = submit("--instance-type", "ml.c5.2xlarge", "--instance-count", "2")
+    assert priced.returncode == 0, priced.stderr
+    assert "estimate: 2 x c5.2xlarge (on-demand): $0.68/hour" in priced.stdout
+    unpriced = submit("--instance-type", "p5.4xlarge")
+    assert "estimate: 1 x p5.4xlarge (on-demand): no price known" in unpriced.stdout
+    typo = submit("--instance-type", "ml.m5.xlarg")
+    assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
+    assert "did you mean ml.m5.xlarge" in typo.stderr
+    listed = subprocess.run(
+        [TRAINCTL, "types", "ml.c5.2x*", "-o", "json"], capture_output=True, text=True, timeout=60
+    )
+    (c5,) = json.loads(listed.stdout)
+    assert (c5["name"], c5["vcpus"], c5["on_demand_usd_per_hour"]) == ("c5.2xlarge", 8, 0.34)

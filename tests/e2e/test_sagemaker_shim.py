@@ -123,7 +123,7 @@ def test_a_role_arn_is_used_as_the_instance_profile_of_its_name_with_one_warning
 @pytest.mark.parametrize(
     ("kwargs", "field", "text"),
     [
-        ({"instance_type": "ml.r7i.48xlarge"}, "instance_type", "has no EC2 equivalent"),
+        ({"instance_type": "ml.r7i.48xlarg"}, "instance_type", "did you mean ml.r7i.48xlarge"),
         ({"role": "not a role!"}, "role", "is neither an IAM ARN"),
         ({"keep_alive_period_in_seconds": 7200}, "keep_alive_period_in_seconds", "3600"),
         ({"input_mode": "Pipe"}, "input_mode", "no Pipe mode"),

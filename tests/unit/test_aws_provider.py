@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -429,6 +430,41 @@ def test_provision_p4d_pair_sends_exactly_the_dry_run_and_tags_everything(aws: A
     sent = [(c.operation, c.params) for c in aws.recorder.mutating()]
     expected = [(p["operation"], substitute(p["params"], real)) for p in planned]
     assert sent == expected
+
+
+@pytest.mark.timeout(60)
+def test_the_catalog_is_ec2s_describe_instance_types_and_its_cache(aws: Aws) -> None:
+    """Every type DescribeInstanceTypes lists (moto answers it), kept in HOME's cache over
+    the shipped snapshot: a type the snapshot lacks becomes known; the preflight keeps the
+    job's types' rows; prices come from the named table, none where it has none."""
+    from trainctl.provisioning.aws.clients import Clients
+    from trainctl.provisioning.aws.preflight import refresh_instance_types
+    from trainctl.spec.catalog import CATALOG, check_instance_type, find_types
+    from trainctl.spec.ec2types import cache_path, prices, snapshot_source
+
+    assert "DescribeInstanceTypes" in snapshot_source()
+    assert prices()[1].startswith("AWS EC2 On-Demand Pricing")
+    c5 = check_instance_type("c5.2xlarge")
+    assert (c5.vcpus, c5.memory_gib, c5.gpus, c5.on_demand_usd_per_hour) == (8, 16, 0, 0.34)
+    p4d = CATALOG["p4d.24xlarge"]
+    assert (p4d.gpus, p4d.gpu_name, p4d.efa_interfaces) == (8, "A100", 4)
+    assert CATALOG["p5.4xlarge"].on_demand_usd_per_hour == 0.0  # no price known, not a guess
+    assert "x9.large" not in CATALOG
+    count, region = refresh_instance_types(REGION, Clients(aws.session))
+    assert count > 1000 and region == REGION
+    rows = json.loads(cache_path().read_text())
+    assert rows["source"].startswith(f"DescribeInstanceTypes in {REGION}")
+    rows["types"]["x9.large"] = [2, 4096, 0, 0, "", 0, "Up to 5 Gigabit"]  # newer than us
+    cache_path().write_text(json.dumps(rows))
+    CATALOG.reload()
+    assert check_instance_type("x9.large").vcpus == 2
+    assert [t.name for t in find_types("ml.x9.*")] == ["x9.large"]
+    cache_path().unlink()
+    CATALOG.reload()
+    aws.provider().preflight(CapacityRequest.of(aws.spec(instance_type="g5.xlarge")))
+    assert list(json.loads(cache_path().read_text())["types"]) == ["g5.xlarge"]
+    cache_path().unlink()
+    CATALOG.reload()
 
 
 @pytest.mark.timeout(60)

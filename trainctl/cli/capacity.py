@@ -1,5 +1,6 @@
-"""`trainctl pools`, `trainctl warm` and `trainctl gc`: the capacity configured, the warm
-capacity kept after jobs, and what dead jobs left."""
+"""`trainctl pools`, `trainctl types`, `trainctl warm` and `trainctl gc`: the capacity
+configured, the instance types known, the warm capacity kept after jobs, and what dead jobs
+left."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def pools(output: str = OutputOpt) -> None:
     """List the resource pools configured in config.yaml."""
     from rich.table import Table
 
-    from trainctl.spec.settings import get_settings, trainctl_home
+    from trainctl.spec.home import trainctl_home
+    from trainctl.spec.settings import get_settings
     from trainctl.terminal import console
 
     check_output(output)
@@ -56,6 +58,56 @@ def pools(output: str = OutputOpt) -> None:
             str(pool.max_instances or "-"),
         )
     console().print(table)
+
+
+@app.command("types")
+@handle_errors
+def instance_types(
+    pattern: str | None = typer.Argument(
+        None, help="A shell glob on the name: 'p4*', '*.2xlarge', 'ml.c5.*'."
+    ),
+    gpus: bool = typer.Option(False, "--gpus", help="Only types with GPUs."),
+    refresh: bool = typer.Option(
+        False,
+        "--refresh",
+        help="Ask EC2's DescribeInstanceTypes for every type first (AWS credentials).",
+    ),
+    region: str | None = typer.Option(None, "--region", help="For --refresh (default: AWS's)."),
+    output: str = OutputOpt,
+) -> None:
+    """The EC2 instance types trainctl knows (from DescribeInstanceTypes), with their GPUs,
+    EFA interfaces and on-demand price."""
+    from rich.table import Table
+
+    from trainctl.spec.catalog import find_types
+    from trainctl.terminal import console
+
+    check_output(output)
+    if refresh:
+        from trainctl.provisioning.aws.preflight import refresh_instance_types
+
+        count, where = refresh_instance_types(region)
+        sys.stderr.write(f"trainctl types: {count} types from DescribeInstanceTypes in {where}\n")
+    found = find_types(pattern, gpus=gpus)
+    if output == "json":
+        print_json([t.describe() for t in found])
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("TYPE", "VCPUS", "MEMORY", "GPUS", "EFA", "NETWORK", "ON-DEMAND"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("VCPUS", "EFA") else "left")
+    for t in found:
+        shown = t.describe()
+        table.add_row(
+            t.name,
+            str(t.vcpus),
+            f"{t.memory_gib} GiB",
+            shown["gpus_text"],
+            str(t.efa_interfaces or "-"),
+            t.network or "-",
+            shown["price_text"],
+        )
+    console().print(table)
+    sys.stdout.write(f"{len(found)} type(s)\n")
 
 
 RegionOpt = typer.Option(

@@ -1,10 +1,15 @@
-"""Instance types trainctl knows: the embedded ones and the EC2 GPU types users pick.
+"""Instance types trainctl knows: the embedded ones, every EC2 type, and plug-ins' types.
 
-Prices are on-demand USD/hour in us-east-1 (list prices; used for estimates only).
+EC2's types come from DescribeInstanceTypes (trainctl.spec.ec2types: a shipped snapshot,
+and the cache the EC2 preflight refreshes), read the first time a type is looked up, so
+importing this costs nothing. Prices are on-demand USD/hour in us-east-1 from the table
+ec2types names (0.0: no price known), for estimates only.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 
 
@@ -17,37 +22,97 @@ class InstanceType:
     vcpus: int = 0
     memory_gib: int = 0
     efa_interfaces: int = 0
-    on_demand_usd_per_hour: float = 0.0
+    on_demand_usd_per_hour: float = 0.0  # 0.0: no price known
+    gpu_name: str = ""
+    network: str = ""
+
+    def describe(self) -> dict[str, object]:
+        """What `trainctl types` shows of it (JSON), prices as text too."""
+        gpus = f"{self.gpus} x {self.gpu_name or 'GPU'} ({self.gpu_memory_gib} GiB)"
+        price = self.on_demand_usd_per_hour
+        return {
+            "name": self.name,
+            "vcpus": self.vcpus,
+            "memory_gib": self.memory_gib,
+            "gpus": self.gpus,
+            "gpu_name": self.gpu_name or None,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "efa_interfaces": self.efa_interfaces,
+            "network": self.network or None,
+            "on_demand_usd_per_hour": price or None,
+            "gpus_text": gpus if self.gpus else "-",
+            "price_text": f"${price:.4g}/h" if price else "no price known",
+        }
 
 
-def _ec2(name: str, gpus: int, gpu_mem: int, vcpus: int, mem: int, efa: int, price: float):
-    return InstanceType(name, "aws", gpus, gpu_mem, vcpus, mem, efa, price)
+EMBEDDED = (
+    InstanceType("local", "local"),
+    # SageMaker's local mode with every GPU of this machine (none: refused at submit)
+    InstanceType("local_gpu", "local"),
+    InstanceType("ssh", "ssh"),
+)
 
 
-CATALOG: dict[str, InstanceType] = {
-    t.name: t
-    for t in [
-        InstanceType("local", "local"),
-        # SageMaker's local mode with every GPU of this machine (none: refused at submit)
-        InstanceType("local_gpu", "local"),
-        InstanceType("ssh", "ssh"),
-        _ec2("p3.2xlarge", 1, 16, 8, 61, 0, 3.06),
-        _ec2("p3.8xlarge", 4, 64, 32, 244, 0, 12.24),
-        _ec2("p3.16xlarge", 8, 128, 64, 488, 0, 24.48),
-        _ec2("p3dn.24xlarge", 8, 256, 96, 768, 1, 31.212),
-        _ec2("p4d.24xlarge", 8, 320, 96, 1152, 4, 32.7726),
-        _ec2("p4de.24xlarge", 8, 640, 96, 1152, 4, 40.9657),
-        _ec2("p5.48xlarge", 8, 640, 192, 2048, 32, 98.32),
-        _ec2("g5.xlarge", 1, 24, 4, 16, 0, 1.006),
-        _ec2("g5.2xlarge", 1, 24, 8, 32, 0, 1.212),
-        _ec2("g5.4xlarge", 1, 24, 16, 64, 0, 1.624),
-        _ec2("g5.8xlarge", 1, 24, 32, 128, 1, 2.448),
-        _ec2("g5.12xlarge", 4, 96, 48, 192, 1, 5.672),
-        _ec2("g5.16xlarge", 1, 24, 64, 256, 1, 4.096),
-        _ec2("g5.24xlarge", 4, 96, 96, 384, 1, 8.144),
-        _ec2("g5.48xlarge", 8, 192, 192, 768, 1, 16.288),
-    ]
-}
+def _ec2_types() -> dict[str, InstanceType]:
+    from trainctl.spec.ec2types import ec2_rows, prices
+
+    table, _ = prices()
+    out = {}
+    for name, (vcpus, mem_mib, gpus, gpu_mib, gpu_name, efa, network) in ec2_rows().items():
+        out[name] = InstanceType(
+            name,
+            "aws",
+            gpus=gpus,
+            gpu_memory_gib=round(gpu_mib / 1024),
+            vcpus=vcpus,
+            memory_gib=round(mem_mib / 1024),
+            efa_interfaces=efa,
+            on_demand_usd_per_hour=table.get(name, 0.0),
+            gpu_name=gpu_name,
+            network=network,
+        )
+    return out
+
+
+class Catalog(MutableMapping[str, InstanceType]):
+    """Name -> InstanceType; EC2's types are read on the first lookup."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, InstanceType] = {t.name: t for t in EMBEDDED}
+        self._ec2_loaded = False
+
+    def _all(self) -> dict[str, InstanceType]:
+        if not self._ec2_loaded:
+            self._ec2_loaded = True
+            for name, itype in _ec2_types().items():
+                self._types.setdefault(name, itype)
+        return self._types
+
+    def reload(self) -> None:
+        """Read EC2's types again (after the cache was refreshed)."""
+        self._types = {n: t for n, t in self._types.items() if t.provider != "aws"}
+        self._ec2_loaded = False
+
+    def __getitem__(self, name: str) -> InstanceType:
+        return self._all()[name]
+
+    def __setitem__(self, name: str, itype: InstanceType) -> None:
+        self._all()[name] = itype
+
+    def __delitem__(self, name: str) -> None:
+        del self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types or name in self._all()
+
+
+CATALOG = Catalog()
 
 
 # Installed provider plug-ins (trainctl.provisioning.ProviderPlugin) bring instance types.
@@ -80,12 +145,42 @@ def check_instance_type(name: str) -> InstanceType:
     try:
         return CATALOG[name]
     except KeyError:
-        families = sorted({n.split(".")[0] for n in CATALOG if "." in n})
-        sagemaker = " (SageMaker's ml.<type> names these too)" if name.startswith("ml.") else ""
-        raise ValueError(
-            f"unknown instance type {name!r}; use 'local', 'ssh' or an EC2 GPU type "
-            f"({', '.join(families)}: e.g. p3.2xlarge){sagemaker}"
-        ) from None
+        raise ValueError(unknown_type(name)) from None
+
+
+def find_types(pattern: str | None = None, *, gpus: bool = False) -> list[InstanceType]:
+    """EC2's types whose name matches the shell glob `pattern` (ml. names too), by name."""
+    from fnmatch import fnmatchcase
+
+    if pattern and pattern.startswith("ml."):
+        pattern = pattern[3:]
+    return sorted(
+        (
+            t
+            for t in CATALOG.values()
+            if t.provider == "aws"
+            and (not pattern or fnmatchcase(t.name, pattern))
+            and (t.gpus or not gpus)
+        ),
+        key=lambda t: (t.name.split(".")[0], t.vcpus, t.name),  # c5.2xlarge before c5.12xlarge
+    )
+
+
+def close_types(name: str, n: int = 3) -> list[str]:
+    """The known names closest to `name` (ml. names as SageMaker spells them)."""
+    bare = name[3:] if name.startswith("ml.") else name
+    found = difflib.get_close_matches(bare, list(CATALOG), n=n, cutoff=0.6)
+    return [f"ml.{f}" if name.startswith("ml.") and "." in f else f for f in found]
+
+
+def unknown_type(name: str) -> str:
+    """One line: `name` is not a type, with the closest ones."""
+    close = close_types(name)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return (
+        f"unknown instance type {name!r}{hint} (use 'local', 'ssh' or any EC2 type, e.g. "
+        "p4d.24xlarge or c5.2xlarge; SageMaker's ml.<type> names them too)"
+    )
 
 
 def ec2_name(name: str) -> str:

@@ -15,10 +15,7 @@ from pydantic_settings import (
 )
 
 from trainctl.spec.capacity import PoolConfig, check_proxy_jump
-
-
-def trainctl_home() -> Path:
-    return Path(os.environ.get("TRAINCTL_HOME") or Path.home() / ".trainctl").expanduser()
+from trainctl.spec.home import trainctl_home
 
 
 class Settings(BaseSettings):

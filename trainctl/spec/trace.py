@@ -83,14 +83,13 @@ class SpotTrace(BaseModel):
     @field_validator("instance_type")
     @classmethod
     def _known_type(cls, value: str) -> str:
-        from trainctl.spec.catalog import CATALOG
+        from trainctl.spec.catalog import CATALOG, close_types
 
         known = CATALOG.get(value)
         if known is None or known.provider != "aws":
-            ec2 = sorted(n for n, t in CATALOG.items() if t.provider == "aws")
-            raise ValueError(
-                f"{value!r} is not an EC2 instance type trainctl knows ({ec2[0]}, ...)"
-            )
+            close = [c for c in close_types(value) if CATALOG[c].provider == "aws"]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{value!r} is not an EC2 instance type{hint}")
         return value
 
     @property

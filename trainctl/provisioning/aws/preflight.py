@@ -11,7 +11,7 @@ from typing import Any
 
 from trainctl.errors import SpecError
 from trainctl.provisioning.aws import requests as rq
-from trainctl.provisioning.aws.clients import Clients, error_code, error_message
+from trainctl.provisioning.aws.clients import Clients, error_code, error_message, resolve_region
 from trainctl.provisioning.aws.lookups import resolve_image, resolve_network, scrub
 from trainctl.spec.request import CapacityRequest
 
@@ -88,6 +88,37 @@ def check_instance_types(ec2: Any, request: CapacityRequest, region: str) -> Non
             raise SpecError(field, f"{name} is not offered in {region}{hint}")
 
 
+def remember_instance_types(ec2: Any, request: CapacityRequest, region: str) -> None:
+    """EC2's own figures for the job's types, kept in the catalog's cache (GPUs per node,
+    EFA interfaces): what the region says wins over the shipped snapshot."""
+    from trainctl.spec.catalog import CATALOG
+    from trainctl.spec.ec2types import refresh_cache
+
+    try:
+        refreshed = refresh_cache(ec2, region, request.instance_types)
+    except Exception:  # a cache: the snapshot still knows the type (offerings were checked)
+        return
+    if refreshed:
+        CATALOG.reload()
+
+
+def refresh_instance_types(
+    region: str | None = None, clients: Clients | None = None
+) -> tuple[int, str]:
+    """Ask EC2's DescribeInstanceTypes for every type of `region` (default: AWS's
+    configured one) and keep the answer as the catalog's (`trainctl types --refresh`); how
+    many types, and where it asked."""
+    from trainctl.spec.catalog import CATALOG
+    from trainctl.spec.ec2types import refresh_cache
+
+    where = resolve_region(region)
+    clients = clients or Clients()
+    check_credentials(clients("sts", where), where)
+    count = refresh_cache(clients("ec2", where), where)
+    CATALOG.reload()
+    return count, where
+
+
 def require_instance_profile(instance_profile: str | None) -> str:
     if not instance_profile:
         raise SpecError(
@@ -162,6 +193,7 @@ def preflight(
     check_credentials(clients("sts", region), region)
     ec2 = clients("ec2", region)
     check_instance_types(ec2, request, region)
+    remember_instance_types(ec2, request, region)
     check_instance_profile(clients("iam", region), request)
     network = resolve_network(ec2, request.aws.subnets, region)
     check_security_groups(ec2, request, network.vpc_id, region)

@@ -71,16 +71,12 @@ NOT_TRAINING = {
 
 def instance_type_of(value: str) -> str:
     """SageMaker's instance type as trainctl's."""
-    from trainctl.spec.catalog import CATALOG, ec2_name
+    from trainctl.spec.catalog import ec2_name, unknown_type
 
     if value in ("local", "local_gpu"):
         return value
     if value.startswith("ml.") and ec2_name(value) == value:
-        raise SpecError(
-            "instance_type",
-            f"{value!r} has no EC2 equivalent trainctl can launch (known: "
-            f"{', '.join('ml.' + t for t in sorted(CATALOG) if CATALOG[t].provider == 'aws')})",
-        )
+        raise SpecError("instance_type", unknown_type(value))
     return ec2_name(value)
 
 
