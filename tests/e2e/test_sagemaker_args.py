@@ -116,3 +116,35 @@ def test_the_dry_run_takes_any_ec2_type_by_sagemakers_name_and_prices_it(
     )
     (c5,) = json.loads(listed.stdout)
     assert (c5["name"], c5["vcpus"], c5["on_demand_usd_per_hour"]) == ("c5.2xlarge", 8, 0.34)
+
+
+@pytest.mark.timeout(120)
+def test_container_entry_point_and_arguments_replace_python_entry_point(home, capsys):
+    """SageMaker's container_entry_point and container_arguments: the node runs that command
+    (a shell script here) in the code directory with the SM_* environment, in place of
+    `python entry_point`; what cannot mean anything here is one line."""
+    from trainctl.errors import SpecError
+    from trainctl.sagemaker.pytorch import PyTorch
+
+    def pytorch(**kwargs):
+        return PyTorch(
+            entry_point="train.py",
+            source_dir=str(FIXTURE),
+            role="arn:aws:iam::111122223333:role/SageMakerRole",
+            instance_type="local",
+            **kwargs,
+        )
+
+    estimator = pytorch(
+        container_entry_point=["sh", "run.sh"], container_arguments=["--epochs", "2"]
+    )
+    estimator.fit(wait=True, logs=True)
+    out = capsys.readouterr().out
+    assert "[algo-1] run.sh --epochs 2 on " in out and "log_level=20" in out  # (SM_CURRENT_HOST)
+    with pytest.raises(SpecError, match=r"^container_arguments: given without"):
+        pytorch(container_arguments=["x"])
+    with pytest.raises(SpecError, match=r"^container_entry_point: runs once per node"):
+        pytorch(
+            container_entry_point=["sh", "run.sh"],
+            distribution={"torch_distributed": {"enabled": True}},
+        )

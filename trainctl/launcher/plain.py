@@ -1,4 +1,6 @@
-"""No distribution: the entry point once per host under plain `python` (SageMaker semantics).
+"""No distribution: the entry point once per host under plain `python` (SageMaker semantics),
+or the job's container_entry_point and container_arguments as SageMaker runs them in place
+of its training toolkit (`python`/`python3` as their first word: the node's Python).
 
 Scripts that start their own process groups read SM_HOSTS / SM_CURRENT_HOST; the torch
 `env://` variables are set too so `init_process_group()` works with one process per host.
@@ -21,4 +23,8 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         "WORLD_SIZE": str(len(cluster.nodes)),
         "LOCAL_WORLD_SIZE": "1",
     }
+    if spec.container_entry_point:  # SageMaker's: the command as given (python: the node's)
+        first, *rest = spec.container_entry_point
+        program = python if first in ("python", "python3") else first
+        return NodeCommand([program, *rest, *spec.container_arguments], env)
     return NodeCommand([python, spec.entry_point, *script_args(spec)], env)

@@ -87,12 +87,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "instance_groups": ((None,), "no heterogeneous clusters"),
     "training_repository_access_mode": ((None,), "images come from a registry the nodes reach"),
     "training_repository_credentials_provider_arn": ((None,), "no private registry credentials"),
-    "container_entry_point": ((None,), "the node agent is the entry point"),
-    "container_arguments": (
-        (None,),
-        "the node agent is the entry point (the script's own arguments: trainctl.Estimator's "
-        "`arguments`)",
-    ),
     "enable_remote_debug": ((None, False), "no remote debugging"),
     "compiler_config": ((None,), "no Training Compiler"),
     "training_recipe": ((None,), "no SageMaker HyperPod recipes"),

@@ -164,6 +164,28 @@ class JobSpec(StrictModel):
             cli="argument",
         ),
     ] = Field(default_factory=list)
+    # SageMaker's container_entry_point/container_arguments: a command in place of
+    # `python entry_point` (trainctl.launcher.plain), once per node.
+    container_entry_point: Annotated[
+        list[str],
+        Door(
+            "A command each node runs in place of `python entry_point`, in the code directory "
+            "with the SM_* environment (e.g. bash run.sh); no distribution; repeatable, a word "
+            "each.",
+            cli="repeated",
+            metavar="WORD",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=list, max_length=256)
+    container_arguments: Annotated[
+        list[str],
+        Door(
+            "Arguments after container_entry_point; repeatable.",
+            cli="repeated",
+            metavar="ARG",
+            sagemaker="same",
+        ),
+    ] = Field(default_factory=list, max_length=4096)
     instance_type: Annotated[
         str,
         Door(
@@ -794,6 +816,23 @@ class JobSpec(StrictModel):
             return check_dependencies(v)
         except SpecError as exc:
             raise ValueError(exc.message) from None
+
+    @model_validator(mode="after")
+    def _container_command(self) -> JobSpec:
+        # Raised with the field named in the text (a model-level error has no location).
+        if self.container_arguments and not self.container_entry_point:
+            raise ValueError(
+                "container_arguments: given without container_entry_point (the script's own "
+                "arguments are `arguments`)"
+            )
+        if self.container_entry_point and self.launcher != "python":
+            raise ValueError(
+                "container_entry_point: runs once per node and starts its own processes; "
+                "give no distribution with it"
+            )
+        if any(not word or "\0" in word for word in self.container_entry_point):
+            raise ValueError("container_entry_point: an empty word, or one with a NUL byte")
+        return self
 
     @model_validator(mode="after")
     def _files_exist(self, info: ValidationInfo) -> JobSpec:
