@@ -894,21 +894,39 @@ def list_jobs(store: Store) -> list[JobRecord]:
 
 
 def output_store(record: JobRecord) -> Store:
+    """Where the job's model and output data go (encrypted with output_kms_key on S3)."""
     if record.spec.output_path:
-        return _outside_output(record.spec.output_path, record.name)
-    return open_store(record.store_uri).child(JobKeys(record.name).output)
+        store = _outside_output(record.spec.output_path, record.name)
+    else:
+        store = open_store(record.store_uri).child(JobKeys(record.name).output)
+    kms = record.spec.output_kms_key
+    return store.encrypted(kms) if kms else store
 
 
 def _outside_output(output_path: str, name: str) -> Store:
     return open_store(output_path, field="output_path").child(f"{name}/output")
 
 
+# Locations that hold a folder per job under the URI given (SageMaker's layout), not the URI
+PER_JOB = {"output_path": "output", "code_location": "source"}
+
+
+def source_target(spec: JobSpec, name: str, store: Store, sha256: str) -> tuple[Store, str]:
+    """Where job `name`'s packaged source goes: SageMaker's code_location/<job>/source/
+    sourcedir.tar.gz when given, else the store's content-addressed sources/<sha256>/
+    (shared by every job with that source)."""
+    if spec.code_location:
+        where = open_store(spec.code_location, field="code_location").child(f"{name}/source")
+        return where, "sourcedir.tar.gz"
+    return store, source_key(sha256)
+
+
 def written_locations(spec: JobSpec, name: str) -> list[tuple[str, str]]:
     """(field, URI) of each location outside its directory in the store that job `name`
-    writes to: its checkpoint and TensorBoard URIs, and its output location under
-    output_path, if given."""
+    writes to: its checkpoint and TensorBoard URIs, and its own folders under output_path
+    and code_location, if given."""
     return [
-        (field, _outside_output(uri, name).uri if field == "output_path" else uri)
+        (field, f"{uri.rstrip('/')}/{name}/{PER_JOB[field]}" if field in PER_JOB else uri)
         for field, uri in written_uris(spec)
     ]
 

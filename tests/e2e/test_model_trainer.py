@@ -112,8 +112,6 @@ def test_the_trainers_fields_map_to_the_job(home, tmp_path):
         ({"distributed": Torchrun(smp=SMP(tensor_parallel_degree=2))}, "distributed.smp"),
         ({"networking": Networking(enable_network_isolation=True)},
          "networking.enable_network_isolation"),
-        ({"output_data_config": OutputDataConfig(kms_key_id="k")},
-         "output_data_config.kms_key_id"),
         ({"output_data_config": OutputDataConfig(compression_type="ZSTD")},
          "output_data_config.compression_type"),
         ({"algorithm_name": "xgboost"}, "algorithm_name"),
@@ -147,11 +145,12 @@ def test_builders_and_the_2_2xx_import_path(home):
     trainer = ModelTrainer(
         source_code=SOURCE,
         compute=Compute(instance_type="ml.p3.2xlarge", volume_kms_key_id="alias/train"),
-        output_data_config=OutputDataConfig(compression_type="NONE"),
+        output_data_config=OutputDataConfig(compression_type="NONE", kms_key_id="alias/out"),
         tags=[Tag(key="team", value="vision")],
     )
     spec = trainer._estimator().spec
     assert spec.volume_kms_key == "alias/train" and spec.disable_output_compression
+    assert spec.output_kms_key == "alias/out"
     assert spec.tags == {"team": "vision"}
     with pytest.raises(SpecError, match=r"^from_recipe: not supported by trainctl: "):
         trainer.from_recipe  # noqa: B018

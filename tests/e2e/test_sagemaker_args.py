@@ -148,3 +148,32 @@ def test_container_entry_point_and_arguments_replace_python_entry_point(home, ca
             container_entry_point=["sh", "run.sh"],
             distribution={"torch_distributed": {"enabled": True}},
         )
+
+
+@pytest.mark.timeout(120)
+def test_code_location_holds_each_jobs_source_as_sagemakers_does(home, tmp_path):
+    """SageMaker's code_location: the packaged source goes to <URI>/<job>/source/
+    sourcedir.tar.gz (the nodes fetch and verify it there); two jobs share the URI."""
+    import tarfile
+
+    from trainctl.sagemaker.pytorch import PyTorch
+
+    code = tmp_path / "code"
+    names = []
+    for _ in range(2):
+        estimator = PyTorch(
+            entry_point="train.py",
+            source_dir=str(FIXTURE),
+            role="arn:aws:iam::111122223333:role/SageMakerRole",
+            instance_type="local",
+            code_location=code.as_uri(),
+        )
+        estimator.fit(wait=True, logs=False)
+        job = estimator.latest_training_job
+        names.append(job.name)
+        archive = code / job.name / "source" / "sourcedir.tar.gz"
+        with tarfile.open(archive) as tar:
+            assert "train.py" in tar.getnames()
+        assert job.describe()["TrainingJobStatus"] == "Completed"
+    assert sorted(p.name for p in code.iterdir()) == sorted(names)
+    assert not (home / "store" / "sources").exists()  # not also in the store

@@ -172,8 +172,8 @@ def _race(home: Path, src: Path, uris: list[str], monkeypatch) -> list[object]:
     barrier = threading.Barrier(len(uris), timeout=30)
     upload = submit.upload_source
 
-    def upload_then_wait(spec, store):
-        uploaded = upload(spec, store)
+    def upload_then_wait(spec, store, **kwargs):
+        uploaded = upload(spec, store, **kwargs)
         barrier.wait()
         return uploaded
 

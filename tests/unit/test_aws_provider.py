@@ -468,6 +468,36 @@ def test_the_catalog_is_ec2s_describe_instance_types_and_its_cache(aws: Aws) -> 
 
 
 @pytest.mark.timeout(60)
+def test_outputs_are_encrypted_with_the_jobs_output_kms_key(aws: Aws) -> None:
+    """SageMaker's output_kms_key: the job's model and output data (every way the store
+    writes them) are SSE-KMS with that key; everything else keeps S3's own keys."""
+    from trainctl.record import JobRecord, output_store
+    from trainctl.store import open_store
+
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="out-bucket")
+    key = aws.client("kms").create_key(Description="outputs")["KeyMetadata"]["Arn"]
+    spec = aws.spec(
+        instance_type="g5.xlarge", output_path="s3://out-bucket/models", output_kms_key=key
+    )
+    # (the fields output_store reads)
+    record = JobRecord.model_construct(name="enc", spec=spec, store_uri="s3://out-bucket/store")
+    out = output_store(record)
+    model = aws.src / "model.tar.gz"
+    model.write_bytes(b"weights" * 100)
+    out.put_file("model.tar.gz", model)
+    out.put_files([("model/a.bin", model)])
+    out.child("data").put_bytes("report.txt", b"done")
+    for name in ("model.tar.gz", "model/a.bin", "data/report.txt"):
+        head = s3.head_object(Bucket="out-bucket", Key=f"models/enc/output/{name}")
+        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key), name
+    open_store("s3://out-bucket/store").put_bytes("other", b"x")
+    assert (
+        s3.head_object(Bucket="out-bucket", Key="store/other")["ServerSideEncryption"] == "AES256"
+    )
+
+
+@pytest.mark.timeout(60)
 def test_the_jobs_tags_and_kms_key_reach_its_instances_and_volumes(aws: Aws) -> None:
     """SageMaker's tags and volume_kms_key (honoured through the shim): beside trainctl's own
     tags, on every instance and volume; the root volumes encrypted with the key given."""

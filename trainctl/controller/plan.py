@@ -26,20 +26,20 @@ if TYPE_CHECKING:
     from trainctl.provisioning.base import NodeRunner
 
 
-def _source_request(spec: JobSpec, store: Store, max_bytes: int) -> dict[str, Any]:
+def _source_request(spec: JobSpec, store: Store, max_bytes: int, name: str) -> dict[str, Any]:
     from trainctl.packaging import package_source
-    from trainctl.record import source_key
+    from trainctl.record import source_target
 
     with tempfile.TemporaryDirectory(prefix="trainctl-plan-") as tmp:
         packaged = package_source(
             Path(spec.source_dir), Path(tmp) / "sourcedir.tar.gz", max_bytes=max_bytes
         )
-        key = source_key(packaged.sha256)
-        uploaded = store.matches(key, packaged.path)  # (as create_job decides)
-    operation, params = store.put_request(key)
+        target, key = source_target(spec, name, store, packaged.sha256)
+        uploaded = target.matches(key, packaged.path)  # (as create_job decides)
+    operation, params = target.put_request(key)
     params.update(bytes=packaged.size, files=packaged.file_count, sha256=packaged.sha256)
     if uploaded:
-        params["skipped"] = "already in the store (content-addressed)"
+        params["skipped"] = "already there (same content)"
     return {**operation, "params": params}
 
 
@@ -88,7 +88,7 @@ def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     provider = get_provider(spec.instance_type, spec.region)
     name = spec.job_name or generate_job_name(spec.entry_point)
     max_bytes = int(get_settings().max_source_mb * 1024 * 1024)
-    requests = [_source_request(spec, store, max_bytes)]
+    requests = [_source_request(spec, store, max_bytes, name)]
     if spec.builds_image:
         # What the submit would build (and push): the plan hashes the inputs, builds nothing.
         from trainctl.controller.submit import image_build_target

@@ -17,7 +17,7 @@ from trainctl.controller.lease import lease_is_live
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
-from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_key
+from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_target
 from trainctl.spec.controller import ControllerTarget, controller_target
 from trainctl.spec.job import JobSpec, written_uris
 from trainctl.spec.settings import get_settings
@@ -298,7 +298,7 @@ def create_job(
     preflight(spec, store.uri)
     jobs = claimable_name(store, spec.job_name or generate_job_name(spec.entry_point))
     check_locations_apart(spec, jobs.name, store)
-    source = upload_source(spec, store)
+    source = upload_source(spec, store, name=jobs.name)
     return _record_new_job(
         jobs,
         spec.model_copy(update={"job_name": jobs.name}),
@@ -326,10 +326,11 @@ class UploadedSource:
     size: int
 
 
-def upload_source(spec: JobSpec, store: Store) -> UploadedSource:
+def upload_source(spec: JobSpec, store: Store, *, name: str = "") -> UploadedSource:
     """Package source_dir and put it in the store under its content hash: an unchanged
     source is not sent again, if what is stored under its name still has its content (a
-    replaced object is overwritten, not reused)."""
+    replaced object is overwritten, not reused). With code_location, job `name`'s folder
+    there instead (record.source_target)."""
     from trainctl.errors import PackagingError
     from trainctl.packaging import package_source
 
@@ -344,11 +345,11 @@ def upload_source(spec: JobSpec, store: Store) -> UploadedSource:
                 )
             except PackagingError as exc:  # what is in source_dir: the user's input
                 raise SpecError("source_dir", str(exc)) from None
-        key = source_key(packaged.sha256)
-        if not store.matches(key, packaged.path):
+        target, key = source_target(spec, name, store, packaged.sha256)
+        if not target.matches(key, packaged.path):
             with progress_task("uploading source", total=packaged.size) as advance:
-                store.put_file(key, packaged.path, progress=advance)
-    return UploadedSource(store.url(key), packaged.sha256, packaged.file_count, packaged.size)
+                target.put_file(key, packaged.path, progress=advance)
+    return UploadedSource(target.url(key), packaged.sha256, packaged.file_count, packaged.size)
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,12 @@ HANDLED = (
 )
 # Accepted; one warning when given: trainctl has nothing to do with them.
 WARNED = {
-    "code_location": "ignored: the source is packaged into TRAINCTL_STORE",
     "enable_sagemaker_metrics": "ignored: metrics come from metric_definitions matched in "
     "the node logs",
 }
 # Refused unless left at SageMaker's default (the values here): each would change how the
 # job runs, and trainctl cannot honour it.
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "output_kms_key": ((None,), "outputs are written with SSE-S3"),
     "rules": ((None,), "no SageMaker Debugger rules"),
     "debugger_hook_config": ((None, False), "no SageMaker Debugger"),
     "enable_network_isolation": ((None, False), "no network isolation"),

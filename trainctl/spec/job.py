@@ -270,6 +270,22 @@ class JobSpec(StrictModel):
             sagemaker="same",
         ),
     ] = Field(default=20, ge=0, le=50, strict=True)
+    output_kms_key: Annotated[
+        str | None,
+        Door(
+            "The KMS key (id, alias/NAME or ARN) that encrypts the model and output data in "
+            "S3 (default: S3's own keys; a file:// output is the disk's).",
+            sagemaker="same",
+        ),
+    ] = Field(default=None, min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9:/_.\-]+$")
+    code_location: Annotated[
+        str | None,
+        Door(
+            "Where the packaged source goes: <URI>/<job>/source/sourcedir.tar.gz (default: the "
+            "store, content-addressed and shared by jobs with the same source).",
+            sagemaker="same",
+        ),
+    ] = None
     disable_output_compression: Annotated[
         bool,
         Door(
@@ -736,7 +752,7 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{name!r} is not a name (1-256 characters)")
         return v
 
-    @field_validator("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri")
+    @field_validator("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri", "code_location")
     @classmethod
     def _uris(cls, v: str | None, info: Any) -> str | None:
         return None if v is None else _check_uri(v, info.field_name)
@@ -970,7 +986,7 @@ def profile_steps(value: str) -> tuple[int, int] | None:
 
 # The fields that name a location a job writes to outside its own store prefix (the same
 # names on a CapacityRequest, which mounts file:// ones into containers).
-WRITTEN_URI_FIELDS = ("checkpoint_s3_uri", "output_path", "tensorboard_s3_uri")
+WRITTEN_URI_FIELDS = ("checkpoint_s3_uri", "output_path", "tensorboard_s3_uri", "code_location")
 
 
 def written_uris(spec: Any) -> list[tuple[str, str]]:

@@ -33,6 +33,11 @@ class Store(ABC):
         """The same store rooted one level deeper."""
         raise NotImplementedError
 
+    def encrypted(self, kms_key: str) -> Store:
+        """The same store, its writes encrypted with this KMS key where the store can (S3);
+        a file:// store is the machine's disk, and itself."""
+        return self
+
     def prompt(self) -> Store:
         """The same store for work that runs again on its own schedule (a node's status
         every heartbeat, its log copy, a sync pass): a request gives up after a retry or

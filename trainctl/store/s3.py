@@ -108,10 +108,18 @@ class _ClientHolder:
 class S3Store(Store):
     """Objects are S3 objects under `s3://bucket/prefix/`; 'directories' are key prefixes."""
 
-    def __init__(self, uri: str, *, _clients: _ClientHolder | None = None) -> None:
+    def __init__(
+        self, uri: str, *, _clients: _ClientHolder | None = None, kms_key: str | None = None
+    ) -> None:
         self.bucket, self.prefix = split_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._clients = _clients or _ClientHolder()
+        # Every write's server-side encryption: S3's own keys, or this KMS key (SageMaker's
+        # output_kms_key: the job's outputs only)
+        self.kms_key = kms_key
+        self._sse: dict[str, str] = (
+            {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms_key} if kms_key else dict(_SSE)
+        )
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri!r})"
@@ -128,10 +136,13 @@ class S3Store(Store):
 
     def child(self, prefix: str) -> S3Store:
         clean = clean_key(prefix, allow_empty=True)
-        return S3Store(self.url(clean), _clients=self._clients)
+        return S3Store(self.url(clean), _clients=self._clients, kms_key=self.kms_key)
 
     def prompt(self) -> S3Store:
-        return S3Store(self.uri, _clients=self._clients.prompt_holder())
+        return S3Store(self.uri, _clients=self._clients.prompt_holder(), kms_key=self.kms_key)
+
+    def encrypted(self, kms_key: str) -> S3Store:
+        return S3Store(self.uri, _clients=self._clients, kms_key=kms_key)
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -204,7 +215,7 @@ class S3Store(Store):
     def put_bytes(self, key: str, data: bytes) -> None:
         full = self._key(key)
         with self._errors(key, "put"):
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **_SSE)
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **self._sse)
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         full = self._key(key)
@@ -218,7 +229,7 @@ class S3Store(Store):
                 str(src),
                 self.bucket,
                 full,
-                ExtraArgs=dict(_SSE),
+                ExtraArgs=dict(self._sse),
                 Config=self._transfer_config(),
                 Callback=progress,
             )
@@ -258,7 +269,7 @@ class S3Store(Store):
         config.multipart_chunksize = BULK_PART_SIZE
         with TransferManager(self.client, config) as manager:
             futures = [
-                (key, manager.upload(str(path), self.bucket, self._key(key), dict(_SSE)))
+                (key, manager.upload(str(path), self.bucket, self._key(key), dict(self._sse)))
                 for key, path in items
             ]
             for key, future in futures:
@@ -293,7 +304,7 @@ class S3Store(Store):
         with self._errors(key, "put"):
             try:
                 resp = self.client.put_object(
-                    Bucket=self.bucket, Key=full, Body=data, **condition, **_SSE
+                    Bucket=self.bucket, Key=full, Body=data, **condition, **self._sse
                 )
             except ClientError as exc:
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

@@ -374,7 +374,7 @@ class ModelTrainer:
         out = self.output_data_config
         if out is not None:
             if out.kms_key_id:
-                raise _refuse("output_data_config.kms_key_id", "no KMS keys on uploads yet")
+                fields["output_kms_key"] = out.kms_key_id
             compression = (out.compression_type or "GZIP").upper()
             if compression not in ("GZIP", "NONE"):
                 raise SpecError("output_data_config.compression_type", "must be GZIP or NONE")
