@@ -894,13 +894,16 @@ def list_jobs(store: Store) -> list[JobRecord]:
 
 
 def output_store(record: JobRecord) -> Store:
-    """Where the job's model and output data go (encrypted with output_kms_key on S3)."""
+    """Where the job's model and output data go (on S3: encrypted with output_kms_key, and
+    tagged with the job's tags)."""
     if record.spec.output_path:
         store = _outside_output(record.spec.output_path, record.name)
     else:
         store = open_store(record.store_uri).child(JobKeys(record.name).output)
-    kms = record.spec.output_kms_key
-    return store.encrypted(kms) if kms else store
+    spec = record.spec
+    if spec.output_kms_key or spec.tags:
+        return store.writing_with(kms_key=spec.output_kms_key, tags=spec.tags)
+    return store
 
 
 def _outside_output(output_path: str, name: str) -> Store:

@@ -468,9 +468,10 @@ def test_the_catalog_is_ec2s_describe_instance_types_and_its_cache(aws: Aws) -> 
 
 
 @pytest.mark.timeout(60)
-def test_outputs_are_encrypted_with_the_jobs_output_kms_key(aws: Aws) -> None:
-    """SageMaker's output_kms_key: the job's model and output data (every way the store
-    writes them) are SSE-KMS with that key; everything else keeps S3's own keys."""
+def test_outputs_are_encrypted_with_the_jobs_kms_key_and_tagged(aws: Aws) -> None:
+    """SageMaker's output_kms_key and tags: the job's model and output data (every way the
+    store writes them) are SSE-KMS with that key and carry the job's tags; everything else
+    keeps S3's own keys."""
     from trainctl.record import JobRecord, output_store
     from trainctl.store import open_store
 
@@ -478,7 +479,10 @@ def test_outputs_are_encrypted_with_the_jobs_output_kms_key(aws: Aws) -> None:
     s3.create_bucket(Bucket="out-bucket")
     key = aws.client("kms").create_key(Description="outputs")["KeyMetadata"]["Arn"]
     spec = aws.spec(
-        instance_type="g5.xlarge", output_path="s3://out-bucket/models", output_kms_key=key
+        instance_type="g5.xlarge",
+        output_path="s3://out-bucket/models",
+        output_kms_key=key,
+        tags={"team": "vision", "cost center": "42 + more"},
     )
     # (the fields output_store reads)
     record = JobRecord.model_construct(name="enc", spec=spec, store_uri="s3://out-bucket/store")
@@ -491,6 +495,11 @@ def test_outputs_are_encrypted_with_the_jobs_output_kms_key(aws: Aws) -> None:
     for name in ("model.tar.gz", "model/a.bin", "data/report.txt"):
         head = s3.head_object(Bucket="out-bucket", Key=f"models/enc/output/{name}")
         assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", key), name
+        tagging = s3.get_object_tagging(Bucket="out-bucket", Key=f"models/enc/output/{name}")
+        assert {t["Key"]: t["Value"] for t in tagging["TagSet"]} == {
+            "team": "vision",
+            "cost center": "42 + more",
+        }
     open_store("s3://out-bucket/store").put_bytes("other", b"x")
     assert (
         s3.head_object(Bucket="out-bucket", Key="store/other")["ServerSideEncryption"] == "AES256"

@@ -133,6 +133,7 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("tags-name", {"tags": {"Name": "x"}}, "tags", ("reserved",)),
     ("tags-long-key", {"tags": {"k" * 129: "x"}}, "tags", ("1-128",)),
     ("tags-not-text", {"tags": {"team": 1}}, "tags", ()),
+    ("tags-ampersand", {"tags": {"team": "a & b"}}, "tags", ("S3's tag rule",)),
     ("volume-kms-key-spaces", {"volume_kms_key": "my key"}, "volume_kms_key", ()),
     ("unknown-field", {"foo": 1}, "foo", ("unknown key", "entry_point")),
 ]

@@ -47,6 +47,7 @@ from trainctl.spec.parts import (
     StrictModel,
 )
 
+TAG_TEXT_RE = re.compile(r"[\w\s+\-=.:/@]*")
 # EC2's 50 tags a resource, less trainctl's own (requests.base_tags) and some room.
 MAX_USER_TAGS = 40
 # SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
@@ -783,6 +784,11 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{key!r}: a key is 1-128 characters, a value at most 256")
             if key.lower().startswith(("aws:", "trainctl:")) or key == "Name":
                 raise ValueError(f"{key!r} is reserved (aws:*, trainctl:* and Name are set here)")
+            # what EC2 and S3 (the output objects are tagged too) both take
+            if not (TAG_TEXT_RE.fullmatch(key) and TAG_TEXT_RE.fullmatch(value)):
+                raise ValueError(
+                    f"{key!r}: letters, digits, spaces and + - = . _ : / @ only (S3's tag rule)"
+                )
         return v
 
     @field_validator("profile")

@@ -33,9 +33,9 @@ class Store(ABC):
         """The same store rooted one level deeper."""
         raise NotImplementedError
 
-    def encrypted(self, kms_key: str) -> Store:
-        """The same store, its writes encrypted with this KMS key where the store can (S3);
-        a file:// store is the machine's disk, and itself."""
+    def writing_with(self, *, kms_key: str | None, tags: dict[str, str]) -> Store:
+        """The same store, its writes encrypted with this KMS key and tagged with these tags
+        where the store can (S3); a file:// store is the machine's disk, and itself."""
         return self
 
     def prompt(self) -> Store:

@@ -109,17 +109,26 @@ class S3Store(Store):
     """Objects are S3 objects under `s3://bucket/prefix/`; 'directories' are key prefixes."""
 
     def __init__(
-        self, uri: str, *, _clients: _ClientHolder | None = None, kms_key: str | None = None
+        self,
+        uri: str,
+        *,
+        _clients: _ClientHolder | None = None,
+        kms_key: str | None = None,
+        tags: dict[str, str] | None = None,
     ) -> None:
+        from urllib.parse import urlencode
+
         self.bucket, self.prefix = split_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._clients = _clients or _ClientHolder()
-        # Every write's server-side encryption: S3's own keys, or this KMS key (SageMaker's
-        # output_kms_key: the job's outputs only)
-        self.kms_key = kms_key
+        # What every write adds: server-side encryption (S3's own keys, or this KMS key) and
+        # object tags (SageMaker's output_kms_key and tags: the job's outputs only)
+        self.kms_key, self.tags = kms_key, dict(tags or {})
         self._sse: dict[str, str] = (
             {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms_key} if kms_key else dict(_SSE)
         )
+        if self.tags:
+            self._sse["Tagging"] = urlencode(self.tags)
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri!r})"
@@ -136,13 +145,16 @@ class S3Store(Store):
 
     def child(self, prefix: str) -> S3Store:
         clean = clean_key(prefix, allow_empty=True)
-        return S3Store(self.url(clean), _clients=self._clients, kms_key=self.kms_key)
+        return S3Store(
+            self.url(clean), _clients=self._clients, kms_key=self.kms_key, tags=self.tags
+        )
 
     def prompt(self) -> S3Store:
-        return S3Store(self.uri, _clients=self._clients.prompt_holder(), kms_key=self.kms_key)
+        holder = self._clients.prompt_holder()
+        return S3Store(self.uri, _clients=holder, kms_key=self.kms_key, tags=self.tags)
 
-    def encrypted(self, kms_key: str) -> S3Store:
-        return S3Store(self.uri, _clients=self._clients, kms_key=kms_key)
+    def writing_with(self, *, kms_key: str | None, tags: dict[str, str]) -> S3Store:
+        return S3Store(self.uri, _clients=self._clients, kms_key=kms_key, tags=tags)
 
     # -- keys -------------------------------------------------------------------------------
 
