@@ -590,6 +590,16 @@ def test_an_abort_in_the_process_groups_teardown_names_the_way_out() -> None:
     assert detail == "\n".join(lines)
     under_torchrun = ["[rank1]:" + TEARDOWN, "E1129 ... failed (exitcode: -6) local_rank: 1"]
     assert "trainctl.train.finish()" in (failure_from_output(under_torchrun)[0] or "")
+    # the same with torchrun's own traceback after it (ChildFailedError): still the abort
+    launcher = [
+        "Traceback (most recent call last):",
+        '  File "torch/distributed/run.py", line 1019, in run',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  exitcode  : -6 (pid: 10385)  (SIGABRT)",
+    ]
+    reason, detail = failure_from_output([TEARDOWN, *launcher])
+    assert reason is not None and reason.startswith(TEARDOWN) and "finish()" in reason
+    assert detail is not None and "ChildFailedError" in detail
 
 
 TEARDOWN = "terminate called without an active exception"

@@ -212,6 +212,10 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
             blocks.append(block)
         i += 1
     user_blocks = [b for b in blocks if not any(m in b[-1] for m in _LAUNCHER_ERRORS)]
+    aborts = [line for line in clean if line.strip().endswith(TEARDOWN_ABORT)]
+    if blocks and not user_blocks and aborts:
+        # under torchrun: the abort, then the launcher's ChildFailedError about it
+        return TEARDOWN_ABORT_REASON, "\n".join([*aborts, *blocks[-1][-6:]])
     chosen = (user_blocks or blocks or [None])[-1]
     if chosen is None:
         # No traceback: the script chose its exit code (sys.exit(3)), and its last line is
