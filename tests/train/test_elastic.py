@@ -116,10 +116,12 @@ def test_three_nodes_shrink_to_two_and_grow_back(home, monkeypatch, uninterrupte
         source_dir=str(SOURCE),
         instance_count=3,
         min_instance_count=2,
-        hyperparameters=HPS,
-        # withheld 6 s: past the 3 s shrink wait, and back well before attempt 2 has trained
-        # its ~4.5 s (at +12 a quick machine finished the job before it came back)
-        faults=["nocapacity:2@5+6"],
+        # Withheld 12 s: well past the 3 s shrink wait even when the relaunch is slow under
+        # load, and back while attempt 2 still trains: its steps take 0.08 s here (~11 s
+        # for what is left), so that a quick machine does not finish the job first. (The
+        # delay changes the pace only; the uninterrupted run has none.)
+        hyperparameters={**HPS, "step-delay": 0.08},
+        faults=["nocapacity:2@5+12"],
     ).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed"
