@@ -10,7 +10,8 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 # a registry and busybox build, push and run the job's images (tests/registry.py); docker.io
 # gives the tests a private dockerd of their own (tests/dockerd.py), for the docker path;
 # openmpi-bin runs the mpi launcher for real; chromium is the headless browser the
-# dashboard's tests drive (through Playwright, which the dev extra installs).
+# dashboard's tests drive (through Playwright, which the dev extra installs); slurm-wlm and
+# munge run a real Slurm cluster on this machine (tests/rigs/slurm.py).
 missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v podman >/dev/null || missing+=(podman)
@@ -21,6 +22,9 @@ command -v runc >/dev/null || missing+=(runc)
 lean=()  # installed without their recommends (git, apparmor, compilers...): unused here
 { [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker-init ]; } || lean+=(docker.io)
 command -v mpirun >/dev/null || lean+=(openmpi-bin)
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null; } \
+  || lean+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || lean+=(munge)
 if [ "${#missing[@]}" -gt 0 ] || [ "${#lean[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
 fi
