@@ -1,7 +1,8 @@
 """The Slurm rig itself (tests/rigs/slurm.py), before any provider runs on it (issue 49):
 real munged, slurmctld and two slurmd on this machine allocate 2 nodes to a batch script and
-start one task per node with srun; stopped with a job still running, the rig leaves no
-daemon, job step or script behind. (Preemption is not yet working on the rig: see there.)"""
+start one task per node with srun; an `urgent` job preempts a `batch` one, whose steps get
+SIGTERM; stopped with a job still running, the rig leaves no daemon, job step or script
+behind."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _wait(predicate, timeout: float = 60, what: str = "") -> None:
 
 
 @pytest.mark.timeout(180)
-def test_two_nodes_one_task_each_and_nothing_left(tmp_path: Path) -> None:
+def test_two_nodes_one_task_each_a_preemption_and_nothing_left(tmp_path: Path) -> None:
     rig = SlurmRig(tmp_path / "rig", nodes=2, grace_seconds=3)
     with rig:
         assert rig.node_states() == {"n1": "idle", "n2": "idle"}
@@ -39,6 +40,30 @@ def test_two_nodes_one_task_each_and_nothing_left(tmp_path: Path) -> None:
         job = rig.slurm("sbatch", "--parsable", str(script)).strip()
         _wait(lambda: job not in rig.queue(), what="the 2-node job to end")
         assert sorted(out.read_text().splitlines()) == ["task 0 on n1", "task 1 on n2"]
+
+        # Preemption: an `urgent` job takes the nodes of a `batch` one, whose steps (srun's
+        # tasks, as the provider's node agents will be) get SIGTERM first.
+        seen = tmp_path / "sigterm"
+        steps_job = tmp_path / "steps.sh"
+        steps_job.write_text(
+            "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --output=/dev/null\n"
+            "srun --ntasks-per-node=1 bash -c "
+            f'\'trap "echo TERM on $SLURMD_NODENAME >> {seen}; exit 0" TERM; '
+            "while true; do sleep 0.2; done'\n"
+        )
+        victim = rig.slurm("sbatch", "--parsable", "--partition=batch", str(steps_job)).strip()
+        _wait(lambda: rig.slurm("squeue", "-h", "-j", victim, "-o", "%t").strip() == "R",
+              what="the batch job to run")  # fmt: skip
+        time.sleep(1)  # (its steps started)
+        urgent = rig.slurm(
+            "sbatch", "--parsable", "--partition=urgent", "--nodes=2", "--output=/dev/null",
+            "--wrap", "sleep 1",
+        ).strip()  # fmt: skip
+        _wait(lambda: seen.exists() and len(seen.read_text().splitlines()) == 2,
+              what="SIGTERM to both of the preempted job's steps")  # fmt: skip
+        assert sorted(seen.read_text().splitlines()) == ["TERM on n1", "TERM on n2"]
+        _wait(lambda: not rig.queue(), what="the urgent job to run and end")
+        assert urgent not in rig.queue()
 
         # A job still running when the rig stops: its steps outlive `scontrol shutdown`,
         # and the rig ends them too.

@@ -4,10 +4,10 @@ one slurmd per node (Slurm's multiple-slurmd mode: each node its own NodeName an
 sockets, state and logs, so a test touches nothing of the machine's.
 
 Two partitions over the same nodes, whole nodes to a job: `batch` (the default) and
-`urgent`, meant to preempt it (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE with a
-GraceTime). Not yet working here: slurmctld decides the preemption and says it signalled the
-job, but no slurmd of this multiple-slurmd rig gets the signal, so the job runs on. (A
-preemptible QoS would need slurmdbd and a database.)
+`urgent`, which preempts it (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE with a
+GraceTime): the preempted job's steps (what `srun` started, as the provider's node agents
+will be) get SIGTERM, then SIGKILL after the grace, and the job is requeued; a batch script
+outside any step gets no signal. (A preemptible QoS would need slurmdbd and a database.)
 
 `stop()` cancels every job of the rig, shuts the daemons down (scontrol shutdown, then
 munged -s), and ends whatever still runs with the rig's SLURM_CONF in its environment (job
@@ -102,6 +102,7 @@ class SlurmRig:
         names = ",".join(self.nodes)
         grace = self.grace_seconds
         batch = f"Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime={grace}"
+        whole = "OverSubscribe=EXCLUSIVE"  # a job's nodes are its own (and can be preempted)
         self.conf.write_text(
             f"""ClusterName=rig
 SlurmctldHost=localhost(127.0.0.1)
@@ -134,8 +135,8 @@ JobAcctGatherType=jobacct_gather/none
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 {nodes}
-PartitionName=batch Nodes={names} {batch}
-PartitionName=urgent Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=batch Nodes={names} {batch} {whole}
+PartitionName=urgent Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2 {whole}
 """
         )
 
