@@ -897,7 +897,7 @@ def output_store(record: JobRecord) -> Store:
     """Where the job's model and output data go (on S3: encrypted with output_kms_key, and
     tagged with the job's tags)."""
     if record.spec.output_path:
-        store = _outside_output(record.spec.output_path, record.name)
+        store = per_job_store("output_path", record.spec.output_path, record.name)
     else:
         store = open_store(record.store_uri).child(JobKeys(record.name).output)
     spec = record.spec
@@ -906,12 +906,13 @@ def output_store(record: JobRecord) -> Store:
     return store
 
 
-def _outside_output(output_path: str, name: str) -> Store:
-    return open_store(output_path, field="output_path").child(f"{name}/output")
-
-
 # Locations that hold a folder per job under the URI given (SageMaker's layout), not the URI
 PER_JOB = {"output_path": "output", "code_location": "source"}
+
+
+def per_job_store(field: str, uri: str, name: str) -> Store:
+    """Job `name`'s own folder under a PER_JOB location: <uri>/<name>/output, .../source."""
+    return open_store(uri, field=field).child(f"{name}/{PER_JOB[field]}")
 
 
 def source_target(spec: JobSpec, name: str, store: Store, sha256: str) -> tuple[Store, str]:
@@ -919,8 +920,7 @@ def source_target(spec: JobSpec, name: str, store: Store, sha256: str) -> tuple[
     sourcedir.tar.gz when given, else the store's content-addressed sources/<sha256>/
     (shared by every job with that source)."""
     if spec.code_location:
-        where = open_store(spec.code_location, field="code_location").child(f"{name}/source")
-        return where, "sourcedir.tar.gz"
+        return per_job_store("code_location", spec.code_location, name), "sourcedir.tar.gz"
     return store, source_key(sha256)
 
 
@@ -929,7 +929,7 @@ def written_locations(spec: JobSpec, name: str) -> list[tuple[str, str]]:
     writes to: its checkpoint and TensorBoard URIs, and its own folders under output_path
     and code_location, if given."""
     return [
-        (field, f"{uri.rstrip('/')}/{name}/{PER_JOB[field]}" if field in PER_JOB else uri)
+        (field, per_job_store(field, uri, name).uri if field in PER_JOB else uri)
         for field, uri in written_uris(spec)
     ]
 

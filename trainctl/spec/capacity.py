@@ -144,6 +144,10 @@ def _instance_types(values: list[str]) -> list[str]:
 # Typed fields shared by pools and job specs: one rule, one wording of each error.
 Region = Annotated[str | None, AfterValidator(check_region)]
 ImageId = Annotated[str | None, AfterValidator(check_image_id)]
+# A KMS key as EC2 and S3 take it: an id, alias/NAME or an ARN
+KmsKeyId = Annotated[
+    str | None, Field(min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9:/_.\-]+$")
+]
 SubnetIds = Annotated[list[str], AfterValidator(lambda v: check_ids(v, SUBNET_RE, "subnet"))]
 SecurityGroupIds = Annotated[
     list[str], AfterValidator(lambda v: check_ids(v, SECURITY_GROUP_RE, "security group"))

@@ -24,6 +24,7 @@ from trainctl.errors import SpecError
 from trainctl.spec.capacity import (
     POOL_NAME_RE,
     ImageId,
+    KmsKeyId,
     Region,
     SecurityGroupIds,
     SshHost,
@@ -272,13 +273,13 @@ class JobSpec(StrictModel):
         ),
     ] = Field(default=20, ge=0, le=50, strict=True)
     output_kms_key: Annotated[
-        str | None,
+        KmsKeyId,
         Door(
             "The KMS key (id, alias/NAME or ARN) that encrypts the model and output data in "
             "S3 (default: S3's own keys; a file:// output is the disk's).",
             sagemaker="same",
         ),
-    ] = Field(default=None, min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9:/_.\-]+$")
+    ] = None
     code_location: Annotated[
         str | None,
         Door(
@@ -480,13 +481,13 @@ class JobSpec(StrictModel):
         Door(f"Root volume of an EC2 node, GB (default {DEFAULT_VOLUME_GB}).", sagemaker="same"),
     ] = Field(default=None, ge=8, le=16384, strict=True)
     volume_kms_key: Annotated[
-        str | None,
+        KmsKeyId,
         Door(
             "The KMS key (id, alias/NAME or ARN) that encrypts EC2 nodes' root volumes (default: "
             "the account's EBS key).",
             sagemaker="same",
         ),
-    ] = Field(default=None, min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9:/_.\-]+$")
+    ] = None
     tags: Annotated[
         dict[str, str],
         Door(

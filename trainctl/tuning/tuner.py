@@ -21,15 +21,6 @@ from trainctl.tuning.ranges import (
 )
 from trainctl.tuning.views import TuningAnalytics
 
-__all__ = [
-    "CategoricalParameter",
-    "ContinuousParameter",
-    "HyperparameterTuner",
-    "IntegerParameter",
-    "ParameterRange",
-]
-
-
 STRATEGIES = ("Bayesian", "Random", "Grid", "Hyperband")
 
 
