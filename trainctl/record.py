@@ -563,15 +563,24 @@ class JobStore:
         try:
             raw = self.store.get_bytes(self.keys.record)
         except NotFoundError:
-            if self._has_remains():
+            raw = self._record_after_remains()
+        return parse_record(self.name, raw, self.store.url(self.keys.record))
+
+    def _record_after_remains(self) -> bytes:
+        """The record, read again when the job's directory holds files: a job being created
+        writes its record first, so a reader that missed it may see its next files; only a
+        record still missing then is unreadable."""
+        if self._has_remains():
+            try:
+                return self.store.get_bytes(self.keys.record)
+            except NotFoundError:
                 from trainctl.errors import UnreadableRecordError
 
                 raise UnreadableRecordError(
                     f"job {self.name!r}: its record {self.store.url(self.keys.record)} is "
                     "missing or not a file, but the job's directory holds files"
                 ) from None
-            raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
-        return parse_record(self.name, raw, self.store.url(self.keys.record))
+        raise JobNotFoundError(f"job {self.name!r} not found in {self.store.uri}") from None
 
     def _has_remains(self) -> bool:
         """Whether the job's directory holds anything though its record is gone (a record
