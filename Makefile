@@ -19,14 +19,14 @@ venv: $(STAMP)
 
 # pip's own progress (a line a package, a bar a download) shows while it works: a fresh
 # venv takes minutes.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml plugins/trainctl-slurm/pyproject.toml
 	@echo "[1/3] a virtual environment in $(VENV), with a current pip"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	@echo "[2/3] torch 2.13.0 (pinned: an unpinned torch pulls several GB of CUDA wheels)"
 	$(PIP) install --progress-bar on "torch==2.13.0"
-	@echo "[3/3] trainctl and what its tests, docs and examples use (.[dev])"
-	$(PIP) install --progress-bar on -e ".[dev]"
+	@echo "[3/3] trainctl, its Slurm provider plug-in, and what its tests, docs and examples use"
+	$(PIP) install --progress-bar on -e ".[dev]" -e plugins/trainctl-slurm
 	touch $(STAMP)
 	@echo "done: $(VENV)/bin/trainctl; make demo trains the example"
 

@@ -227,8 +227,10 @@ def on_a_terminal(
 
 
 def zip_bytes(text: str) -> bytes:
-    """A whole zip: the container torch.save writes (np.savez and Keras too)."""
+    """A whole zip: the container torch.save writes (np.savez and Keras too). Dated once,
+    so the same text gives the same bytes (a member dated now differs across a 2-second
+    tick: CI compared two "epoch 3" zips made a moment apart)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("archive/data.pkl", text)
+        archive.writestr(zipfile.ZipInfo("archive/data.pkl", (2026, 1, 1, 0, 0, 0)), text)
     return buffer.getvalue()

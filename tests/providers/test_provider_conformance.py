@@ -1,4 +1,5 @@
-"""One behaviour, every provider: the same job and the same faults on `local`, `ssh` and EC2.
+"""One behaviour, every provider: the same job and the same faults on `local`, `ssh`, EC2 and
+Slurm (the plug-in in plugins/trainctl-slurm, on a real cluster of this machine).
 
 Each provider gets a rig (tests/rigs/providers.py): the Estimator fields that put a 2-node
 job on it, where its nodes are, and what of a job could be left on it. Every test runs real
@@ -24,12 +25,13 @@ import pytest
 from tests.helpers import TRAINCTL, log_lines, wait_for_uploaded_checkpoint
 from tests.rigs.cloud import cloud, refuse_capacity
 from tests.rigs.providers import PROVIDERS, rig
+from tests.rigs.slurm import slurm_cluster
 from tests.rigs.sshd import job_processes
 from trainctl.controller.submit import default_store
 from trainctl.record import JobStore
 
 pytestmark = pytest.mark.e2e
-__all__ = ["cloud", "rig"]  # the fixtures behind the rigs
+__all__ = ["cloud", "rig", "slurm_cluster"]  # the fixtures behind the rigs
 
 # ~23 steps an epoch; the step delay only stretches time (~8 s of training), so a fault
 # sent after the first checkpoint lands mid-training even on a loaded machine. (A notice
@@ -212,5 +214,6 @@ def test_stop_leaves_nothing_with_or_without_a_live_controller(rig, source):
 def test_every_provider_is_covered() -> None:
     from trainctl.provisioning import get_provider
 
-    names = {get_provider(t, "us-east-1").name for t in ("local", "ssh", "g5.2xlarge")}
+    types = ("local", "ssh", "g5.2xlarge", "slurm")
+    names = {get_provider(t, "us-east-1").name for t in types}
     assert names == set(PROVIDERS)

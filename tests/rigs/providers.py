@@ -5,6 +5,7 @@ by tag on EC2).
 
 - `local`: each node a set of processes on this machine;
 - `ssh`: two real sshd servers on 127.0.0.2/127.0.0.3;
+- `slurm`: a real Slurm cluster on this machine (tests/rigs/slurm.py), its partition `batch`;
 - EC2: moto for the AWS APIs, the same sshd servers standing in for the instances, an
   IMDSv2 stand-in for instance-profile credentials, the store in (moto) S3 (tests/rigs/cloud.py).
 
@@ -23,10 +24,12 @@ import pytest
 
 from tests.helpers import digits_estimator
 from tests.rigs.cloud import ec2_fields, job_resources
+from tests.rigs.slurm import job_allocations
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator
+from trainctl.provisioning.ports import LOOPBACK
 
-PROVIDERS = ["local", "ssh", "aws"]
+PROVIDERS = ["local", "ssh", "aws", "slurm"]
 
 
 @dataclass
@@ -74,6 +77,19 @@ def rig(request, home, monkeypatch) -> Rig:
             return _processes(job) + ([f"node dir {nodes}"] if nodes.exists() else [])
 
         return Rig("local", {"instance_type": "local"}, ["127.0.0.1"] * 2, local_left)
+    if request.param == "slurm":
+        cluster = request.getfixturevalue("slurm_cluster")
+
+        def slurm_left(job: str) -> list[str]:
+            found = _processes(job)
+            if queued := job_allocations(cluster, job):
+                found.append(f"allocations {queued}")
+            if (home / "slurm" / job).exists():
+                found.append("the job's node directories")
+            return found
+
+        fields = {"instance_type": "slurm", "slurm": {"partition": "batch"}}
+        return Rig("slurm", fields, [LOOPBACK] * 2, slurm_left)
     sshd = request.getfixturevalue("sshd")
     servers = sshd.servers[:2]
     if request.param == "ssh":

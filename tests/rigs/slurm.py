@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import free_port, require_part
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue")
@@ -257,3 +259,27 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def job_allocations(rig: SlurmRig, job: str) -> list[str]:
+    """The rig's allocations of a trainctl job still in the queue (any attempt)."""
+    out = rig.slurm("squeue", "-h", "-o", "%i %j")
+    return [line for line in out.splitlines() if f" trainctl-{job}-a" in f" {line.split()[-1]}"]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """One rig per test process, 3 nodes (a drained node's job relaunches on the other two),
+    its SLURM_CONF in this process's environment for every trainctl process the tests start
+    (the controller runs Slurm's commands as a login node would)."""
+    rig = SlurmRig(tmp_path_factory.mktemp("slurm"), nodes=3, grace_seconds=10)
+    with rig:
+        before = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(rig.conf)
+        try:
+            yield rig
+        finally:
+            if before is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = before

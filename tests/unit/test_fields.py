@@ -94,6 +94,15 @@ CLI_AND_ESTIMATOR = [
         ["--metric-definitions", "loss=loss: ([0-9.]+)"],
         {"metric_definitions": [{"Name": "loss", "Regex": "loss: ([0-9.]+)"}]},
     ),
+    # a provider plug-in's options (plugins/trainctl-slurm): its own flags, or the field
+    (
+        ["--instance-type", "slurm", "--slurm-partition", "gpu", "--slurm-gpus-per-node", "4"],
+        {"instance_type": "slurm", "slurm": {"partition": "gpu", "gpus_per_node": 4}},
+    ),
+    (
+        ["--instance-type", "slurm", "--provider-options", 'slurm={"qos": "low"}'],
+        {"instance_type": "slurm", "provider_options": {"slurm": {"qos": "low"}}},
+    ),
     (
         ["-e", "TOKEN_X=t0ken", "--secret-env", "TOKEN_X"],
         {"environment": {"TOKEN_X": "t0ken"}, "secret_env": ["TOKEN_X"]},

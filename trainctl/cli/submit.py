@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
 import sys
 import typing
 from pathlib import Path
@@ -158,7 +159,52 @@ def _field_options() -> tuple[list[inspect.Parameter], dict[str, tuple[str, str]
                     default=typer.Option(None, flag, hidden=True, metavar=door.metavar),
                 )
             )
-    return params, old
+    return params + _plugin_options(), old
+
+
+PLUGIN_PARAM = "plugin__"  # plugin__<plug-in>__<option>: an installed plug-in's own flag
+
+
+def _plugin_options() -> list[inspect.Parameter]:
+    """`--<plug-in>-<option>` for each option of each installed provider plug-in (its
+    `options` model: the fields are declared once, in the plug-in)."""
+    from trainctl.spec.catalog import plugin_blocks
+    from trainctl.spec.fields import _without_none
+
+    P = inspect.Parameter
+    params = []
+    for plugin, model in sorted(plugin_blocks().items()):
+        for name, info in model.model_fields.items():
+            flag = f"--{plugin}-{name.replace('_', '-')}"
+            kind = _without_none(info.annotation)
+            if kind is bool:
+                decls, annotation = [f"{flag}/--no-{flag[2:]}"], bool | None
+            elif typing.get_origin(kind) is list:
+                decls, annotation = [flag], list[str] | None
+            else:
+                decls, annotation = [flag], str | None
+            default = typer.Option(None, *decls, help=f"{info.description or name} ({plugin}).")
+            params.append(
+                P(f"{PLUGIN_PARAM}{plugin}__{name}", P.KEYWORD_ONLY, annotation=annotation,
+                  default=default)
+            )  # fmt: skip
+    return params
+
+
+def _given_plugin_options(given: dict[str, Any], fields: dict[str, Any]) -> None:
+    """The plug-in flags given, into `fields`' provider_options (over a job file's)."""
+    for param, value in given.items():
+        if not param.startswith(PLUGIN_PARAM) or value is None or value == []:
+            continue
+        plugin, name = param[len(PLUGIN_PARAM) :].split("__", 1)
+        if isinstance(fields.get(plugin), dict):  # the job file's `<plug-in>:` block
+            fields[plugin] = {**fields[plugin], name: value}
+            continue
+        earlier = fields.get("provider_options")
+        blocks = dict(earlier) if isinstance(earlier, dict) else {}
+        block = blocks.get(plugin)
+        blocks[plugin] = {**(block if isinstance(block, dict) else {}), name: value}
+        fields["provider_options"] = blocks
 
 
 def _choices(metavar: str | None) -> Any:
@@ -211,6 +257,7 @@ def fields_from_options(options: dict[str, Any], base: dict[str, Any]) -> dict[s
             fields[field.name] = OWN_PARSERS[field.name](value, given)
         else:
             fields[field.name] = value
+    _given_plugin_options(given, fields)
     return fields
 
 
@@ -465,9 +512,16 @@ def _plan(spec: Any, store: Any, output: str, *, dry_run: bool, estimate: bool) 
         if result.get("capacity"):
             sys.stdout.write(f"  capacity: {result['capacity']}\n")
         for req in result["requests"]:
-            params = json.dumps(req["params"], sort_keys=True)
-            sys.stdout.write(f"  {req['service']}.{req['operation']} {params}\n")
+            params = dict(req["params"])
+            script = params.pop("script", None)  # a batch script: shown as it would be sent
+            line = json.dumps(params, sort_keys=True)
+            sys.stdout.write(f"  {req['service']}.{req['operation']} {line}\n")
+            if isinstance(script, str):
+                sys.stdout.write("".join(f"    | {row}\n" for row in script.splitlines()))
         for node in result["nodes"]:
+            agent = node.get("agent") or []
+            if agent and "trainctl.node.agent" not in agent[:3]:  # started through srun, ...
+                sys.stdout.write(f"  [{node['host']}] agent: {shlex.join(agent)}\n")
             sys.stdout.write(f"  [{node['host']}] {' '.join(node['command'])}\n")
     if estimate:
         est = result["estimate"]

@@ -45,6 +45,7 @@ from trainctl.provisioning import get_provider
 from trainctl.provisioning.base import (
     FaultInjection,
     Provider,
+    StoppedOutsideError,
     WarmPools,
 )
 from trainctl.record import (
@@ -314,7 +315,7 @@ class Controller:
         attempt = len(self.record.attempts) + 1
         try:
             return attempt, self._run_attempt(attempt)
-        except StoppedWaiting as exc:
+        except (StoppedWaiting, StoppedOutsideError) as exc:
             self._end(JobState.STOPPED, stop_reason=str(exc))
         except UnrunnableJobError as exc:
             if len(self.record.attempts) == attempt:  # recorded: close it
@@ -491,6 +492,10 @@ class Controller:
         while self._nodes is nodes and not self.stop_reason:
             try:
                 gone = self.provider.lost_nodes(cluster)
+            except StoppedOutsideError as exc:  # (scancel): ends the job as `stop` does
+                if not self.jobs.stop_requested():
+                    self.jobs.request_stop(str(exc))
+                gone = {}
             except Exception as exc:  # the API being unreachable is not a lost node
                 self._info(f"could not check the instances: {exc}")
                 gone = {}

@@ -357,6 +357,16 @@ class Agent:
         elif not self.idle:  # (an idle node's loop sees `stopping` and ends it in order)
             raise SystemExit(128 + signum)
 
+    @property
+    def stop_signal(self) -> int:
+        """What stops this agent: SIGTERM, or SIGUSR2 where SIGTERM is a notice."""
+        return signal.SIGUSR2 if self.settings.notice_signals else signal.SIGTERM
+
+    def on_notice_signal(self, signum: int, frame: Any) -> None:
+        detail = f"{signal.Signals(signum).name} from the scheduler (preemption or time limit)"
+        # (off the signal handler: on_notice waits for the workers)
+        threading.Thread(target=self.on_notice, args=(detail,), name="notice", daemon=True).start()
+
     def stop_launcher(self) -> None:
         """SIGTERM to the launcher (torchrun forwards it to the workers); first, where the
         controller asks (a hung attempt), every rank's stacks into the node log."""
@@ -414,7 +424,7 @@ class Agent:
             if controller_silence(lease, time.time()) > timeout:
                 self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
                 self.orphaned = True
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), self.stop_signal)
                 return
 
     def watch_notices(self) -> None:
@@ -469,7 +479,7 @@ class Agent:
         proc = self.proc
         if proc is None:  # still staging: nothing to save
             self.log(f"interruption notice ({self.notice}); nothing to save yet")
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.stop_signal)
             return
         self.log_stacks_if_asked()  # (an adopted node is stopped through a notice)
         self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
@@ -536,6 +546,12 @@ class Agent:
 
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
+        if self.settings.notice_signals:
+            # A scheduler's own warning (Slurm: SIGTERM at preemption, SIGUSR1 before the
+            # time limit) is a notice; the controller's stop comes as SIGUSR2 instead.
+            for name in self.settings.notice_signals.split(","):
+                signal.signal(getattr(signal, f"SIG{name}"), self.on_notice_signal)
+            signal.signal(signal.SIGUSR2, self.on_sigterm)
         if not become_subreaper():
             self.log("not this node's subreaper: a daemon the script starts may outlive it")
         background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]

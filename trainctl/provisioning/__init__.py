@@ -2,8 +2,8 @@
 found by name: the built-in ones (local, ssh, aws), and plug-ins that register themselves.
 
 A plug-in is one installed package with an entry point in the `trainctl.providers` group
-naming a `ProviderPlugin`: its name, a factory (region -> Provider) and its instance types.
-Nothing in trainctl is edited for it:
+naming a `ProviderPlugin`: its name, a factory (region -> Provider), its instance types and
+its job options. Nothing in trainctl is edited for it (plugins/trainctl-slurm is one):
 
     # pyproject.toml of the plug-in
     [project.entry-points."trainctl.providers"]
@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from pydantic import BaseModel
 
 from trainctl.errors import SpecError
 from trainctl.provisioning.base import Provider
@@ -28,6 +30,10 @@ class ProviderPlugin:
     name: str
     factory: Callable[[str | None], Provider]  # the job's region (None: the default)
     instance_types: tuple[InstanceType, ...] = field(default=())
+    # The plug-in's own job options (a pydantic model, extra="forbid"): the keys of a job's
+    # `<name>:` block, `--<name>-<option>` flags, `Estimator(<name>={...})`; a provider
+    # reads them as `options.model_validate(request.provider_options.get(name, {}))`.
+    options: type[BaseModel] | None = None
 
 
 def _local(region: str | None) -> Provider:

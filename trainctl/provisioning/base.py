@@ -24,6 +24,11 @@ class NoCapacityError(TrainctlError):
     ask for fewer."""
 
 
+class StoppedOutsideError(TrainctlError):
+    """The job's capacity was ended by its owner outside trainctl (Slurm's `scancel`): the
+    job is stopped, as `trainctl stop` would, not relaunched."""
+
+
 @dataclass(frozen=True)
 class InstanceUsage:
     """One instance's billable time, for a job's cost (`trainctl status`)."""
@@ -93,10 +98,12 @@ class Provider(ABC):
     @abstractmethod
     def provision(self, request: CapacityRequest, job: str, attempt: int) -> ClusterInfo:
         """`request.instance_count` hosts for one attempt, all or nothing; NoCapacityError
-        when there are none to be had (nothing launched)."""
+        when there are none to be had (nothing launched); StoppedOutsideError when the
+        user ended the job's capacity outside trainctl."""
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
-        """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim)."""
+        """Ranks of `cluster` whose machine is gone, with why (e.g. a spot reclaim);
+        StoppedOutsideError when the user ended the capacity outside trainctl."""
         return {}
 
     @abstractmethod

@@ -139,6 +139,26 @@ def _load_plugin_types() -> None:
                 CATALOG.setdefault(itype.name, itype)
 
 
+def plugin_blocks() -> dict[str, type]:
+    """The option blocks of installed provider plug-ins, by plug-in name: the pydantic model
+    a plug-in's `options` names (its fields are the keys of the job's `<name>:` block and
+    submit's `--<name>-<field>` flags). Loaded once per process."""
+    global _blocks
+    if _blocks is None:
+        from pydantic import BaseModel
+
+        found: dict[str, type] = {}
+        for entry in plugin_entry_points():
+            options = getattr(entry.load(), "options", None)
+            if isinstance(options, type) and issubclass(options, BaseModel):
+                found[entry.name] = options
+        _blocks = found
+    return _blocks
+
+
+_blocks: dict[str, type] | None = None
+
+
 def check_instance_type(name: str) -> InstanceType:
     if name not in CATALOG:
         _load_plugin_types()

@@ -507,6 +507,18 @@ class JobSpec(StrictModel):
             metavar="[USER@]ADDRESS[:PORT]",
         ),
     ] = Field(default_factory=list)
+    # The options of a provider plug-in (trainctl.provisioning.ProviderPlugin.options), by
+    # plug-in name: a plug-in declares its own fields once, in its own package.
+    provider_options: Annotated[
+        dict[str, dict[str, Any]],
+        Door(
+            'NAME=JSON: a provider plug-in\'s options, e.g. slurm={"partition": "gpu"} (a '
+            "job file's `slurm:` block; each installed plug-in's options are also flags, e.g. "
+            "--slurm-partition).",
+            cli="typed",
+            metavar="PLUGIN=JSON",
+        ),
+    ] = Field(default_factory=dict)
     # Warm capacity (EC2): after the job, its healthy instances stay up this long for the
     # next job with the same capacity spec (SageMaker's warm pools; 0: terminate at once).
     keep_alive_period_in_seconds: Annotated[
@@ -754,6 +766,34 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{name!r} is not a name (1-256 characters)")
         return v
 
+    @field_validator("provider_options")
+    @classmethod
+    def _plugin_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # Read back from a record (a node, a machine without the plug-in): checked at submit.
+        if info.context and info.context.get(RECORDED):
+            return v
+        from pydantic import ValidationError
+
+        from trainctl.spec.catalog import plugin_blocks
+
+        blocks = plugin_blocks()
+        out = {}
+        for name, values in v.items():
+            if name not in blocks:
+                known = ", ".join(sorted(blocks)) or "none installed"
+                raise ValueError(f"{name!r} is no provider plug-in with options ({known})")
+            try:
+                options = blocks[name].model_validate(values)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in (name, *err["loc"]))
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "extra_forbidden":
+                    msg = f"unknown option; allowed: {', '.join(blocks[name].model_fields)}"
+                raise ValueError(f"{where}: {msg}") from None
+            out[name] = options.model_dump(mode="json", exclude_unset=True)
+        return out
+
     @field_validator("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri", "code_location")
     @classmethod
     def _uris(cls, v: str | None, info: Any) -> str | None:
@@ -928,6 +968,12 @@ class JobSpec(StrictModel):
                 )
         elif self.hosts:
             raise ValueError("hosts: only for instance_type 'ssh'")
+        for name in self.provider_options:
+            if name != provider:
+                raise ValueError(
+                    f"provider_options: {name} options, but instance_type "
+                    f"{self.instance_type!r} runs on the {provider} provider"
+                )
         if provider != "aws":
             aws_only = {
                 "region": self.region is not None,

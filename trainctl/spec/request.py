@@ -37,6 +37,8 @@ class CapacityRequest(View):
     region: str | None = None
     use_spot_instances: bool = False
     on_demand_fallback: bool = False
+    # Seconds of training asked for: what a scheduler's time limit follows (Slurm's --time).
+    max_run: int = 86400
     # How long the provider's own capacity retries may take (EC2's rounds); None: its default.
     max_wait: int | None = None
     # The image every node's agent runs in (None: plain processes on the node).
@@ -46,6 +48,8 @@ class CapacityRequest(View):
     output_path: str | None = None
     tensorboard_s3_uri: str | None = None
     inputs: dict[str, str] = {}
+    # A provider plug-in's own block, by plug-in name (the plug-in validates it again).
+    provider_options: dict[str, dict[str, Any]] = {}
     aws: AwsOptions = AwsOptions()
     ssh: SshOptions = SshOptions()
 
@@ -82,6 +86,21 @@ def flatten_blocks(fields: dict[str, Any]) -> dict[str, Any]:
     job fields it groups; SpecError for a block that is no mapping, a key that is not one
     of its fields, or a field given both in a block and flat."""
     out = dict(fields)
+    from trainctl.spec.catalog import plugin_blocks
+
+    for name in set(plugin_blocks()) & set(out):  # a plug-in's block: provider_options
+        values = out.pop(name)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise SpecError(
+                name, f"must be a mapping of {name} options, got {type(values).__name__}"
+            )
+        given = out.get("provider_options")
+        merged = dict(given) if isinstance(given, dict) else {}
+        if name in merged:
+            raise SpecError(name, f"is also given as provider_options.{name}: give it once")
+        out["provider_options"] = {**merged, name: values}
     for block, options_class in BLOCKS.items():
         if block not in out:
             continue

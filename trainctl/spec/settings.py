@@ -67,6 +67,13 @@ class Settings(BaseSettings):
         description="The node agent runs on EC2 and polls IMDSv2 for spot interruption "
         "notices (providers set TRAINCTL_IMDS=1 for their agents).",
     )
+    notice_signals: str = Field(
+        default="",
+        pattern=r"^((TERM|USR1|HUP)(,(TERM|USR1|HUP))*)?$",
+        description="Signals that reach the node agent as an interruption notice from a "
+        "scheduler (Slurm's preemption and time-limit warnings: the Slurm provider sets "
+        "TERM,USR1), e.g. TERM,USR1; the agent's own stop then comes as SIGUSR2.",
+    )
     imds_poll_seconds: float = Field(
         default=5.0,
         gt=0,
