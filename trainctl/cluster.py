@@ -34,6 +34,8 @@ class ClusterInfo(BaseModel):
     nodes: list[NodeInfo]
     master_port: int = Field(ge=1, le=65535)
     processes_per_host: int = Field(ge=1)
+    # The provider's own id of the attempt's capacity where it has one (Slurm's job id).
+    capacity_id: str | None = None
     # Extra environment for every node from the provider (e.g. GLOO_SOCKET_IFNAME=lo locally).
     network_env: dict[str, str] = Field(default_factory=dict)
     # How the nodes are bought where capacity is bought (EC2): "on-demand" if any node is

@@ -329,6 +329,8 @@ class Attempt(BaseModel):
     restored: Restored | None = None
     # The warm pool it started on (None: capacity launched for it).
     warm_pool: str | None = None
+    # The provider's id of its capacity (Slurm's job id), where it has one.
+    capacity_id: str | None = None
 
     def started_from(self, *, short: bool = False) -> str:
         """Where the attempt started, in words: the step it resumed from (the script said,
@@ -453,6 +455,9 @@ class JobRecord(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     failure_reason: str | None = None
     failure_detail: str | None = None
+    # Why the job waits for capacity now (Slurm: its allocation pending, with Slurm's
+    # reason); None while it is not waiting.
+    waiting: str | None = None
     exit_code: int | None = None
     stop_reason: str | None = None
     model_data: str | None = None
@@ -503,6 +508,7 @@ class JobRecord(BaseModel):
                     }
                     for a in self.attempts
                 ],
+                "waiting": self.waiting,
                 "failure_reason": self.failure_reason,
                 "failure_detail": self.failure_detail,
                 "exit_code": self.exit_code,

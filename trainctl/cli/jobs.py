@@ -308,6 +308,8 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
                 ),
             )
         )
+    if record.waiting and not record.state.is_terminal():
+        rows.append(("waiting", record.waiting))
     if controller and controller.get("lost"):
         rows.append(("take over", f"trainctl attach {record.name}"))
     if record.stop_reason:
@@ -339,6 +341,9 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
         attempts.add_column("FROM", no_wrap=True, overflow="ellipsis", max_width=16)
         for col in ("STEP", "LOST"):
             attempts.add_column(col, no_wrap=True)
+        ids = any(a.capacity_id for a in record.attempts)  # the provider's (Slurm job ids)
+        if ids:
+            attempts.add_column("ID", no_wrap=True)
         attempts.add_column("CAUSE")  # one line: the full reason is above the table
 
         def num(value: int | None) -> str:
@@ -356,6 +361,7 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
                 a.started_from(short=True),
                 num(a.last_step),
                 num(a.steps_lost),
+                *([a.capacity_id or "-"] if ids else []),
                 _one_line(cause),
             )
         console.print(attempts)

@@ -164,15 +164,31 @@ class CapacitySizer:
         waiting = False
         while True:
             try:
-                return provision()
+                cluster = provision()
             except NoCapacityError as exc:
                 if reason := self.should_stop():
+                    self.record.waiting = None  # (saved with the job's end)
                     raise StoppedWaiting(f"{reason} (while waiting for capacity: {exc})") from None
                 if not waiting:
                     waiting = True
                     self.jobs.event("waiting_for_capacity", why=str(exc))
                     self.info(f"waiting for capacity: {exc}")
+                self._say_waiting(str(exc))
                 clock().sleep(RETRY_SECONDS)
+                continue
+            self._say_waiting(None)
+            return cluster
+
+    def _say_waiting(self, why: str | None) -> None:
+        """Why the job waits for capacity now (a scheduler's queue reason), in the record
+        for `status` and describe(); None once it has its nodes."""
+        if self.record.waiting == why:
+            return
+        self.record.waiting = why
+        try:
+            self.jobs.save(self.record)
+        except Exception as exc:  # shown later, or not: the wait goes on all the same
+            self.info(f"could not record why the job waits: {exc}")
 
     def _resized(self, nodes: int, before: int, why: str) -> str | None:
         full = self.record.spec.instance_count

@@ -381,6 +381,7 @@ class Controller:
                     AttemptNode(rank=n.rank, host=n.host, address=n.address) for n in cluster.nodes
                 ],
                 resized=resized,
+                capacity_id=cluster.capacity_id,
             )
         )
         if resized:

@@ -147,6 +147,7 @@ def make_cluster(
     gpus: int | None = None,
     network_env: dict[str, str] | None = None,
     market: Literal["spot", "on-demand"] | None = None,
+    capacity_id: str | None = None,
 ) -> ClusterInfo:
     """The one place a ClusterInfo is made. Workers per node: the request's, else one per GPU
     (`gpus`: what every node has, default the instance type's), else one."""
@@ -165,6 +166,7 @@ def make_cluster(
         processes_per_host=request.processes_per_host or gpus or 1,
         network_env=network_env or {},
         market=market,
+        capacity_id=capacity_id,
     )
 
 

@@ -60,8 +60,9 @@ from trainctl_slurm import slurm
 from trainctl_slurm.options import SlurmOptions
 
 # How long provision waits for a submitted allocation to start before it says the job waits
-# in the queue (Slurm schedules every few seconds; a busy cluster's queue takes longer).
-START_WAIT_SECONDS = 20.0
+# in the queue, with Slurm's reason (the controller asks again every couple of seconds, and
+# the next call finds the same allocation).
+START_WAIT_SECONDS = 5.0
 POLL_SECONDS = 0.5
 # The allocation outlives the training budget by this much: staging, the final upload.
 TIME_MARGIN_SECONDS = 600
@@ -344,7 +345,7 @@ class SlurmProvider(Provider, FaultInjection):
         return make_cluster(
             request, job, attempt, self.name, request.instance_type, nodes,
             master_port=port, gpus=options.gpus_per_node or 0,
-            network_env=loopback_network_env() if shared else None,
+            network_env=loopback_network_env() if shared else None, capacity_id=job_id,
         )  # fmt: skip
 
     def node_runner(self, cluster: ClusterInfo, rank: int) -> NodeRunner:
@@ -371,7 +372,9 @@ class SlurmProvider(Provider, FaultInjection):
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:
         job_id, names = self._allocation(cluster)
         found = slurm.allocations(job_id=job_id)
-        if not found or not found[0].active or found[0].state == "COMPLETING":
+        if found and found[0].state == "COMPLETING":
+            return {}  # ending: its end state says why, in a moment
+        if not found or not found[0].active:
             state = found[0].state if found else "gone"
             if state == "CANCELLED" and job_id not in self._cancelled:
                 raise StoppedOutsideError(f"Slurm job {job_id} was cancelled (scancel)")
@@ -411,7 +414,9 @@ class SlurmProvider(Provider, FaultInjection):
         mine = [
             a for a in slurm.allocations() if a.name.startswith(prefix) and a.active
         ]  # (squeue's --name matches whole names only)
-        self._cancel([a.id for a in mine])
+        # (one already ending, cancelled by the user say, is waited for, not cancelled again:
+        # how it ended stays the user's)
+        self._cancel([a.id for a in mine if a.state != "COMPLETING"])
         deadline = time.monotonic() + grace + 60
         while mine and time.monotonic() < deadline:
             ids = {a.id for a in mine}
