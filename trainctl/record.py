@@ -332,6 +332,19 @@ class Attempt(BaseModel):
     # The provider's id of its capacity (Slurm's job id), where it has one.
     capacity_id: str | None = None
 
+    def steps_per_second(self, now: float | None = None) -> float | None:
+        """Its training pace: steps from where it resumed to its last, over the time since
+        its first step (to its end, or `now`); None before two steps."""
+        if self.last_step is None or not self.startup or "total" not in self.startup:
+            return None
+        # (started_at is once it had its nodes; the start-up's total counts the capacity too)
+        begun = parse_iso(self.started_at) + self.startup["total"] - self.startup.get("capacity", 0)
+        end = parse_iso(self.ended_at) if self.ended_at else (now or clock().time())
+        done = self.last_step - (self.resumed_from_step or 0)
+        if done <= 0 or end - begun <= 0:
+            return None
+        return done / (end - begun)
+
     def started_from(self, *, short: bool = False) -> str:
         """Where the attempt started, in words: the step it resumed from (the script said,
         through report_step or Checkpointer), the files it restored, or from scratch.
@@ -463,6 +476,8 @@ class JobRecord(BaseModel):
     model_data: str | None = None
     output_data: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    # The training steps in all: the script's report_step(total=N), else the spec's.
+    total_steps_reported: int | None = None
     instances: list[InstanceCost] = Field(default_factory=list)
     # The job this one is a measurement run of (`trainctl diagnose`): lists hide it.
     measurement_of: str | None = None
@@ -475,6 +490,32 @@ class JobRecord(BaseModel):
             return None
         end = parse_iso(self.ended_at) if self.ended_at else clock().time()
         return round(end - parse_iso(self.started_at), 3)
+
+    @property
+    def total_steps(self) -> int | None:
+        """The job's work in steps, where the script or the spec says it."""
+        return self.total_steps_reported or self.spec.total_steps
+
+    def progress(self, now: float | None = None) -> dict[str, Any] | None:
+        """How far the job is and how long it has left, where its total work is known:
+        {"step", "total", "fraction", "steps_per_second", "seconds_left"}; the rate is the
+        latest attempt's since its first step (None until it has one)."""
+        total = self.total_steps
+        if total is None:
+            return None
+        steps = [a.last_step for a in self.attempts if a.last_step is not None]
+        step = max(steps) if steps else 0
+        rate = self.attempts[-1].steps_per_second(now) if self.attempts else None
+        left = None
+        if rate and not self.state.is_terminal():
+            left = round(max(0, total - step) / rate, 1)
+        return {
+            "step": step,
+            "total": total,
+            "fraction": round(min(1.0, step / total), 4),
+            "steps_per_second": None if rate is None else round(rate, 4),
+            "seconds_left": left,
+        }
 
     def describe(self) -> dict[str, Any]:
         """The user-facing summary (`status -o json`, `job.describe()`, the dashboard), with
@@ -509,6 +550,7 @@ class JobRecord(BaseModel):
                     for a in self.attempts
                 ],
                 "waiting": self.waiting,
+                "progress": self.progress(),
                 "failure_reason": self.failure_reason,
                 "failure_detail": self.failure_detail,
                 "exit_code": self.exit_code,

@@ -250,6 +250,7 @@ def main(argv=None):
 
     t0 = time.time()
     train_loss = train_acc = float("nan")
+    total = args.epochs * len(loader)  # the work in all: `trainctl status` shows progress
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # keeps the position when this is the resumed epoch
         ddp_model.train()
@@ -271,7 +272,7 @@ def main(argv=None):
 
             step += 1
             sampler.advance(yb.shape[0])
-            report_step(step, loss=loss.item())  # the loss curve: `trainctl metrics JOB`
+            report_step(step, total=total, loss=loss.item())  # loss: `trainctl metrics JOB`
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
             if preempt.should_stop():  # SIGTERM on any node: all ranks stop at this step

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import NotFoundError, UnreadableRecordError
-from trainctl.record import JobKeys, JobRecord, JobStore
+from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso
 from trainctl.spec.job import JobSpec
 from trainctl.store import open_store
 from trainctl.store.local import LocalStore
@@ -70,3 +70,52 @@ def test_a_missing_record_beside_files_is_unreadable_and_nothing_is_not_found(
         JobStore(store, "gone-record").load()
     with pytest.raises(JobNotFoundError):
         JobStore(store, "never-made").load()
+
+
+@pytest.mark.timeout(10)
+def test_progress_is_the_steps_done_of_the_work_known_and_the_time_left_at_the_latest_pace(
+    tmp_path: Path,
+) -> None:
+    from trainctl.record import Attempt
+    from trainctl.state import JobState
+
+    record = _record(LocalStore(tmp_path / "store"), "paced", tmp_path / "src")
+    assert record.progress() is None  # no total: nothing claimed
+    record.spec = record.spec.model_copy(update={"total_steps": 1000})
+    record.state = JobState.TRAINING
+    # attempt 1 reached step 300; attempt 2 started at 22:00:00, spent 20 s on capacity and
+    # 50 s in all before its first step, resumed from 250 and is at 400 100 s after that
+    first = Attempt(number=1, started_at="2026-12-02T21:00:00Z", last_step=300)
+    second = Attempt(
+        number=2,
+        started_at="2026-12-02T22:00:00Z",
+        resumed_from_step=250,
+        last_step=400,
+        startup={"capacity": 20.0, "total": 50.0},
+    )
+    record.attempts = [first, second]
+    now = parse_iso("2026-12-02T22:00:30Z") + 100
+    assert record.progress(now) == {
+        "step": 400,
+        "total": 1000,
+        "fraction": 0.4,
+        "steps_per_second": 1.5,
+        "seconds_left": 400.0,
+    }
+    record.total_steps_reported = 800  # the script's word over the spec's
+    assert record.progress(now)["total"] == 800
+
+
+@pytest.mark.timeout(10)
+def test_a_step_message_with_its_total_sets_the_work_the_job_has(tmp_path: Path) -> None:
+    from trainctl.controller.telemetry import Telemetry
+    from trainctl.record import Attempt
+
+    store = LocalStore(tmp_path / "store")
+    record = _record(store, "told", tmp_path / "src")
+    record.attempts = [Attempt(number=1, started_at="2026-12-02T22:00:00Z")]
+    telemetry = Telemetry(JobStore(store, "told"), record, info=print)
+    assert telemetry.progress_message(record.attempts[0], 0, {"event": "step", "step": 5})
+    assert record.total_steps is None
+    telemetry.progress_message(record.attempts[0], 0, {"event": "step", "step": 6, "total": 90})
+    assert (record.total_steps, record.attempts[0].last_step) == (90, 6)

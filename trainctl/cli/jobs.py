@@ -308,6 +308,8 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
                 ),
             )
         )
+    if (progress := info["progress"]) is not None:
+        rows.append(("progress", progress_text(progress)))
     if record.waiting and not record.state.is_terminal():
         rows.append(("waiting", record.waiting))
     if controller and controller.get("lost"):
@@ -365,6 +367,14 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
                 _one_line(cause),
             )
         console.print(attempts)
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """`54/138 steps (39%), ~1m20s left`."""
+    text = f"{progress['step']:,}/{progress['total']:,} steps ({progress['fraction']:.0%})"
+    if progress["seconds_left"] is not None:
+        text += f", ~{_duration(progress['seconds_left'])} left"
+    return text
 
 
 def _print_fields(console: Any, rows: list[tuple[str, Any]]) -> None:

@@ -58,6 +58,9 @@ class Telemetry:
         if msg.get("event") not in PROGRESS_EVENTS or not isinstance(step, int):
             return False
         count_step(attempt, msg["event"], step)
+        total = msg.get("total")
+        if isinstance(total, int) and not isinstance(total, bool) and total >= 1:
+            self.record.total_steps_reported = total
         for name, value in numeric_metrics(msg.get("metrics")).items():
             self.metric(name, value, rank, step=step, attempt=attempt)
         return True
@@ -94,7 +97,11 @@ class Telemetry:
         watches: lost nodes, due faults, stops) in the store's long backoff. `prompt=False`:
         the last save of this controller (a hand-off), which waits for the store."""
         saved = self.save_metric_points(prompt=prompt)
-        progress = (self.record.attempts[-1].model_dump_json(), tuple(self.record.metrics.items()))
+        progress = (
+            self.record.attempts[-1].model_dump_json(),
+            tuple(self.record.metrics.items()),
+            self.record.total_steps_reported,
+        )
         if progress != self._saved:
             try:
                 self.jobs.save(self.record, prompt=prompt)

@@ -192,8 +192,8 @@ class JobSpec(StrictModel):
         str,
         Door(
             "'local' (this machine, the default; its GPUs shared among the nodes), "
-            "'local_gpu' (the same, refused without a GPU), 'ssh' (hosts), or an EC2 type "
-            "(ml. names too).",
+            "'local_gpu' (the same, refused without a GPU), 'ssh' (hosts), an EC2 type "
+            "(ml. names too), or a plug-in's ('slurm': an allocation of a Slurm cluster).",
             sagemaker="mapped: ml.<type> is the EC2 type; local and local_gpu are the same",
         ),
     ] = "local"
@@ -344,6 +344,16 @@ class JobSpec(StrictModel):
     max_run: Annotated[
         int, Door("Seconds of training before the job is stopped.", sagemaker="same")
     ] = Field(default=86400, ge=1, le=28 * 86400, strict=True)
+    # The work the job has to do, for its progress, time left and the deadline policy
+    # (trainctl.controller.deadline); None: the script may say it (report_step(total=N)).
+    total_steps: Annotated[
+        int | None,
+        Door(
+            "The job's training steps in all (what report_step counts), for its progress, time "
+            "left and the spot deadline policy; a script can say it itself: "
+            "report_step(step, total=N)."
+        ),
+    ] = Field(default=None, ge=1, le=10**12, strict=True)
     job_name: Annotated[
         str | None,
         Door(
@@ -512,9 +522,9 @@ class JobSpec(StrictModel):
     provider_options: Annotated[
         dict[str, dict[str, Any]],
         Door(
-            'NAME=JSON: a provider plug-in\'s options, e.g. slurm={"partition": "gpu"} (a '
-            "job file's `slurm:` block; each installed plug-in's options are also flags, e.g. "
-            "--slurm-partition).",
+            "PLUGIN=JSON: a provider plug-in's options as one JSON object (a job file's block "
+            "under the plug-in's name; each installed plug-in's options are also flags of their "
+            "own, e.g. --slurm-partition).",
             cli="typed",
             metavar="PLUGIN=JSON",
         ),

@@ -7,6 +7,9 @@
                                # (the last step held back is sent as the process ends)
         report_step(step, loss=loss.item(), lr=lr)   # with metrics: every call is sent
 
+        report_step(step, total=epochs * len(loader))   # the work in all: progress, time
+                               # left and the spot deadline policy (or the total_steps field)
+
 The controller uses the last reported step to measure how many steps an interruption cost;
 metrics go into the job's metric history (`trainctl metrics JOB`, `job.metrics()`).
 Outside trainctl (no TRAINCTL_JOB in the environment) this does nothing.
@@ -27,9 +30,13 @@ _last_sent: float | None = None
 # The last step the throttle held back: sent as the process ends (flush_step), so a job's
 # record ends at the step its script reached, not up to MIN_INTERVAL before it.
 _unsent: int | None = None
+# The job's training steps in all, once the script said it (report_step(total=N)).
+_total: int | None = None
 
 
-def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: float) -> None:
+def report_step(
+    step: int, *, total: int | None = None, min_interval: float = MIN_INTERVAL, **metrics: float
+) -> None:
     """Send `{"event": "step", "step": step}` from global rank 0, throttled to `min_interval`.
 
     Call it on every rank, once per optimizer step: under `trainctl diagnose` it counts
@@ -45,6 +52,9 @@ def report_step(step: int, *, min_interval: float = MIN_INTERVAL, **metrics: flo
         return
     from trainctl.train.context import _global_rank
 
+    global _total
+    if total is not None and int(total) >= 1:
+        _total = int(total)
     rank = _global_rank()
     if rank == 0:
         _send(step, min_interval, metrics)
@@ -69,6 +79,8 @@ def _emit(step: int, **fields: object) -> None:
     global _last_sent, _unsent
     _last_sent = time.monotonic()
     _unsent = None
+    if _total is not None:  # the work in all (trainctl.controller.deadline): with each step
+        fields = {"total": _total, **fields}
     protocol.send("step", step=step, **fields)
 
 
