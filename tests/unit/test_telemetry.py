@@ -45,7 +45,10 @@ def test_a_progress_save_in_an_outage_fails_fast_keeps_its_points_and_says_it_on
     jobs = OutageJobs()
     spec = SimpleNamespace(metric_definitions=[])
     record = SimpleNamespace(
-        spec=spec, metrics={}, attempts=[Attempt(number=1, started_at=T0, last_step=1)]
+        spec=spec,
+        metrics={},
+        attempts=[Attempt(number=1, started_at=T0, last_step=1)],
+        total_steps_reported=None,
     )
     said: list[str] = []
     telemetry = Telemetry(jobs, record, said.append)  # type: ignore[arg-type]
