@@ -62,7 +62,8 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     assert 0.1 <= estimate.step_seconds < 0.5  # measured from the job's own steps
     by_name = {s.strategy: s for s in estimate.strategies}
     assert list(by_name) == [
-        "on-demand", "spot", "elastic", "fallback", "fallback-now", "elastic-fallback"
+        "on-demand", "spot", "elastic", "fallback", "fallback-now", "elastic-fallback",
+        "uniform-progress",
     ]  # fmt: skip
     assert all(s.completed == s.runs == 1 for s in estimate.strategies), estimate
     on_demand, spot, fallback = by_name["on-demand"], by_name["spot"], by_name["fallback"]
@@ -77,6 +78,10 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     # slack is under a start-up at the outage), and the rest of the hour is on demand
     at_once = by_name["fallback-now"]
     assert at_once.time_ratio.median <= 1.2 and at_once.on_demand_share.median > 0.3
+    # knowing its work, the job waits for spot while ahead of the line to its deadline and
+    # takes on-demand once behind: in time too
+    uniform = by_name["uniform-progress"]
+    assert uniform.time_ratio.median <= 1.2, uniform
 
     # on an 80-column terminal: wrapped, a block per strategy (a pipe gets the table)
     narrow = estimate.render(80).splitlines()

@@ -4,7 +4,11 @@ the whole job, waits for capacity included; and the slack a deadline leaves."""
 from __future__ import annotations
 
 from trainctl.clock import clock
+from trainctl.controller.deadline import DEFAULT_RESTART_SECONDS, Pace
 from trainctl.record import JobRecord
+
+# A relaunch costs at least this (a start-up measured shorter is a warm one, not the rule).
+MIN_RESTART_SECONDS = 60.0
 
 
 class TimeBudget:
@@ -13,6 +17,12 @@ class TimeBudget:
     def __init__(self, record: JobRecord) -> None:
         self.record = record
         self.job_started = clock().monotonic()
+        # The job's time before this controller (a takeover's): the deadline is the job's.
+        self.waited_before = 0.0
+        if record.started_at is not None:
+            from trainctl.record import parse_iso
+
+            self.waited_before = max(0.0, clock().time() - parse_iso(record.started_at))
         # Training of the attempts that ended (a wait for capacity after one is not training).
         self.trained_before = sum(a.training_seconds or 0.0 for a in record.attempts)
 
@@ -24,6 +34,34 @@ class TimeBudget:
             return None
         left = spec.max_wait - (clock().monotonic() - self.job_started)
         return left - max(0.0, spec.max_run - self.trained_before)
+
+    def pace(self) -> Pace | None:
+        """Where the job stands against its deadline, where its work and pace are known
+        (trainctl.controller.deadline); None: no max_wait, no total, or no pace yet. The
+        work done is up to the last checkpoint (what a relaunch keeps); a relaunch costs the
+        attempts' mean start-up (less any wait for capacity) and the steps they lost."""
+        spec, record = self.record.spec, self.record
+        progress = record.progress(clock().time())
+        if spec.max_wait is None or progress is None or not progress["steps_per_second"]:
+            return None
+        rate = progress["steps_per_second"]
+        saved = [a.last_checkpoint_step or a.resumed_from_step or 0 for a in record.attempts]
+        starts = [
+            a.startup["total"] - a.startup.get("capacity", 0.0)
+            for a in record.attempts
+            if a.startup and "total" in a.startup
+        ]
+        lost = [a.steps_lost for a in record.attempts if a.steps_lost is not None]
+        restart = DEFAULT_RESTART_SECONDS
+        if starts:
+            restart = sum(starts) / len(starts) + (sum(lost) / len(lost) / rate if lost else 0.0)
+        return Pace(
+            elapsed=clock().monotonic() - self.job_started + self.waited_before,
+            deadline=float(spec.max_wait),
+            work=progress["total"] / rate,
+            done=max(saved, default=0) / rate,
+            restart=max(MIN_RESTART_SECONDS, restart),
+        )
 
     def reached(self, training_started: float | None) -> str | None:
         """Which limit the job has reached, as its stop reason (None: neither).

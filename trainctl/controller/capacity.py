@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
+from trainctl.controller.deadline import Pace, decide, leave_on_demand
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
 from trainctl.record import Attempt, JobRecord, JobStore
 from trainctl.spec.request import CapacityRequest
@@ -56,6 +57,7 @@ class CapacitySizer:
         should_stop: Callable[[], str | None],
         info: Callable[[str], None],
         deadline_slack: Callable[[], float | None] = lambda: None,
+        pace: Callable[[], Pace | None] = lambda: None,
     ) -> None:
         """`should_stop()`: why the job must stop now (a stop request, a time limit), else
         None; `info(message)`: a line for the submitter; `deadline_slack()`: seconds the job
@@ -67,6 +69,8 @@ class CapacitySizer:
         self.should_stop = should_stop
         self.info = info
         self.deadline_slack = deadline_slack
+        self.pace = pace
+        self._policy: str | None = None  # Uniform Progress's last word (deadline.decide)
         self._fell_back = False
         self._trying_spot = False  # the next attempt is a try back to spot (back_to_spot)
         self._spot_misses = 0  # tries back to spot in a row that found none
@@ -78,6 +82,8 @@ class CapacitySizer:
             return request
         if self._trying_spot:
             return request  # spot if it is back, else on-demand at once (see back_to_spot)
+        if (pace := self.pace()) is not None:
+            return self._uniform_progress(request, pace)
         slack = self.deadline_slack()
         if slack is None:
             return request  # no deadline: the provider falls back at once
@@ -91,6 +97,32 @@ class CapacitySizer:
                 "of slack left before max_wait"
             )
         return self.request
+
+    def _uniform_progress(self, request: CapacityRequest, pace: Pace) -> CapacityRequest:
+        """The job's work and pace are known: spot while it is ahead of the straight line to
+        its deadline, spot or else on-demand once behind, on-demand alone once only that
+        finishes in time (trainctl.controller.deadline)."""
+        market = decide(pace)
+        if market != self._policy:
+            self._policy = market
+            behind = pace.expected(pace.elapsed) - pace.done
+            self.jobs.event(
+                "deadline_policy",
+                market=market,
+                behind_seconds=round(behind),
+                left_seconds=round(pace.left),
+                deadline_in_seconds=round(pace.deadline - pace.elapsed),
+            )
+            where = f"{abs(behind) / 60:.0f} min {'behind' if behind > 0 else 'ahead of'}"
+            self.info(
+                f"deadline policy: {market} ({where} the line to the deadline, "
+                f"{pace.left / 60:.0f} min of training left)"
+            )
+        if market == "spot":
+            return request.spot_only()
+        if market == "on-demand":
+            return request.on_demand_only()
+        return request
 
     @property
     def request(self) -> CapacityRequest:
@@ -257,9 +289,18 @@ class CapacitySizer:
             return None
         if cluster.market != "on-demand" or not self.settings.spot_probe_seconds:
             return None
-        if not saved or trained_for < self._spot_probe_wait():
+        if not saved:
             return None
-        slack = self.deadline_slack()
+        if (pace := self.pace()) is not None:
+            # Uniform Progress's hysteresis: ahead of the line two restarts on; after a try
+            # that found no spot, the probe's wait too.
+            if not leave_on_demand(pace):
+                return None
+            if self._spot_misses and trained_for < self._spot_probe_wait():
+                return None
+        elif trained_for < self._spot_probe_wait():
+            return None
+        slack = self.deadline_slack() if pace is None else None
         if slack is not None and slack < 2 * STARTUP_ALLOWANCE_SECONDS:
             return None  # a try that finds no spot would cost the deadline its start-up
         if isinstance(self.provider, CapacityProbe):
@@ -270,6 +311,12 @@ class CapacitySizer:
             if spot is not None and spot < len(cluster.nodes):
                 return None
         self._trying_spot = True
+        if pace is not None:
+            ahead = (pace.done - pace.expected(pace.elapsed)) / 60
+            return (
+                f"trying spot again after {trained_for / 60:.0f} min on demand: "
+                f"{ahead:.0f} min ahead of the deadline's line"
+            )
         return f"trying spot again after {trained_for / 60:.0f} min on demand"
 
 

@@ -181,6 +181,7 @@ class Controller:
             ),
             info=self._info,
             deadline_slack=self.budget.slack,
+            pace=self.budget.pace,
         )
 
     # -- signals ------------------------------------------------------------------------

@@ -48,6 +48,9 @@ class Strategy:
     title: str
     fields: dict[str, Any]
     settings: dict[str, str] = field(default_factory=dict)
+    # The job says its work (total_steps): the controller then follows Uniform Progress
+    # (trainctl.controller.deadline) instead of falling back at the last moment.
+    knows_work: bool = False
 
 
 def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
@@ -77,6 +80,12 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
             "elastic-fallback",
             "spot + elastic + on-demand fallback at the deadline",
             {**deadline, **elastic},
+        ),
+        Strategy(
+            "uniform-progress",
+            "spot + on-demand by Uniform Progress (work known)",
+            deadline,
+            knows_work=True,
         ),
     ]
 
@@ -165,6 +174,8 @@ def replay(
         )
 
     ec2 = {"instance_type": trace.instance_type, **strategy.fields}
+    if strategy.knows_work:
+        ec2["total_steps"] = workload.step(workload.total_samples)
     record, training, advances = simulate(
         workload,
         interval_seconds,

@@ -72,6 +72,10 @@ class CapacityRequest(View):
         """The same capacity without the on-demand fallback."""
         return self.model_copy(update={"on_demand_fallback": False})
 
+    def on_demand_only(self) -> CapacityRequest:
+        """The same capacity on demand, no spot asked for."""
+        return self.model_copy(update={"use_spot_instances": False, "on_demand_fallback": False})
+
     def with_max_wait(self, seconds: float) -> CapacityRequest:
         """The same capacity, the provider's own capacity retries bounded by `seconds`."""
         return self.model_copy(update={"max_wait": max(1, int(seconds))})
