@@ -54,7 +54,9 @@ from trainctl.replay.strategies import (
 from trainctl.replay.training import Workload
 
 REAL_TRACES = ("aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08")
-GOAL_COST, GOAL_TIME = 0.35, TIME_GOAL  # of on-demand, for the 64-node job
+# The goal for the 64-node job (issue 50): its time within 1.15x on-demand at every start,
+# at most 0.45x the cost in the median.
+GOAL_COST, GOAL_TIME = 0.45, TIME_GOAL
 ELASTIC_TRAIN_SAMPLES = 1536  # the elastic benchmark's epoch (tests/fixtures/elastic)
 
 
@@ -227,8 +229,8 @@ def plan(
 
 
 def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
-    """The issue's goal for the 64-node job on the real traces: cost <= 0.35x on-demand at
-    <= 1.15x its time, the median over the starts, on every real trace."""
+    """The goal for the 64-node job on the real traces: time <= 1.15x on-demand at every
+    start (the worst), cost <= 0.45x in the median over the starts, on every real trace."""
     verdicts = []
     for strategy, interval in dict.fromkeys(
         (r["strategy"], r["interval"]) for r in summary_rows if r["strategy"] != "on-demand"
@@ -247,15 +249,17 @@ def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
             )
             continue
         cost = max(r["cost_ratio"]["median"] for r in rows)
-        slow = max(r["time_ratio"]["median"] for r in rows)
+        slow = max(r["time_ratio"]["max"] for r in rows)
         met = cost <= GOAL_COST and slow <= GOAL_TIME
         verdicts.append(
-            f"{strategy} ({interval} interval): cost <= {cost:.2f}x, time <= {slow:.2f}x "
-            f"on the {len(rows)} trace(s): {'MET' if met else 'not met'}"
+            f"{strategy} ({interval} interval): median cost <= {cost:.2f}x, worst time "
+            f"{slow:.2f}x on the {len(rows)} trace(s): {'MET' if met else 'not met'}"
         )
-    return "\n".join(
-        [f"goal ({nodes} nodes): cost <= {GOAL_COST}x on-demand at time <= {GOAL_TIME}x", *verdicts]
+    head = (
+        f"goal ({nodes} nodes): time <= {GOAL_TIME}x on-demand at every start, cost <= "
+        f"{GOAL_COST}x in the median"
     )
+    return "\n".join([head, *verdicts])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,9 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=4, help="start points per trace")
     parser.add_argument(
         "--strategies",
-        default="on-demand,spot,elastic,fallback,fallback-now,elastic-fallback",
+        default="on-demand,spot,elastic,fallback,fallback-now,elastic-fallback,uniform-progress",
         help="of: on-demand, spot, elastic, fallback, fallback-now, elastic-fallback, "
-        "fallback-now-stays",
+        "uniform-progress, fallback-now-stays",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="json: the summary rows (strategy, interval, nodes, trace, and time_ratio and "
+        "cost_ratio each with median, min and max) on stdout",
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
@@ -294,11 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(tasks)} replays, {args.workers} at a time")
     rows = replay_all(tasks, args.workers)
     summary_rows = summarize(rows)
-    print(table(summary_rows))
-    print()
-    print(goal(summary_rows))
     elapsed = time.monotonic() - wall
-    print(f"\n{len(rows)} replays through the real controller in {elapsed:.0f} s")
+    if args.output == "json":
+        keys = ("trace", "nodes", "strategy", "interval", "runs", "completed")
+        ratios = ("time_ratio", "cost_ratio", "on_demand_share")
+        print(json.dumps([{**{k: r[k] for k in keys + ratios}} for r in summary_rows], indent=1))
+    else:
+        print(table(summary_rows))
+        print()
+        print(goal(summary_rows))
+        print(f"\n{len(rows)} replays through the real controller in {elapsed:.0f} s")
     out = {
         "args": vars(args),
         "wall_s": elapsed,

@@ -232,3 +232,47 @@ def test_dry_run_for_an_ec2_job_makes_no_call_that_changes_anything(cloud):
     }
     text = json.dumps(plan)
     assert USER_SECRET not in text
+
+
+@pytest.mark.timeout(240)
+def test_a_deadline_job_that_knows_its_work_takes_on_demand_behind_and_spot_again_ahead(
+    cloud, monkeypatch
+):
+    """Uniform Progress on EC2's stand-ins: the job gives its work (total_steps); EC2 has no
+    spot for the first attempt, and the deadline's slack does not allow a wait: on-demand.
+    Once ahead of the line to max_wait by two restarts, the job checkpoints, relaunches, and
+    is back on spot (Uniform Progress's hysteresis)."""
+    from tests.rigs.cloud import refuse_capacity
+
+    monkeypatch.setenv("TRAINCTL_MIN_RESTART_SECONDS", "1")
+    refused = refuse_capacity(
+        monkeypatch,
+        lambda params, tags: (
+            tags.get("trainctl:attempt") == "1" and "InstanceMarketOptions" in params
+        ),
+    )
+    job = ec2_digits(
+        cloud,
+        hyperparameters={**HPS, "step-delay": 0.1},
+        use_spot_instances=True,
+        on_demand_fallback=True,
+        max_run=120,
+        max_wait=700,  # (the slack, 580 s, is under a start-up: on-demand at once)
+        total_steps=138,  # 6 epochs of 23 steps (the script says so too, once it runs)
+    ).fit(logs=False)
+    info = job.describe()
+    causes = [(a["outcome"], a["cause"]) for a in info["attempts"]]
+    assert info["state"] == "Completed", causes
+    assert refused, "spot was never refused"
+    first, second = info["attempts"][0], info["attempts"][-1]
+    assert first["cause"].startswith("trying spot again after"), causes
+    assert "ahead of the deadline's line" in first["cause"], causes
+    markets = {(i["attempt"], i["market"]) for i in info["instances"]}
+    assert (1, "on-demand") in markets and (second["number"], "spot") in markets, markets
+    assert info["progress"]["fraction"] == 1.0, info["progress"]
+    assert job_resources(cloud.ec2, job.name) == {
+        "instances": [],
+        "security_groups": [],
+        "key_pairs": [],
+        "placement_groups": [],
+    } or not any(job_resources(cloud.ec2, job.name).values())

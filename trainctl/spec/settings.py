@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         "Only a job that saves state and, with a max_wait, has the slack for a relaunch; "
         "0: never.",
     )
+    min_restart_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="The least a relaunch is taken to cost in the spot deadline policy "
+        "(Uniform Progress: the lead over the line to the deadline before a job leaves "
+        "on-demand for spot is two restarts); the attempts' measured start-ups when longer.",
+    )
     startup_timeout_seconds: float = Field(
         default=1800.0,
         ge=0,
