@@ -114,6 +114,12 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
         ("model", esc(info.get("model_data") or "-")),
     ]
     rows.append(("cost", esc(cost_text(info.get("cost")))))
+    if info.get("progress"):
+        from trainctl.record import progress_text
+
+        rows.append(("progress", esc(progress_text(info["progress"]))))
+    if info.get("waiting") and state in ("Pending", "Provisioning"):
+        rows.append(("waiting", esc(info["waiting"])))
     if info.get("failure_reason"):
         rows.append(("failure", esc(info["failure_reason"])))
     if info.get("attempts"):

@@ -577,6 +577,17 @@ class JobRecord(BaseModel):
         return dict(redactor.tree(data))
 
 
+def progress_text(progress: dict[str, Any]) -> str:
+    """A job's progress (JobRecord.progress) in words: `54/138 steps (39%), ~1m20s left`."""
+    text = f"{progress['step']:,}/{progress['total']:,} steps ({progress['fraction']:.0%})"
+    left = progress.get("seconds_left")
+    if left is not None:
+        minutes, seconds = divmod(round(left), 60)
+        hours, minutes = divmod(minutes, 60)
+        text += f", ~{hours}h{minutes:02d}m left" if hours else f", ~{minutes}m{seconds:02d}s left"
+    return text
+
+
 def owner_id() -> str:
     try:
         user = os.getlogin()

@@ -176,6 +176,11 @@ def test_curve_and_logs_grow_while_the_job_trains(home, tmp_path):
                 timeout=30_000,
             )
             assert page.locator("body").get_attribute("data-state") == "Training"
+            # the script says its work (report_step's total): how far, and the time left
+            progress = page.locator("#progress").inner_text()
+            assert re.fullmatch(r"[\d,]+/[\d,]+ steps \(\d+%\), ~\d+m\d\ds left", progress), (
+                progress
+            )
             page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
             assert len(page.locator("pre[data-node='algo-1']").inner_text()) >= len(lines)
             browser.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 import time
@@ -100,6 +101,7 @@ def test_digits_trains_on_two_slurm_nodes_from_the_cli_and_the_dry_run_shows_the
     assert len(set(_nodes_of(slurm_cluster, slurm_job))) == 2  # one task on each of 2 nodes
     status = _trainctl("status", info["name"], timeout=60)
     assert " ID " in status.stdout and f" {slurm_job} " in status.stdout, status.stdout
+    assert re.search(r"progress +46/46 steps \(100%\)", status.stdout), status.stdout
     rig.assert_nothing_left(info["name"])
 
 

@@ -309,6 +309,8 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
             )
         )
     if (progress := info["progress"]) is not None:
+        from trainctl.record import progress_text
+
         rows.append(("progress", progress_text(progress)))
     if record.waiting and not record.state.is_terminal():
         rows.append(("waiting", record.waiting))
@@ -367,14 +369,6 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
                 _one_line(cause),
             )
         console.print(attempts)
-
-
-def progress_text(progress: dict[str, Any]) -> str:
-    """`54/138 steps (39%), ~1m20s left`."""
-    text = f"{progress['step']:,}/{progress['total']:,} steps ({progress['fraction']:.0%})"
-    if progress["seconds_left"] is not None:
-        text += f", ~{_duration(progress['seconds_left'])} left"
-    return text
 
 
 def _print_fields(console: Any, rows: list[tuple[str, Any]]) -> None:

@@ -69,10 +69,20 @@
         })
         .catch(function (err) { box.innerHTML = "<p class='state-Failed' id='tensorboard-error'>" + esc(err.message) + "</p>"; });
     };
+    function progressText(p) {  // as trainctl status: "54/138 steps (39%), ~1m20s left"
+      var text = p.step.toLocaleString("en-US") + "/" + p.total.toLocaleString("en-US") + " steps (" + Math.round(100 * p.fraction) + "%)";
+      if (p.seconds_left !== null && p.seconds_left !== undefined) {
+        var s = Math.round(p.seconds_left), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+        text += h ? ", ~" + h + "h" + String(m).padStart(2, "0") + "m left" : ", ~" + m + "m" + String(s % 60).padStart(2, "0") + "s left";
+      }
+      return text;
+    }
     function summary(info) {
       var rows = [["state", '<span class="state-' + esc(info.state) + '">' + esc(info.state) + "</span>"],
         ["instances", esc(info.instance_count + " x " + info.instance_type)], ["launcher", esc(info.launcher)],
         ["duration", duration(info.duration_s)], ["cost", cost(info.cost)], ["model", esc(info.model_data)]];
+      if (info.progress) rows.push(["progress", "<span id='progress'>" + esc(progressText(info.progress)) + "</span>"]);
+      if (info.waiting && (info.state === "Pending" || info.state === "Provisioning")) rows.push(["waiting", esc(info.waiting)]);
       if (info.failure_reason) rows.push(["failure", esc(info.failure_reason)]);
       if (info.stop_reason) rows.push(["stopped", esc(info.stop_reason)]);
       if (info.tuning_job) rows.push(["tuning job", '<a id="tuning-link" href="/tuning/' + encodeURIComponent(info.tuning_job) + '">' + esc(info.tuning_job) + "</a>"]);
