@@ -188,6 +188,12 @@ def measured_speed(record: JobRecord) -> tuple[float, float]:
     return seconds / steps, startup
 
 
+# The estimate's clock moves in minutes, not the benchmark's 10 s: measured on the 16-node
+# trace (64 nodes, the deadline fallback), 4.4x faster at 0.4 % of the hours and 0.2 % of
+# the cost of the 10-s replay; heartbeats, checkpoints and capacity rounds are minutes apart.
+ESTIMATE_QUANTUM_SECONDS = 60.0
+
+
 def estimate(
     job: str,
     trace: str,
@@ -266,7 +272,7 @@ def estimate(
     offsets = [round(i * span / starts) for i in range(starts)]
     tried = strategies(size, hours)
     jobs = [
-        Replay(market, workload, strategy, interval, start)
+        Replay(market, workload, strategy, interval, start, quantum=ESTIMATE_QUANTUM_SECONDS)
         for strategy in tried
         for start in (offsets if strategy.name != "on-demand" else offsets[:1])
     ]

@@ -230,6 +230,7 @@ class Replay:
     interval_seconds: float
     start_s: float = 0.0
     label: str = "recommended"
+    quantum: float = QUANTUM_SECONDS
 
     def describe(self) -> str:
         days = self.start_s / 86400
@@ -246,6 +247,7 @@ def run_replay(job: Replay) -> dict[str, Any]:
             job.strategy,
             interval_seconds=job.interval_seconds,
             start_s=job.start_s,
+            quantum=job.quantum,
         )
     return {**row, "interval": job.label}
 
