@@ -36,6 +36,8 @@ RETRY_SECONDS = 2.0
 # What a relaunch takes before it trains (an EC2 GPU instance's boot, the rendezvous, the
 # restore), kept in hand when deciding that the deadline leaves no more time to wait for spot.
 STARTUP_ALLOWANCE_SECONDS = 600.0
+# A wait's reason is saved to the record at most this often while it changes (a store PUT).
+WAITING_SAVE_SECONDS = 30.0
 # Tries back to spot that find none double the wait before the next, up to this many times.
 SPOT_PROBE_DOUBLINGS = 3
 
@@ -71,6 +73,7 @@ class CapacitySizer:
         self.deadline_slack = deadline_slack
         self.pace = pace
         self._policy: str | None = None  # Uniform Progress's last word (deadline.decide)
+        self._waiting_saved = 0.0  # when the record last took a new `waiting`
         self._fell_back = False
         self._trying_spot = False  # the next attempt is a try back to spot (back_to_spot)
         self._spot_misses = 0  # tries back to spot in a row that found none
@@ -213,9 +216,15 @@ class CapacitySizer:
 
     def _say_waiting(self, why: str | None) -> None:
         """Why the job waits for capacity now (a scheduler's queue reason), in the record
-        for `status` and describe(); None once it has its nodes."""
+        for `status` and describe(); None once it has its nodes. A reason that changes at
+        every ask (one that counts seconds) is saved at most every WAITING_SAVE_SECONDS."""
         if self.record.waiting == why:
             return
+        now = clock().monotonic()
+        if why is not None and self.record.waiting is not None:
+            if now - self._waiting_saved < WAITING_SAVE_SECONDS:
+                return
+        self._waiting_saved = now
         self.record.waiting = why
         try:
             self.jobs.save(self.record)
