@@ -781,7 +781,8 @@ def estimate(
 ) -> None:
     """What a job would take and cost on spot: its measured speed replayed through the
     controller against a spot trace, for each strategy (on-demand; spot; spot + elastic;
-    spot + on-demand fallback at the deadline; both), against on-demand."""
+    spot + on-demand fallback at the deadline; both; Uniform Progress, the job's work
+    known), against on-demand."""
     from trainctl.progress import status as progress_status
     from trainctl.replay.estimate import estimate as run_estimate
 
