@@ -121,3 +121,53 @@ def test_bad_input_is_one_line_and_exit_2(measured_job, tmp_path):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0], (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_on_a_terminal_the_head_comes_at_once_then_a_bar_over_the_replays(measured_job, tmp_path):
+    """What is known before any replay (the job, the trace, the prices) is printed first,
+    while the replays run under a bar that counts them; the table after."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    args = [
+        "estimate", measured_job, "--trace", _outage_trace(tmp_path / "outage.json"),
+        "--instance-type", "p3.2xlarge", "--nodes", "8", "--hours", "1", "--starts", "2",
+        "--workers", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen([TRAINCTL, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen, head_while_running = b"", None
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+                if head_while_running is None and b"against outage-at-30-min" in seen:
+                    head_while_running = proc.poll() is None and b"strategy" not in seen
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=30) == 0, seen.decode(errors="replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    text = seen.decode(errors="replace")
+    assert head_while_running, text  # the head, before any figure, the replays still running
+    assert "13 replays" in text, text  # the bar's label (on-demand once, 6 strategies x 2)
+    assert text.index("against outage-at-30-min") < text.rindex("on-demand only")

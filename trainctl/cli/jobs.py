@@ -783,11 +783,26 @@ def estimate(
     controller against a spot trace, for each strategy (on-demand; spot; spot + elastic;
     spot + on-demand fallback at the deadline; both; Uniform Progress, the job's work
     known), against on-demand."""
-    from trainctl.progress import status as progress_status
+    import contextlib
+    import shutil
+
+    from trainctl.progress import progress_task
     from trainctl.replay.estimate import estimate as run_estimate
 
     check_output(output)
-    with progress_status(f"replaying {job}") as say:
+    # a terminal's width (a pipe or a file: the table whole, a strategy a line)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    with contextlib.ExitStack() as stack:
+        advance: list[Any] = []
+
+        def started(head: Any, replays: int) -> None:
+            # what is known before any replay, at once; then a bar over the replays
+            if output != "json":
+                sys.stdout.write(head.render(width, body=False) + "\n")
+                sys.stdout.flush()
+            task = progress_task(f"{replays} replays", total=replays, bytes_=False)
+            advance.append(stack.enter_context(task))
+
         result = run_estimate(
             job,
             trace,
@@ -797,16 +812,13 @@ def estimate(
             starts=starts,
             save_seconds=save_seconds,
             workers=workers,
-            on_replay=say,
+            on_replay=lambda _: advance[0](1) if advance else None,
+            on_start=started,
         )
     if output == "json":
         print_json(result.model_dump())
         return
-    import shutil
-
-    # a terminal's width (a pipe or a file: the table whole, a strategy a line)
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    sys.stdout.write(result.render(width) + "\n")
+    sys.stdout.write(result.render(width, head=False) + "\n")
 
 
 @app.command()

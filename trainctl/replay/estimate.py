@@ -96,9 +96,11 @@ class Estimate(BaseModel):
     starts: int
     strategies: list[StrategyEstimate]
 
-    def render(self, width: int | None = None) -> str:
+    def render(self, width: int | None = None, *, head: bool = True, body: bool = True) -> str:
         """The estimate as text; with `width` (a terminal's columns), fitted to it: prose
-        wrapped, and the strategy table, where it is wider, as one block per strategy."""
+        wrapped, and the strategy table, where it is wider, as one block per strategy.
+        `head`: the job and trace lines (known before the replays: printed at once),
+        `body`: the strategies' table."""
 
         def cell(s: Spread | None, fmt: str) -> str:
             if s is None:
@@ -153,7 +155,11 @@ class Estimate(BaseModel):
             for r in self.strategies
             if r.completed < r.runs
         ]
-        out = [line.rstrip() for line in lines] + table + ended
+        out = ([line.rstrip() for line in lines] if head else []) + (table + ended if body else [])
+        if head and not body:
+            out = out[:-1]  # (the blank line before the table comes with it)
+        elif body and not head:
+            out = ["", *out]
         if width is None:
             return "\n".join(out)
         import textwrap
@@ -206,13 +212,16 @@ def estimate(
     store: Store | None = None,
     workers: int | None = None,
     on_replay: Callable[[str], None] | None = None,
+    on_start: Callable[[Estimate, int], None] | None = None,
 ) -> Estimate:
     """The strategies for `job` (a job in the store: its speed is measured from its record)
     against `trace` (a shipped trace's name, or a trace file): `hours` of training on
     demand at full size (default: the job's own, once it completed), on `nodes` nodes
     (default: the job's; the measured step time is taken to hold at any size) of
     `instance_type` (default: the job's). The replays run `workers` at a time (default: a
-    CPU each); `on_replay` is told of each as it ends."""
+    CPU each); `on_start` is given the estimate without its strategies (what is known before
+    any replay: its head) and the number of replays; `on_replay` is told of each as it
+    ends."""
     from trainctl.controller.submit import default_store
     from trainctl.record import JobStore
     from trainctl.replay.strategies import (
@@ -277,33 +286,49 @@ def estimate(
         for start in (offsets if strategy.name != "on-demand" else offsets[:1])
     ]
     ended = itertools.count(1)
+    known = {
+        "job": record.name,
+        "trace": market.name,
+        "trace_source": market.source,
+        "instance_type": kind,
+        "nodes": size,
+        "on_demand_hours": hours,
+        "step_seconds": step_seconds,
+        "checkpoint_interval_seconds": interval,
+        "starts": starts,
+    }
+    if on_start is not None:
+        on_start(Estimate(**known, **_prices(market, kind), strategies=[]), len(jobs))
 
     def done(job: Replay) -> None:
         if on_replay:
             on_replay(f"{next(ended)} of {len(jobs)} replays done ({job.describe()})")
 
     rows = replay_all(jobs, workers, on_done=done)
-    # a job of another type: its own on-demand price, the trace's spot discount
-    trace_prices = market.prices
-    scale = 1.0
-    if kind != market.instance_type and CATALOG[kind].on_demand_usd_per_hour:
-        scale = CATALOG[kind].on_demand_usd_per_hour / trace_prices.on_demand_usd_per_hour
+    scale = _price_scale(market, kind)
     for row in rows:
         row["cost_usd"] *= scale
-    return Estimate(
-        job=record.name,
-        trace=market.name,
-        trace_source=market.source,
-        instance_type=kind,
-        nodes=size,
-        on_demand_hours=hours,
-        step_seconds=step_seconds,
-        checkpoint_interval_seconds=interval,
-        on_demand_usd_per_hour=trace_prices.on_demand_usd_per_hour * scale,
-        spot_usd_per_hour=trace_prices.spot_usd_per_hour * scale,
-        starts=starts,
-        strategies=[_strategy_row(r) for r in summarize(rows)],
-    )
+    strategies_rows = [_strategy_row(r) for r in summarize(rows)]
+    return Estimate(**known, **_prices(market, kind), strategies=strategies_rows)
+
+
+def _price_scale(market: SpotTrace, kind: str) -> float:
+    """A job of another type than the trace's: its own on-demand price, the trace's spot
+    discount (the factor on the trace's prices)."""
+    from trainctl.spec.catalog import CATALOG
+
+    own = CATALOG[kind].on_demand_usd_per_hour
+    if kind != market.instance_type and own:
+        return own / market.prices.on_demand_usd_per_hour
+    return 1.0
+
+
+def _prices(market: SpotTrace, kind: str) -> dict[str, float]:
+    scale = _price_scale(market, kind)
+    return {
+        "on_demand_usd_per_hour": market.prices.on_demand_usd_per_hour * scale,
+        "spot_usd_per_hour": market.prices.spot_usd_per_hour * scale,
+    }
 
 
 def _strategy_row(summary: dict[str, Any]) -> StrategyEstimate:
