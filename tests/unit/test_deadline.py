@@ -49,3 +49,11 @@ def test_on_demand_is_left_for_spot_only_ahead_of_the_line_two_restarts_on() -> 
 def test_no_work_left_asks_for_nothing_it_cannot_finish() -> None:
     done = pace(3.0, 6.0)
     assert done.left == 0 and not done.behind and decide(done) == "spot"
+
+
+def test_a_job_short_of_max_run_for_another_restart_stays_on_demand() -> None:
+    # ahead of the line and far from the deadline, but max_run has 2.1 h for 2 h of work
+    roomy = pace(3.0, 4.0)
+    assert leave_on_demand(roomy) and decide(roomy) == "spot"
+    tight = Pace(3 * HOUR, DEADLINE, WORK, 4 * HOUR, RESTART, run_left=2.1 * HOUR)
+    assert tight.must_finish and not leave_on_demand(tight) and decide(tight) == "on-demand"

@@ -70,7 +70,21 @@ class TimeBudget:
             work=progress["total"] / rate,
             done=saved_steps / rate,
             restart=max(get_settings().min_restart_seconds, restart),
+            run_left=spec.max_run - self.trained(),
         )
+
+    def trained(self) -> float:
+        """Seconds of max_run spent: the attempts that ended, and the one under way since it
+        had its nodes."""
+        from trainctl.record import parse_iso
+
+        spent = 0.0
+        for attempt in self.record.attempts:
+            if attempt.training_seconds is not None:
+                spent += attempt.training_seconds
+            elif attempt.ended_at is None:
+                spent += max(0.0, clock().time() - parse_iso(attempt.started_at))
+        return spent
 
     def reached(self, training_started: float | None) -> str | None:
         """Which limit the job has reached, as its stop reason (None: neither).

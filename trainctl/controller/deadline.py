@@ -44,6 +44,9 @@ class Pace:
     work: float  # the whole job's training
     done: float  # of it, up to the last checkpoint
     restart: float = DEFAULT_RESTART_SECONDS  # d
+    # What is left of max_run, the training budget (every attempt's start-up counts in it):
+    # a relaunch spends it too. None: not bounded.
+    run_left: float | None = None
 
     def expected(self, at: float) -> float:
         """ep(t): the work done by `at` on the straight line to the deadline."""
@@ -59,8 +62,12 @@ class Pace:
 
     @property
     def must_finish(self) -> bool:
-        """The safety net: R(t) < C(t) + 2d."""
-        return self.deadline - self.elapsed < self.left + 2 * self.restart
+        """The safety net: R(t) < C(t) + 2d, R the time to the deadline or, where it is
+        less, what is left of max_run."""
+        room = self.deadline - self.elapsed
+        if self.run_left is not None:
+            room = min(room, self.run_left)
+        return room < self.left + 2 * self.restart
 
 
 def decide(pace: Pace) -> Market:
