@@ -42,19 +42,16 @@ class TimeBudget:
         start-up (less any wait for capacity) and the steps they lost."""
         spec, record = self.record.spec, self.record
         progress = record.progress(clock().time())
-        if spec.max_wait is None or progress is None:
+        if spec.max_wait is None or progress is None or not progress["steps_per_second"]:
+            # (No pace yet, measured on the real traces: taking the line from max_run before
+            # the first pace sends a job to on-demand at its first minute without spot, 0.63x
+            # the cost in the median against 0.53x waiting on the slack; both in time.)
             return None
+        rate = progress["steps_per_second"]
         saved_steps = max(
             (a.last_checkpoint_step or a.resumed_from_step or 0 for a in record.attempts),
             default=0,
         )
-        elapsed = clock().monotonic() - self.job_started + self.waited_before
-        rate = progress["steps_per_second"]
-        if not rate:
-            # (Measured on the real traces: taking the line from max_run before the first
-            # pace sends a job to on-demand at its first minute without spot, 0.63x the
-            # cost in the median against 0.53x waiting on the slack; both in time.)
-            return None
         starts = [
             a.startup["total"] - a.startup.get("capacity", 0.0)
             for a in record.attempts
@@ -65,7 +62,7 @@ class TimeBudget:
         if starts:
             restart = sum(starts) / len(starts) + (sum(lost) / len(lost) / rate if lost else 0.0)
         return Pace(
-            elapsed=elapsed,
+            elapsed=clock().monotonic() - self.job_started + self.waited_before,
             deadline=float(spec.max_wait),
             work=progress["total"] / rate,
             done=saved_steps / rate,

@@ -266,9 +266,12 @@ class Estimator:
     ) -> None:
         # Every other keyword is a job field (trainctl.spec.fields): the signature below is
         # made from JobSpec, so a new field needs no edit here.
-        known = _estimator_fields()
+        from trainctl.spec.catalog import plugin_blocks
+
+        # (an installed provider plug-in's options are a keyword too: slurm={...})
+        known = _estimator_fields() | set(plugin_blocks())
         for name in fields:
-            if name not in known and name not in _plugin_blocks():
+            if name not in known:
                 import difflib
 
                 close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -393,13 +396,6 @@ def _estimator_fields() -> frozenset[str]:
     from trainctl.spec.fields import job_fields
 
     return frozenset(f.name for f in job_fields() if f.door.estimator)
-
-
-def _plugin_blocks() -> dict[str, type]:
-    """An installed provider plug-in's options are a keyword too: `slurm={...}`."""
-    from trainctl.spec.catalog import plugin_blocks
-
-    return plugin_blocks()
 
 
 def _describe_fields() -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from trainctl.errors import SpecError
 from trainctl.provisioning.base import Provider
-from trainctl.spec.catalog import CATALOG, InstanceType, plugin_entry_points
+from trainctl.spec.catalog import CATALOG, InstanceType, installed_plugins
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,9 @@ def provider_names() -> list[str]:
 
 
 def _load_plugins() -> None:
-    for entry in plugin_entry_points():
-        if entry.name not in _plugins:
-            plugin = entry.load()
-            if isinstance(plugin, ProviderPlugin):
-                register_provider(plugin)
+    for name, plugin in installed_plugins().items():
+        if name not in _plugins and isinstance(plugin, ProviderPlugin):
+            register_provider(plugin)
 
 
 def get_provider(instance_type: str, region: str | None = None) -> Provider:

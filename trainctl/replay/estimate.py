@@ -122,7 +122,6 @@ class Estimate(BaseModel):
             f"against {self.trace} ({self.trace_source}), from {self.starts} point(s) of it; "
             f"${self.on_demand_usd_per_hour:.4g}/h on demand, ${self.spot_usd_per_hour:.4g}/h "
             "spot; median [min-max]",
-            "",
         ]
         header = ("strategy", "hours", "time x", "cost $", "cost x", "wasted node-h", "relaunch")
         rows = [
@@ -155,11 +154,9 @@ class Estimate(BaseModel):
             for r in self.strategies
             if r.completed < r.runs
         ]
-        out = ([line.rstrip() for line in lines] if head else []) + (table + ended if body else [])
-        if head and not body:
-            out = out[:-1]  # (the blank line before the table comes with it)
-        elif body and not head:
-            out = ["", *out]
+        out = ([line.rstrip() for line in lines] if head else []) + (
+            ["", *table, *ended] if body else []  # (the blank line before the table is its)
+        )
         if width is None:
             return "\n".join(out)
         import textwrap

@@ -115,15 +115,22 @@ class Catalog(MutableMapping[str, InstanceType]):
 CATALOG = Catalog()
 
 
-# Installed provider plug-ins (trainctl.provisioning.ProviderPlugin) bring instance types.
+# Installed provider plug-ins (trainctl.provisioning.ProviderPlugin) bring instance types
+# and job options.
 PLUGIN_GROUP = "trainctl.providers"
+_installed: dict[str, object] | None = None
 _plugins_loaded = False
 
 
-def plugin_entry_points() -> list:
-    from importlib.metadata import entry_points
+def installed_plugins() -> dict[str, object]:
+    """What each installed plug-in's entry point names (its ProviderPlugin), by entry point
+    name: the entry points read and loaded once per process."""
+    global _installed
+    if _installed is None:
+        from importlib.metadata import entry_points
 
-    return list(entry_points(group=PLUGIN_GROUP))
+        _installed = {e.name: e.load() for e in entry_points(group=PLUGIN_GROUP)}
+    return _installed
 
 
 def _load_plugin_types() -> None:
@@ -133,8 +140,8 @@ def _load_plugin_types() -> None:
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    for entry in plugin_entry_points():
-        for itype in getattr(entry.load(), "instance_types", ()):
+    for plugin in installed_plugins().values():
+        for itype in getattr(plugin, "instance_types", ()):
             if isinstance(itype, InstanceType):
                 CATALOG.setdefault(itype.name, itype)
 
@@ -142,21 +149,15 @@ def _load_plugin_types() -> None:
 def plugin_blocks() -> dict[str, type]:
     """The option blocks of installed provider plug-ins, by plug-in name: the pydantic model
     a plug-in's `options` names (its fields are the keys of the job's `<name>:` block and
-    submit's `--<name>-<field>` flags). Loaded once per process."""
-    global _blocks
-    if _blocks is None:
-        from pydantic import BaseModel
+    submit's `--<name>-<field>` flags)."""
+    from pydantic import BaseModel
 
-        found: dict[str, type] = {}
-        for entry in plugin_entry_points():
-            options = getattr(entry.load(), "options", None)
-            if isinstance(options, type) and issubclass(options, BaseModel):
-                found[entry.name] = options
-        _blocks = found
-    return _blocks
-
-
-_blocks: dict[str, type] | None = None
+    return {
+        name: options
+        for name, plugin in installed_plugins().items()
+        if isinstance(options := getattr(plugin, "options", None), type)
+        and issubclass(options, BaseModel)
+    }
 
 
 def check_instance_type(name: str) -> InstanceType:

@@ -92,29 +92,17 @@ def flatten_blocks(fields: dict[str, Any]) -> dict[str, Any]:
     out = dict(fields)
     from trainctl.spec.catalog import plugin_blocks
 
-    for name in set(plugin_blocks()) & set(out):  # a plug-in's block: provider_options
-        values = out.pop(name)
-        if values is None:
+    for name in plugin_blocks():  # a plug-in's block: provider_options
+        if (values := _pop_block(out, name)) is None:
             continue
-        if not isinstance(values, dict):
-            raise SpecError(
-                name, f"must be a mapping of {name} options, got {type(values).__name__}"
-            )
         given = out.get("provider_options")
         merged = dict(given) if isinstance(given, dict) else {}
         if name in merged:
             raise SpecError(name, f"is also given as provider_options.{name}: give it once")
         out["provider_options"] = {**merged, name: values}
     for block, options_class in BLOCKS.items():
-        if block not in out:
+        if (values := _pop_block(out, block)) is None:
             continue
-        values = out.pop(block)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise SpecError(
-                block, f"must be a mapping of {block} options, got {type(values).__name__}"
-            )
         allowed = list(options_class.model_fields)
         for key, value in values.items():
             if key not in allowed:
@@ -125,3 +113,11 @@ def flatten_blocks(fields: dict[str, Any]) -> dict[str, Any]:
                 raise SpecError(f"{block}.{key}", f"is also given as {key}: give it once")
             out[key] = value
     return out
+
+
+def _pop_block(fields: dict[str, Any], block: str) -> dict[str, Any] | None:
+    """The mapping given as `block`, taken out of `fields` (None: not given)."""
+    values = fields.pop(block, None)
+    if values is not None and not isinstance(values, dict):
+        raise SpecError(block, f"must be a mapping of {block} options, got {type(values).__name__}")
+    return values

@@ -289,7 +289,7 @@ class SlurmProvider(Provider, FaultInjection):
             job_id = job_id.split(";")[0]
         else:
             job_id = held.id
-        running = self._wait_running(job_id, request)
+        running = self._wait_running(job_id)
         names = slurm.hostnames(running.nodelist)
         self._allocations[(job, attempt)] = (job_id, names)
         return self._cluster(request, options, job, attempt, job_id, names)
@@ -297,7 +297,7 @@ class SlurmProvider(Provider, FaultInjection):
     def _planned_nodes(self, held: slurm.Allocation) -> list[str]:
         return slurm.hostnames(held.nodelist) if held.nodelist else []
 
-    def _wait_running(self, job_id: str, request: CapacityRequest) -> slurm.Allocation:
+    def _wait_running(self, job_id: str) -> slurm.Allocation:
         deadline = time.monotonic() + START_WAIT_SECONDS
         while True:
             found = slurm.allocations(job_id=job_id)
@@ -376,7 +376,7 @@ class SlurmProvider(Provider, FaultInjection):
             return {}  # ending: its end state says why, in a moment
         if not found or not found[0].active:
             state = found[0].state if found else "gone"
-            if state == "CANCELLED" and job_id not in self._cancelled:
+            if found and self._cancelled_by_user(found[0]):
                 raise StoppedOutsideError(f"Slurm job {job_id} was cancelled (scancel)")
             why = f"its Slurm allocation {job_id} ended ({state})"
             return {rank: why for rank in range(len(names))}
@@ -395,8 +395,12 @@ class SlurmProvider(Provider, FaultInjection):
         if attempt < 2:
             return
         for alloc in slurm.allocations(name=allocation_name(job, attempt - 1)):
-            if alloc.state == "CANCELLED" and alloc.id not in self._cancelled:
+            if self._cancelled_by_user(alloc):
                 raise StoppedOutsideError(f"Slurm job {alloc.id} was cancelled (scancel)")
+
+    def _cancelled_by_user(self, alloc: slurm.Allocation) -> bool:
+        """Cancelled, and not by this provider (a relaunch, a stop): the user's scancel."""
+        return alloc.state == "CANCELLED" and alloc.id not in self._cancelled
 
     # -- faults ---------------------------------------------------------------------------
     def kill_node(self, cluster: ClusterInfo, rank: int) -> None:
