@@ -24,7 +24,6 @@ checkpoint location each), keep no warm capacity, and inject no faults.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -37,15 +36,20 @@ from trainctl.record import JobRecord, JobStore, parse_iso
 from trainctl.state import JobState
 from trainctl.store import Store
 from trainctl.train.diagnosis import DIAGNOSE_STEPS, DIAGNOSE_WARMUP, SYNTHETIC_DATA
+from trainctl.train.interval import (
+    FAILURES_PER_NODE_HOUR,
+    SPOT_RECLAIMS_PER_NODE_HOUR,
+    young_daly_seconds,
+)
 
 __all__ = ["Diagnosis", "RunMeasurement", "diagnose"]
 
 # A share of the step time above this bounds throughput (below it, compute does).
 BOUND_SHARE = 0.15
-# Interruptions per instance-hour assumed when the job's history has none: the Spot Instance
-# Advisor's worst band (>20% of instances a month) for spot; a rare failure otherwise.
-SPOT_INTERRUPTIONS_PER_HOUR = 0.2 / (30 * 24)
-ON_DEMAND_INTERRUPTIONS_PER_HOUR = 0.01 / (30 * 24)
+# Interruptions per instance-hour assumed when the job's history has none (the controller's
+# checkpoint policy assumes the same): spot reclaims; failures without notice.
+SPOT_INTERRUPTIONS_PER_HOUR = SPOT_RECLAIMS_PER_NODE_HOUR
+ON_DEMAND_INTERRUPTIONS_PER_HOUR = FAILURES_PER_NODE_HOUR
 # Repeated runs of one configuration that differ by more than this (max - min, over the
 # median): the machine is busy, and the shares are rough.
 BUSY_SPREAD = 0.2
@@ -538,12 +542,6 @@ def _analyse(
         )
     _conclude(out, size)
     return out
-
-
-def young_daly_seconds(save_seconds: float, interruptions_per_hour: float) -> float:
-    """The checkpoint interval that loses least to interruptions at this rate (the whole
-    job's), each save holding training `save_seconds`: sqrt(2 * C * MTBF)."""
-    return math.sqrt(2 * save_seconds * 3600.0 / interruptions_per_hour)
 
 
 def _young_daly(

@@ -517,6 +517,10 @@ def test_events_shows_a_jobs_timeline(made):
     assert re.match(r"\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} +\+0\.0s  state +- -> Pending", lines[0])
     assert any("Starting -> Training" in line for line in lines), lines
     assert any(" agents_started " in line and "nodes=1" in line for line in lines), lines
+    # what the nodes were told for their checkpoint interval (Checkpointer.due)
+    assert any(
+        " checkpoint_policy " in line and "capacity that is not reclaimed" in line for line in lines
+    ), lines
     states = run(env, "events", "saver", "--type", "state").stdout.splitlines()
     assert states and all(line.split()[3] == "state" for line in states), states
     assert states[-1].endswith("-> Completed")

@@ -41,6 +41,7 @@ from trainctl.train import (
 )
 from trainctl.train import progress as progress_mod
 from trainctl.train.checkpoint import is_complete, step_dir_name
+from trainctl.train.interval import DEFAULT_INTERVAL_SECONDS, POLICY_ENV, CheckpointPolicy
 
 pytestmark = pytest.mark.timeout(60)  # each test; the slower ones set their own below
 
@@ -824,6 +825,15 @@ elif mode == "save":
         train_step()
         ckpt.save(step, model=model, optimizer=opt, extra={"saved_by": ctx.rank})
     dump("saved", snapshot())
+elif mode == "due":  # save when the interval says, whatever this rank's own clock says
+    saved, began = [], time.monotonic()
+    for step in range(1, 41):
+        train_step()
+        time.sleep(0.05)
+        if ckpt.due():
+            ckpt.save(step, model=model, optimizer=opt)
+            saved.append([step, round(time.monotonic() - began, 3)])
+    dump("due", {"saved": saved, "interval": ckpt.interval_seconds()})
 elif mode == "restore":
     info = ckpt.restore(model=model, optimizer=opt)
     dump("restored", {"step": info and info.step, "extra": info and info.extra, **snapshot()})
@@ -834,7 +844,13 @@ finish(0)
 """
 
 
-def _start_ranks(procs: Procs, tmp_path: Path, mode: str, ckpt_dirs: list[Path]):
+def _start_ranks(
+    procs: Procs,
+    tmp_path: Path,
+    mode: str,
+    ckpt_dirs: list[Path],
+    rank_env: list[dict[str, str]] | None = None,
+):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "out"
@@ -845,6 +861,7 @@ def _start_ranks(procs: Procs, tmp_path: Path, mode: str, ckpt_dirs: list[Path])
         env = dict(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1")
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRAINCTL_JOB="job-1")
         env.update(SM_CHECKPOINT_DIR=str(ckpt_dirs[rank]), SM_CURRENT_HOST_RANK=str(rank))
+        env.update(rank_env[rank] if rank_env else {})
         argv = [sys.executable, str(script), mode, str(out)]
         log = tmp_path / f"{mode}-{rank}.log"
         started.append(procs.start(argv, log, tmp_path / f"node{rank}", **env))
@@ -1280,3 +1297,24 @@ def test_fsdp_shards_restore_on_another_world_size(
     restored = torch.load(tmp_path / f"restored-{restored_by}.pt")
     assert sorted(saved) == sorted(restored) and len(saved) == 12
     assert all(torch.equal(saved[k], restored[k]) for k in saved)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_save_when_rank_0s_interval_says(procs: Procs, tmp_path: Path) -> None:
+    """Checkpointer.due(): the controller's policy gives rank 0 a half-second interval before
+    its first save (at the assumed 5-s hold); rank 1 is given none (every 30 minutes, by
+    itself never due). Both save at rank 0's steps: a save is collective, so a rank that
+    decided alone would hang the other."""
+    # sqrt(2 * 5 s * 3600 / rate) = 0.5 s
+    policy = CheckpointPolicy(1, 144_000.0, 144_000.0, "test")
+    nodes = [tmp_path / "node0" / "ckpt", tmp_path / "node1" / "ckpt"]
+    ranks, out = _start_ranks(procs, tmp_path, "due", nodes, [{POLICY_ENV: policy.to_env()}, {}])
+    assert _wait_all(ranks, 45) == [0, 0], _logs(tmp_path, "due")
+    due = [json.loads((out / f"due-{r}.json").read_text()) for r in (0, 1)]
+    steps = [[step for step, _ in d["saved"]] for d in due]
+    assert steps[0] == steps[1] and steps[0], due
+    first_at = due[0]["saved"][0][1]
+    assert first_at >= 0.5, due  # not before the interval
+    # after it, the hold measured (milliseconds) makes Young/Daly's interval far shorter
+    assert due[0]["interval"] < 0.5 and due[1]["interval"] == DEFAULT_INTERVAL_SECONDS
+    assert len(steps[0]) > 2

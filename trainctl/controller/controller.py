@@ -22,6 +22,7 @@ from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import AttemptEnd, LiveNode, Resumes
 from trainctl.controller.budget import TimeBudget
 from trainctl.controller.capacity import CapacitySizer, StoppedWaiting
+from trainctl.controller.checkpoint_policy import checkpoint_policy
 from trainctl.controller.faults import FaultSchedule
 from trainctl.controller.groups import trained_apart
 from trainctl.controller.hangs import (
@@ -59,6 +60,7 @@ from trainctl.record import (
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
+from trainctl.train.interval import POLICY_ENV
 from trainctl.transport import RunningProcess
 
 POLL_SECONDS = 0.25
@@ -425,6 +427,15 @@ class Controller:
         from concurrent.futures import ThreadPoolExecutor
 
         env = agent_env(self.settings)
+        policy = checkpoint_policy(self.record, cluster)
+        env[POLICY_ENV] = policy.to_env()
+        self.jobs.event(
+            "checkpoint_policy",
+            attempt=cluster.attempt,
+            lossy_per_node_hour_saved=policy.lossy_per_node_hour_saved,
+            lossy_per_node_hour_unsaved=policy.lossy_per_node_hour_unsaved,
+            source=policy.source,
+        )
 
         def start(rank: int) -> RunningProcess:
             runner = self.provider.node_runner(cluster, rank)

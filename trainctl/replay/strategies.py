@@ -95,10 +95,13 @@ def recommended_interval(workload: Workload) -> float:
     interruption notice (a PreemptionFlag): every reclaim of a trace comes with one and
     loses nothing, so only failures without notice size the interval, at the rate diagnose
     assumes for them on each of the job's nodes."""
-    from trainctl.diagnose import ON_DEMAND_INTERRUPTIONS_PER_HOUR, young_daly_seconds
+    from trainctl.train.interval import policy_for
 
-    rate = ON_DEMAND_INTERRUPTIONS_PER_HOUR * workload.nodes
-    return young_daly_seconds(workload.save_seconds, rate)
+    # What the controller passes a new job's nodes, and what Checkpointer.due() takes from it
+    # for a script that saves at notices: a replay's reclaims all lose nothing, so the job's
+    # history keeps it where it starts.
+    policy = policy_for([], nodes=workload.nodes, spot=True)
+    return policy.interval_seconds(workload.save_seconds, saves_at_notice=True)
 
 
 def simulate(

@@ -46,7 +46,8 @@ What is where:
   channels and hyperparameters (trainctl.train.context).
 - `Checkpointer` / `CheckpointInfo`: atomic sharded checkpoints in the layout the trainctl
   agent syncs: `step-<step:09d>/{state.pt, rank-<r>.pt, meta.json}`
-  (trainctl.train.checkpoint).
+  (trainctl.train.checkpoint); `due()` says when to save, at Young/Daly's interval for the
+  job's interruptions (trainctl.train.interval).
 - `ResumableDistributedSampler`: torch's DistributedSampler order plus exact mid-epoch
   resume (trainctl.train.sampler).
 - `PreemptionFlag`: SIGTERM flag all-reduced across ranks, emergency exit with code 85

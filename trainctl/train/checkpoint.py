@@ -63,15 +63,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainctl import protocol
-from trainctl.train import _background, diagnosis
-from trainctl.train.context import TrainContext, _dist_ready, _global_rank, _world_size, context
+from trainctl.train import _background, diagnosis, interval
+from trainctl.train.context import (
+    TrainContext,
+    _comm_device,
+    _dist_ready,
+    _global_rank,
+    _world_size,
+    context,
+)
+from trainctl.train.preemption import saves_at_notice
 from trainctl.train.progress import _report_now
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "Checkpointer",
@@ -440,14 +445,6 @@ def _snapshot(value: Any, path: str, buffers: dict[str, Any]) -> Any:
     return result
 
 
-def _comm_device(dist: Any) -> torch.device:
-    import torch
-
-    if "nccl" in str(dist.get_backend()).lower():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 class Checkpointer:
     """Save and restore training state in `directory` (default: the context's checkpoint_dir).
 
@@ -489,6 +486,52 @@ class Checkpointer:
         self._failure: BaseException | None = None  # of the last background write
         self._group: Any = None  # the gloo group of the background writers
         self._buffers: dict[str, Any] = {}  # host copies of the state, reused (async_save)
+        # What due() keeps the interval by: the controller's policy, this process's saves.
+        self._policy = interval.CheckpointPolicy.from_env()
+        self._last_save = time.monotonic()
+        self._saves = 0
+        self._held_seconds = 0.0  # the loop's, over every save
+        self._write_seconds = 0.0  # the last save's background write
+
+    def interval_seconds(self) -> float:
+        """The interval `due()` keeps: Young/Daly's (trainctl.train.interval) for the job's
+        rate of interruptions that lose work, which the controller passes at each attempt's
+        start, and this process's own saves (their mean hold on the loop; a save is never due
+        before the last one is written); reclaims count only without a PreemptionFlag. Outside
+        trainctl, every 30 minutes."""
+        if self._policy is None:
+            return interval.DEFAULT_INTERVAL_SECONDS
+        return self._policy.interval_seconds(
+            self._held_seconds / self._saves if self._saves else None,
+            saves_at_notice=saves_at_notice(),
+            write_seconds=self._write_seconds,
+        )
+
+    def due(self) -> bool:
+        """Whether to save now: `interval_seconds()` have passed since the last save (or since
+        this Checkpointer was made). Rank 0 decides and every rank gets its answer (one tiny
+        broadcast a call), so all ranks save at the same step::
+
+            if ckpt.due():
+                ckpt.save(step, model=model, optimizer=opt)
+        """
+        rank = _global_rank(self.ctx)
+        want = rank == 0 and time.monotonic() - self._last_save >= self.interval_seconds()
+        dist = _dist_ready()
+        if dist is None:
+            return want
+        import torch
+
+        flag = torch.tensor([int(want)], dtype=torch.int32, device=_comm_device(dist))
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _saved(self, held: float) -> None:
+        """A save held the loop `held` seconds (its write may go on in the background)."""
+        self._saves += 1
+        self._held_seconds += held
+        self._last_save = time.monotonic()
+        diagnosis.checkpoint_saved(held)
 
     def wait(self) -> None:
         """Block until the last save is written (async), on disk and old steps are pruned;
@@ -563,7 +606,8 @@ class Checkpointer:
             if rank == 0:
                 _report_now(step)
             held = time.perf_counter() - began
-            diagnosis.checkpoint_saved(held)
+            self._saved(held)
+            self._write_seconds = held
             diagnosis.checkpoint_written(held)
             return step_dir
         # The loop goes on once the state is copied: the copy is what gets written.
@@ -592,10 +636,11 @@ class Checkpointer:
             except BaseException as exc:
                 self._failure = exc
                 raise
-            diagnosis.checkpoint_written(time.perf_counter() - writing)
+            self._write_seconds = time.perf_counter() - writing
+            diagnosis.checkpoint_written(self._write_seconds)
 
         self._durability = _background.start(f"trainctl-checkpoint-{step}", background)
-        diagnosis.checkpoint_saved(time.perf_counter() - began)
+        self._saved(time.perf_counter() - began)
         return step_dir
 
     def _sharded(self, model: Any) -> bool:

@@ -170,6 +170,15 @@ def init_distributed(backend: str | None = None, **kwargs: Any) -> TrainContext:
     return ctx
 
 
+def _comm_device(dist: Any) -> torch.device:
+    """Where a collective's tensor lives: the GPU under NCCL, else the CPU."""
+    import torch
+
+    if "nccl" in str(dist.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _dist_ready() -> Any:
     """torch.distributed if a process group is up, else None (never imports torch itself)."""
     import sys

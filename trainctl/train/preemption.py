@@ -22,9 +22,18 @@ import signal
 from typing import Any, NoReturn
 
 from trainctl import protocol
-from trainctl.train.context import TrainContext, _dist_ready, _global_rank, context
+from trainctl.train.context import TrainContext, _comm_device, _dist_ready, _global_rank, context
 
-__all__ = ["PreemptionFlag"]
+__all__ = ["PreemptionFlag", "saves_at_notice"]
+
+# The flags installed in this process: a script with one checkpoints at a reclaim's notice,
+# so reclaims do not size its checkpoint interval (trainctl.train.interval).
+_installed: set[int] = set()
+
+
+def saves_at_notice() -> bool:
+    """Whether this process has a PreemptionFlag installed."""
+    return bool(_installed)
 
 
 class PreemptionFlag:
@@ -58,12 +67,14 @@ class PreemptionFlag:
         if not self._previous:
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            _installed.add(id(self))
         return self
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
+        _installed.discard(id(self))
 
     def __enter__(self) -> PreemptionFlag:
         return self.install()
@@ -95,8 +106,6 @@ class PreemptionFlag:
             stop = self._requested
         else:
             import torch
-
-            from trainctl.train.checkpoint import _comm_device
 
             flag = torch.tensor([int(self._requested)], dtype=torch.int32)
             flag = flag.to(_comm_device(dist))
