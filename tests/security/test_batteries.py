@@ -90,7 +90,7 @@ def _bad_inputs(w: dict[str, Path]) -> list[tuple[list[str], tuple[str, ...]]]:
         for value in values:
             cases.append(([*base, flag, value], words or (flag,)))
 
-    field("--instance-count", ["0", "-1", "1.5", "two", "513", "9" * 30, "", " ", "0x2"],
+    field("--instance-count", ["0", "-1", "1.5", "two", "65537", "9" * 30, "", " ", "0x2"],
           "instance_count", "--instance-count")  # fmt: skip
     field("--processes-per-host", ["0", "-3", "65", "many", "1e3"],
           "processes_per_host", "--processes-per-host")  # fmt: skip

@@ -1086,3 +1086,48 @@ def test_more_workers_than_the_instance_has_gpus_is_one_line(aws: Aws) -> None:
         "processes_per_host: 2 workers per node but g5.xlarge has 1 GPU(s): at most 1 "
         "(NCCL needs a GPU each)"
     )
+
+
+def _quotas(answers: list[tuple[str, float | None]]) -> Any:
+    """A Service Quotas client whose answers are stubbed (botocore checks each request and
+    answer against the API's model): (quota code asked, vCPUs; None: AccessDenied)."""
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client(
+        "service-quotas", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s"
+    )
+    stub = Stubber(client)
+    for code, value in answers:
+        asked = {"ServiceCode": "ec2", "QuotaCode": code}
+        if value is None:
+            stub.add_client_error("get_service_quota", "AccessDeniedException", "no", 400, asked)
+        else:
+            quota = {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}
+            stub.add_response("get_service_quota", {"Quota": quota}, asked)
+    stub.activate()
+    return client
+
+
+def test_a_job_over_the_accounts_vcpu_quota_is_one_line_before_launch(aws) -> None:
+    from trainctl.provisioning.aws.preflight import check_vcpu_quota, quota_class
+
+    assert [quota_class(t) for t in ("p4d.24xlarge", "g5.xlarge", "c5.2xlarge", "inf2.xlarge")] == [
+        "p", "g", "standard", None,
+    ]  # fmt: skip
+    over = CapacityRequest.of(aws.spec(instance_type="p3.2xlarge", instance_count=2048))
+    with pytest.raises(SpecError) as refused:
+        check_vcpu_quota(_quotas([("L-417A185B", 384.0)]), over, REGION)
+    assert str(refused.value).startswith(
+        "instance_count: 2048 x p3.2xlarge is 16,384 vCPUs; the account's quota for Running "
+        f"On-Demand P instances in {REGION} is 384 vCPUs (Service Quotas L-417A185B)"
+    )
+    within = CapacityRequest.of(aws.spec(instance_type="p3.2xlarge", instance_count=48))
+    check_vcpu_quota(_quotas([("L-417A185B", 384.0)]), within, REGION)
+    spot = CapacityRequest.of(
+        aws.spec(instance_type="g5.xlarge", instance_count=1024, use_spot_instances=True)
+    )
+    with pytest.raises(SpecError, match="All G and VT Spot Instance Requests"):
+        check_vcpu_quota(_quotas([("L-3819A6DF", 64.0)]), spot, REGION)
+    # not allowed to read quotas: left to EC2's own answer at launch
+    check_vcpu_quota(_quotas([("L-417A185B", None)]), over, REGION)

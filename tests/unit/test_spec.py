@@ -49,7 +49,7 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("entry-point-dotdot", {"entry_point": "../outside.py"}, "entry_point", ("outside",)),
     ("instance-count-0", {"instance_count": 0}, "instance_count", ()),
     ("instance-count-neg", {"instance_count": -1}, "instance_count", ()),
-    ("instance-count-too-big", {"instance_count": 10_000}, "instance_count", ()),
+    ("instance-count-too-big", {"instance_count": 100_000}, "instance_count", ()),
     ("processes-per-host-0", {"processes_per_host": 0}, "processes_per_host", ()),
     ("max-run-0", {"max_run": 0}, "max_run", ()),
     (

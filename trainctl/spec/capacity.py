@@ -30,6 +30,8 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from trainctl.spec.limits import MAX_INSTANCE_COUNT
+
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
 SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 SECURITY_GROUP_RE = re.compile(r"^sg-[0-9a-f]{8,17}$")
@@ -168,6 +170,6 @@ class PoolConfig(_Strict):
     image_id: ImageId = None
     instance_profile: str | None = None
     volume_size: int | None = Field(default=None, ge=8, le=16384)
-    max_instances: int | None = Field(default=None, ge=1, le=512)
+    max_instances: int | None = Field(default=None, ge=1, le=MAX_INSTANCE_COUNT)
     keep_alive_period_in_seconds: int | None = Field(default=None, ge=0, le=3600)
     hosts: list[SshHost] = Field(default_factory=list)

@@ -34,6 +34,7 @@ from trainctl.spec.door import Door
 from trainctl.spec.limits import (
     DEFAULT_VOLUME_GB,
     MAX_ARGUMENTS_BYTES,
+    MAX_INSTANCE_COUNT,
     check_environment,
     check_hyperparameters_size,
     check_value,
@@ -199,7 +200,7 @@ class JobSpec(StrictModel):
     ] = "local"
     # strict: True is not a count, and "2" from an untyped source is a mistake worth naming
     instance_count: Annotated[int, Door("Nodes.", sagemaker="same")] = Field(
-        default=1, ge=1, le=512, strict=True
+        default=1, ge=1, le=MAX_INSTANCE_COUNT, strict=True
     )
     processes_per_host: Annotated[
         int | None, Door("Worker processes per node (default: its GPUs, or 1).")

@@ -15,6 +15,9 @@ from typing import Any
 # (one environment string each): Linux caps one such string at 128 KiB (MAX_ARG_STRLEN), and
 # SM_TRAINING_ENV holds the hyperparameters once more, so they get half.
 MAX_HYPERPARAMETERS_BYTES = 64 * 1024
+# Nodes of one job: above any cloud account's quota (EC2's own, in vCPUs, is checked before
+# launch: trainctl.provisioning.aws.preflight.check_vcpu_quota), so only a typo stops here.
+MAX_INSTANCE_COUNT = 65_536
 # An EC2 node's root volume when the job names no volume_size, GB.
 DEFAULT_VOLUME_GB = 200
 MAX_ENV_VALUE_BYTES = 32 * 1024

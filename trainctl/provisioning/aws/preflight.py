@@ -88,6 +88,62 @@ def check_instance_types(ec2: Any, request: CapacityRequest, region: str) -> Non
             raise SpecError(field, f"{name} is not offered in {region}{hint}")
 
 
+# EC2's running-instance quotas are in vCPUs per family class and market (Service Quotas,
+# service code "ec2"); the classes GPU training uses. Another class is not checked here (EC2
+# says at launch).
+VCPU_QUOTAS: dict[tuple[str, bool], tuple[str, str]] = {
+    # (class, spot) -> (quota code, its name)
+    ("standard", False): ("L-1216C47A", "Running On-Demand Standard instances"),
+    ("standard", True): ("L-34B43A08", "All Standard Spot Instance Requests"),
+    ("g", False): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("g", True): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("p", False): ("L-417A185B", "Running On-Demand P instances"),
+    ("p", True): ("L-7212CCBC", "All P Spot Instance Requests"),
+}
+STANDARD_FAMILIES = frozenset("acdhimrtz")
+
+
+def quota_class(instance_type: str) -> str | None:
+    """The vCPU quota class of an instance type (p3.2xlarge: p; c5.xlarge: standard)."""
+    family = instance_type.split(".")[0].lower()
+    if family.startswith("p"):
+        return "p"
+    if family.startswith(("g", "vt")):
+        return "g"
+    if family[:1] in STANDARD_FAMILIES and not family.startswith(("dl", "inf", "trn", "hpc")):
+        return "standard"
+    return None
+
+
+def check_vcpu_quota(quotas: Any, request: CapacityRequest, region: str) -> None:
+    """The job's first type at full size within the account's vCPU quota for its market
+    (a spot job's spot quota): a job larger than the account may run is one line naming
+    instance_count before anything is launched. What cannot be checked (a type of another
+    class, no such quota in the partition, no servicequotas:GetServiceQuota permission) is
+    left to EC2, whose VcpuLimitExceeded at launch says the same."""
+    from trainctl.spec.catalog import CATALOG
+
+    kind = request.instance_type
+    family_class = quota_class(kind)
+    vcpus = CATALOG[kind].vcpus if kind in CATALOG else 0
+    if family_class is None or not vcpus:
+        return
+    code, name = VCPU_QUOTAS[(family_class, request.use_spot_instances)]
+    try:
+        answer = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)
+        limit = float(answer["Quota"]["Value"])
+    except Exception:  # a check, not a gate (see above)
+        return
+    needed = request.instance_count * vcpus
+    if needed > limit:
+        raise SpecError(
+            "instance_count",
+            f"{request.instance_count} x {kind} is {needed:,} vCPUs; the account's quota "
+            f"for {name} in {region} is {limit:,.0f} vCPUs (Service Quotas {code}): ask "
+            "for an increase, or fewer nodes",
+        )
+
+
 def remember_instance_types(ec2: Any, request: CapacityRequest, region: str) -> None:
     """EC2's own figures for the job's types, kept in the catalog's cache (GPUs per node,
     EFA interfaces): what the region says wins over the shipped snapshot."""
@@ -194,6 +250,7 @@ def preflight(
     ec2 = clients("ec2", region)
     check_instance_types(ec2, request, region)
     remember_instance_types(ec2, request, region)
+    check_vcpu_quota(clients("service-quotas", region), request, region)
     check_instance_profile(clients("iam", region), request)
     network = resolve_network(ec2, request.aws.subnets, region)
     check_security_groups(ec2, request, network.vpc_id, region)
