@@ -48,12 +48,43 @@ HEARTBEAT_TIMEOUT_SECONDS = 5.0
 GOALS = {"detect_s": 10.0, "bootstrap_s": 120.0, "mb_per_node": 5.0}
 
 
+# What a request is for, from its key (trainctl.record.JobKeys's names), first match wins.
+REQUEST_KINDS = (
+    (".notice.json", "notice relay"),
+    (".status.json", "node status"),
+    (".result.json", "node result"),
+    ("lease.json", "lease"),
+    ("/logs/", "log shipping"),
+    ("/checkpoints", "checkpoints"),
+)
+
+
+# S3 Standard's list prices (us-east-1, https://aws.amazon.com/s3/pricing/, 2026): PUT, COPY,
+# POST and LIST $0.005 per 1,000; GET, HEAD and the rest $0.0004 per 1,000.
+S3_WRITE_USD, S3_READ_USD = 0.005 / 1000, 0.0004 / 1000
+WRITE_METHODS = frozenset({"put_text", "put_file", "put_bytes", "put_if", "append_bytes", "list"})
+
+
+def s3_cost(counts: Counter[str]) -> float:
+    """What `counts` (requests by store method) cost at S3's list prices."""
+    return sum(n * (S3_WRITE_USD if m in WRITE_METHODS else S3_READ_USD) for m, n in counts.items())
+
+
+def request_kind(args: tuple[Any, ...]) -> str:
+    """What a store request is for, from its key (any of its string arguments: a file's
+    upload names the local file first)."""
+    keys = [str(a) for a in args if isinstance(a, (str, os.PathLike))]
+    return next((kind for part, kind in REQUEST_KINDS if any(part in key for key in keys)), "other")
+
+
 class CountingStore:
-    """A store that counts the requests made through it (by method), for S3's bill."""
+    """A store that counts the requests made through it (by method, and by what each is
+    for), for S3's bill."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.counts: Counter[str] = Counter()
+        self.kinds: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -64,6 +95,7 @@ class CountingStore:
         def counted(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.counts[name] += 1
+                self.kinds[request_kind(args)] += 1
             return value(*args, **kwargs)
 
         return counted
@@ -273,6 +305,8 @@ def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
     harness.reset()
     harness.store.counts.clear()
     harness.node_store.counts.clear()
+    harness.store.kinds.clear()
+    harness.node_store.kinds.clear()
     rss0, cpu0, t0 = rss_mb(), harness.controller_cpu_seconds(), clock().monotonic()
     peak = {"rss": rss0}
 
@@ -311,6 +345,15 @@ def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
         "agent_requests_per_node_hour": node_requests / wall * 3600 / nodes,
         "controller_requests": dict(harness.store.counts),
         "agent_requests": dict(harness.node_store.counts),
+        "agent_requests_per_node_hour_by_kind": {
+            kind: count / wall * 3600 / nodes for kind, count in harness.node_store.kinds.items()
+        },
+        "store_usd_per_node_hour": (
+            s3_cost(harness.store.counts) + s3_cost(harness.node_store.counts)
+        )
+        / wall
+        * 3600
+        / nodes,
     }
 
 
@@ -483,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
             f"cpu {r['controller_cpu_core_percent_per_node']:.2f} %/node  "
             f"mem {r['mb_per_node']:.2f} MB/node  store requests per node per hour: "
             f"controller {r['controller_requests_per_node_hour']:.0f}, "
-            f"agent {r['agent_requests_per_node_hour']:.0f}"
+            f"agent {r['agent_requests_per_node_hour']:.0f} ("
+            + ", ".join(
+                f"{kind} {n:.0f}"
+                for kind, n in sorted(
+                    r["agent_requests_per_node_hour_by_kind"].items(), key=lambda kv: -kv[1]
+                )
+            )
+            + f"), ${r['store_usd_per_node_hour']:.4f} per node-hour at S3's list prices"
         )
     (BENCH_DIR / "scale-results.json").write_text(json.dumps(rows, indent=2, default=str))
     return 0
