@@ -412,9 +412,7 @@ def _interruption_rate(record: JobRecord, notice_unsaved: str | None) -> tuple[f
         if attempt.outcome == "interrupted":
             interrupted += 1
             lossy += attempt.steps_lost != 0  # None: not reported, so not known to be saved
-        if attempt.ended_at:
-            seconds = parse_iso(attempt.ended_at) - parse_iso(attempt.started_at)
-            hours += seconds / 3600 * max(1, len(attempt.nodes))
+        hours += attempt.node_hours()
     if lossy and hours > 0:
         return lossy / hours, (
             f"the job's history: {lossy} of its {interrupted} interruption(s) lost work"

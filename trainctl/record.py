@@ -332,6 +332,14 @@ class Attempt(BaseModel):
     # The provider's id of its capacity (Slurm's job id), where it has one.
     capacity_id: str | None = None
 
+    def node_hours(self) -> float:
+        """Its nodes' hours, once it ended (0 while it runs): what an interruption rate is
+        counted over."""
+        if not self.ended_at:
+            return 0.0
+        seconds = max(0.0, parse_iso(self.ended_at) - parse_iso(self.started_at))
+        return seconds / 3600 * max(1, len(self.nodes))
+
     def steps_per_second(self, now: float | None = None) -> float | None:
         """Its training pace: steps from where it resumed to its last, over the time since
         its first step (to its end, or `now`); None before two steps."""

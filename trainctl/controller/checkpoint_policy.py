@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
-from trainctl.record import JobRecord, parse_iso
+from trainctl.record import JobRecord
 from trainctl.train.interval import CheckpointPolicy, policy_for
 
 
@@ -15,14 +15,12 @@ def interruption_history(record: JobRecord) -> list[tuple[float, bool]]:
     for attempt in record.attempts:
         if not attempt.ended_at:
             continue
-        seconds = parse_iso(attempt.ended_at) - parse_iso(attempt.started_at)
-        hours = max(0.0, seconds) / 3600 * max(1, len(attempt.nodes))
         if attempt.steps_lost is not None:
             lost = attempt.steps_lost
         else:
             saved = max(attempt.last_checkpoint_step or 0, attempt.resumed_from_step or 0)
             lost = max(0, (attempt.last_step or 0) - saved)
-        history.append((hours, attempt.outcome == "interrupted" and lost > 0))
+        history.append((attempt.node_hours(), attempt.outcome == "interrupted" and lost > 0))
     return history
 
 
