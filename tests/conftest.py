@@ -30,6 +30,14 @@ from tests.rigs.registry import (  # noqa: F401  (image registry and isolated po
 # the tests use; set before anything imports moto, which reads it once.
 os.environ.setdefault("MOTO_AMIS_PATH", str(FIXTURES / "moto-amis.json"))
 
+# The nodes' store schedule at a test's pace, not a user's (docs/benchmarks.md, "Scale"):
+# the relayed notices (an injected fault, a relaunch by choice) reach a node within a second,
+# and its log is in the store within a second, where the defaults (10 s each, for a budget
+# of under 1,000 store requests a node-hour) would add seconds to many tests. The defaults
+# are measured by bench/scale.py and its test (tests/e2e/test_scale_harness.py).
+os.environ.setdefault("TRAINCTL_CONTROL_POLL_SECONDS", "1")
+os.environ.setdefault("TRAINCTL_LOG_SYNC_SECONDS", "1")
+
 # A test process holds torch, moto, boto3 and the in-process moto servers: a heap of millions
 # of objects, which the default thresholds have the collector walk whole thousands of times a
 # run (measured: 20-45% of a worker's CPU). Young collections ten times rarer and full ones

@@ -126,10 +126,6 @@ class JobKeys:
         so a node stopped for its peer's sake says so, not that it failed)."""
         return f"{self.prefix}/attempts/attempt-{attempt}/stopping.json"
 
-    def notice(self, attempt: int, rank: int) -> str:
-        """An interruption notice for one node (fault injection, or any provider's relay)."""
-        return f"{self.prefix}/attempts/attempt-{attempt}/node-{rank}.notice.json"
-
 
 def source_key(sha256: str) -> str:
     # Content-addressed and shared by all jobs: an unchanged source is uploaded once.
@@ -423,20 +419,47 @@ class InstanceCost(BaseModel):
         return None if rate is None else self.seconds / 3600 * rate
 
 
-def cost_summary(instances: list[InstanceCost]) -> dict[str, Any] | None:
-    """The job's cost and its spot savings against on-demand; None if nothing billed."""
+# S3 Standard's list prices (us-east-1, https://aws.amazon.com/s3/pricing/, 2026): PUT, COPY,
+# POST and LIST $0.005 per 1,000 requests; GET, HEAD and the rest $0.0004 per 1,000.
+S3_WRITE_USD, S3_READ_USD = 0.005 / 1000, 0.0004 / 1000
+
+
+def supervision_usd_per_node_hour(nodes: int) -> float:
+    """What one node's own store requests cost an hour at S3's list prices, on the schedule
+    of the settings in effect (Settings.control_seconds and friends): its lease reads, its
+    log copies (each interval: a log that grows) and its status writes. Not its checkpoint
+    and working-directory uploads (what it saves) or the controller's requests (per job)."""
+    from trainctl.spec.settings import get_settings
+
+    settings = get_settings()
+    reads = 3600 / settings.control_seconds(nodes)
+    writes = 3600 / settings.log_ship_seconds(nodes) + 3600 / settings.status_seconds(nodes)
+    return reads * S3_READ_USD + writes * S3_WRITE_USD
+
+
+def cost_summary(
+    instances: list[InstanceCost], *, store_uri: str = "", nodes: int = 1
+) -> dict[str, Any] | None:
+    """The job's cost and its spot savings against on-demand; None if nothing billed. With
+    an s3:// store, `store_usd`: its nodes' supervision requests at S3's list prices (an
+    estimate from the schedule: supervision_usd_per_node_hour), beside the instances'."""
     if not instances:
         return None
     priced = [i for i in instances if i.usd is not None]
     usd = sum(i.usd or 0.0 for i in priced)
     on_demand = sum(i.on_demand_usd or 0.0 for i in priced if i.on_demand_usd is not None)
+    seconds = sum(i.seconds for i in instances)
+    store_usd = None
+    if store_uri.startswith("s3://"):
+        store_usd = round(seconds / 3600 * supervision_usd_per_node_hour(nodes), 6)
     return {
         "usd": round(usd, 4) if priced else None,
         "on_demand_usd": round(on_demand, 4) if priced else None,
         "spot_savings_usd": round(on_demand - usd, 4) if priced else None,
-        "instance_seconds": round(sum(i.seconds for i in instances), 1),
+        "instance_seconds": round(seconds, 1),
         "warm_seconds": round(sum(i.seconds for i in instances if i.warm), 1),
         "unpriced_instances": len(instances) - len(priced),
+        "store_usd": store_usd,
     }
 
 
@@ -454,6 +477,9 @@ def cost_text(cost: dict[str, Any] | None) -> str:
         text += f"; spot saved ${cost['spot_savings_usd']:.2f} of ${cost['on_demand_usd']:.2f}"
     if cost["unpriced_instances"]:
         text += f" ({cost['unpriced_instances']} instance(s) without a price not counted)"
+    if cost.get("store_usd") is not None:
+        share = f", {100 * cost['store_usd'] / cost['usd']:.2g} % of that" if cost["usd"] else ""
+        text += f"; the nodes' store requests about ${cost['store_usd']:.4f} more{share}"
     return text
 
 
@@ -567,7 +593,9 @@ class JobRecord(BaseModel):
                 "output_data": self.output_data,
                 "metrics": self.metrics,
                 "instances": [i.model_dump() for i in self.instances],
-                "cost": cost_summary(self.instances),
+                "cost": cost_summary(
+                    self.instances, store_uri=self.store_uri, nodes=self.spec.instance_count
+                ),
                 "store": f"{self.store_uri}/jobs/{self.name}",
                 "measurement_of": self.measurement_of,
             }
@@ -809,6 +837,27 @@ class JobStore:
         except ValueError:  # unreadable: no one holds it (a new holder rewrites it)
             return {}
         return found if isinstance(found, dict) else {}
+
+
+# The lease's field through which the controller relays interruption notices to the nodes
+# (which read the lease anyway, for its liveness): {"attempt": k, "ranks": {rank: source}},
+# "*" for every node of the attempt. One object read per node every control_poll_seconds,
+# where a key per node polled by every node was most of a job's store requests.
+NOTICES = "notices"
+EVERY_NODE = "*"
+
+
+def lease_notice(lease: dict[str, Any] | None, attempt: int, rank: int) -> str | None:
+    """The interruption notice the controller's lease relays to node `rank` of `attempt`
+    (what it is for), or None."""
+    notices = lease.get(NOTICES) if isinstance(lease, dict) else None
+    if not isinstance(notices, dict) or notices.get("attempt") != attempt:
+        return None
+    ranks = notices.get("ranks")
+    if not isinstance(ranks, dict):
+        return None
+    source = ranks.get(str(rank), ranks.get(EVERY_NODE))
+    return None if source is None else str(source)[:500] or "interruption notice"
 
 
 def _metric_point(point: dict[str, Any]) -> bool:

@@ -83,7 +83,8 @@ def test_a_split_resume_is_said_and_its_hang_is_named_within_the_jobs_pace(home,
             for rank in (0, 1)
         }
     types = [e["type"] for e in events]
-    assert refused.failed >= 1, "node 2's download was never refused"
+    restores = [line for line in logs[1].splitlines() if "working directory" in line]
+    assert refused.failed >= 1, ("node 2's download was never refused", refused, restores)
     assert info["state"] == "Failed", (info["state"], info["failure_reason"])
     second = info["attempts"][1]
     # the split, said before the hang: who restored what

@@ -13,13 +13,15 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import threading
 import time
 import uuid
 
 import pytest
 
-from tests.helpers import TORCHRUN, wait_for_uploaded_checkpoint
+from tests.helpers import TORCHRUN, TRAINCTL, wait_for_uploaded_checkpoint
 from tests.rigs.cloud import HPS, INSTANCE_TYPE, USER_SECRET, cloud, ec2_digits, job_resources
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator
@@ -97,6 +99,13 @@ def test_fit_on_ec2_runs_two_nodes_over_ssh_and_leaves_nothing(cloud):
     # The job's cost was recorded per instance (on-demand list price of p3.2xlarge).
     assert info["cost"] is not None and len(info["instances"]) == 2
     assert {i["market"] for i in info["instances"]} == {"on-demand"}
+    # ... and `status` shows the store's share beside it (the nodes' requests to S3)
+    assert info["cost"]["store_usd"] > 0
+    status = subprocess.run(
+        [TRAINCTL, "status", job_name], capture_output=True, text=True, timeout=60
+    ).stdout
+    share = r"the nodes' store requests about \$[0-9.]+ more, [0-9.e-]+ % of that"
+    assert re.search(share, status), status
     assert not job_processes(job_name)
 
 

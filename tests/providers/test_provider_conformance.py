@@ -101,15 +101,12 @@ def test_a_lost_node_is_relaunched_from_the_last_checkpoint(rig):
 
 @pytest.mark.timeout(300)
 def test_a_notice_ends_the_attempt_at_an_emergency_checkpoint_losing_no_step(rig):
-    """An interruption notice relayed through the store (how every provider's agents get
-    one; EC2's own IMDS notice is tested in test_e2e_aws): no step is lost. This is also the
-    conformance check that a job runs on the provider's nodes and leaves nothing (a job of
-    one attempt is each provider's first test in its own file: test_e2e_local, _ssh, _aws)."""
-    from trainctl.record import JobKeys
-
-    job = rig.estimator().fit(wait=False)
-    cluster, _ = _first_checkpoint(job)
-    job.store.put_text(JobKeys(job.name).notice(cluster.attempt, 0), '{"source": "test"}')
+    """An interruption notice relayed by the controller in its lease (how every provider's
+    agents get one; EC2's own IMDS notice is tested in test_e2e_aws), after the first
+    checkpoint (step 10): no step is lost. This is also the conformance check that a job
+    runs on the provider's nodes and leaves nothing (a job of one attempt is each provider's
+    first test in its own file: test_e2e_local, _ssh, _aws)."""
+    job = rig.estimator(faults=["notice:0@step12"]).fit(wait=False)
     info = job.wait(timeout=240, raise_on_failure=False)
     assert info["state"] == "Completed", info
     first, second = info["attempts"]

@@ -33,18 +33,24 @@ ERRORS = {
 }
 
 
-def client_node(peer: tuple[str, int]) -> int | None:
+def client_node(peer: tuple[str, int], server: tuple[str, int] | None = None) -> int | None:
     """The trainctl node (its TRAINCTL_NODE tag) of the local process at the other end of a
-    connection from `peer`: its socket's inode from /proc/net/tcp, the process that holds it
-    from /proc/*/fd. None if not found (not a node's process, or gone)."""
+    connection from `peer` (to `server`): its socket's inode from /proc/net/tcp, the process
+    that holds it from /proc/*/fd. None if not found (not a node's process, or gone).
+
+    Linux reuses a local port for connections to other servers, and a closed connection that
+    used the port lingers in the table in TIME_WAIT, with no inode (0): on a busy machine a
+    port comes round again within that minute. Rows to another server, or without an inode,
+    are passed over (taking one for the connection made a rule miss its node's request)."""
     from trainctl.procs import NODE_TAG, _environ, _pids
 
     ip, port = peer
     wanted = f"{socket_hex(ip)}:{port:04X}"
+    remote = f"{socket_hex(server[0])}:{server[1]:04X}" if server else None
     inode = None
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        if fields[1] == wanted:
+        if fields[1] == wanted and remote in (None, fields[2]) and fields[9] != "0":
             inode = fields[9]
             break
     if inode is None:
@@ -85,10 +91,12 @@ class Rule:
     seen: int = 0
     failed: int = 0
 
-    def fails(self, method: str, key: str, peer: tuple[str, int]) -> bool:
+    def fails(
+        self, method: str, key: str, peer: tuple[str, int], server: tuple[str, int] | None = None
+    ) -> bool:
         if method not in self.methods or not re.search(self.key, key):
             return False
-        if self.node is not None and client_node(peer) != self.node:
+        if self.node is not None and client_node(peer, server) != self.node:
             return False
         if self.until is not None:
             if time.monotonic() < self.until:
@@ -143,7 +151,9 @@ class FaultyS3Proxy:
                 body = self._body()
                 path = urlsplit(self.path).path
                 key = unquote(path.lstrip("/").split("/", 1)[1]) if "/" in path[1:] else ""
-                status = proxy.decide(self.command, key, self.client_address[:2])
+                status = proxy.decide(
+                    self.command, key, self.client_address[:2], self.server.server_address[:2]
+                )
                 if status is not None:
                     self._fail(status)
                     return
@@ -189,10 +199,12 @@ class FaultyS3Proxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def decide(self, method: str, key: str, peer: tuple[str, int]) -> int | None:
+    def decide(
+        self, method: str, key: str, peer: tuple[str, int], server: tuple[str, int]
+    ) -> int | None:
         with self._lock:
             for rule in self.rules:
-                if rule.fails(method, key, peer):
+                if rule.fails(method, key, peer, server):
                     return rule.status
         return None
 

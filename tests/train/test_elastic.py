@@ -271,7 +271,9 @@ def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
     overrides = [f"{h.address}:{h.port}" for h in cloud.hosts]
     monkeypatch.setenv("TRAINCTL_SSH_ADDRESS_OVERRIDE", json.dumps(overrides))
     monkeypatch.setenv("TRAINCTL_ELASTIC_WAIT_SECONDS", "3")
-    monkeypatch.setenv("TRAINCTL_ELASTIC_PROBE_SECONDS", "6")
+    # the probe well inside attempt 2's training: 12 epochs are ~11.5 s of steps, 6 s of them
+    # before the kill (an idle machine trains as fast as that; a loaded one slower)
+    monkeypatch.setenv("TRAINCTL_ELASTIC_PROBE_SECONDS", "3")
 
     refused = refuse_capacity(
         monkeypatch,
@@ -282,7 +284,7 @@ def test_ec2_job_shrinks_when_the_replacement_has_no_capacity_and_grows_back(
         source_dir=str(SOURCE),
         instance_count=3,
         min_instance_count=2,
-        hyperparameters={**HPS, "epochs": 8},
+        hyperparameters={**HPS, "epochs": 12},
         faults=["kill:2@6"],
         **ec2_fields(cloud),
     ).fit(logs=False)

@@ -243,7 +243,7 @@ def test_cli_dry_run_and_estimate(cap_home, script) -> None:
     assert not (cap_home / "store" / "jobs").exists()
 
 
-def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
+def test_cost_summary_counts_spot_savings_and_unpriced_instances(monkeypatch) -> None:
     from trainctl.record import InstanceCost, cost_summary, cost_text
 
     spot = dict(instance_type="p3.2xlarge", market="spot", seconds=3600.0)
@@ -274,10 +274,21 @@ def test_cost_summary_counts_spot_savings_and_unpriced_instances() -> None:
         "instance_seconds": 9000.0,
         "unpriced_instances": 1,
         "warm_seconds": 0,
+        "store_usd": None,  # a file:// store costs no requests
     }
     assert cost_text(cost) == (
         "$1.75 for 2.50 instance-hours; spot saved $2.84 of $4.59 "
         "(1 instance(s) without a price not counted)"
+    )
+    # An S3 store: the nodes' supervision requests at S3's list prices, beside the instances
+    # (the settings' defaults: 360 lease reads and 540 log and status writes a node-hour)
+    for name in ("CONTROL_POLL_SECONDS", "LOG_SYNC_SECONDS"):
+        monkeypatch.delenv(f"TRAINCTL_{name}", raising=False)
+    on_s3 = cost_summary(instances, store_uri="s3://bucket/store", nodes=2)
+    per_node_hour = 360 * 0.0004 / 1000 + 540 * 0.005 / 1000
+    assert on_s3["store_usd"] == pytest.approx(2.5 * per_node_hour, rel=1e-3)
+    assert cost_text(on_s3).endswith(
+        f"; the nodes' store requests about ${2.5 * per_node_hour:.4f} more, 0.41 % of that"
     )
     assert cost_summary([]) is None
     assert cost_text(None).startswith("none billed")  # local or SSH capacity

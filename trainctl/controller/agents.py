@@ -36,6 +36,8 @@ AGENT_SETTINGS = (
     "notice_grace_seconds",
     "checkpoint_sync_seconds",
     "heartbeat_seconds",
+    "heartbeat_timeout_seconds",
+    "control_poll_seconds",
 )
 
 

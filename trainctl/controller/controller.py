@@ -12,7 +12,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,7 @@ class Controller:
         self._attempt_started = 0.0
         self.budget = TimeBudget(self.record)  # max_run, max_wait
         self._notices: dict[int, float] = {}
+        self._notice_board: dict[str, Any] = {}  # what the lease relays (_relay_notices)
         self._measured_at: float | None = None  # a diagnose run's measurement arrived
         self._resumes = Resumes()  # where the attempt resumed from, and what that cost
         # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
@@ -461,7 +462,13 @@ class Controller:
         self.jobs.event("takeover", attempt=current.number, **holder)
         self._info(f"job {self.name}: taking over attempt {current.number} from a lost controller")
         adopted = adopt_attempt(
-            self.store, self.jobs, current, self.provider, self.settings, self.log_offsets
+            self.store,
+            self.jobs,
+            current,
+            self.provider,
+            self.settings,
+            self.log_offsets,
+            notify=self._relay_notices,
         )
         if adopted is None:
             return AttemptEnd("interrupted", "controller lost")
@@ -788,13 +795,27 @@ class Controller:
         self._send_notices(cluster.attempt, list(nodes), why, now)
 
     def _send_notices(self, attempt: int, ranks: list[int], source: str, now: float) -> None:
-        """An interruption notice to each node of `ranks` (through the store, which every
-        provider's agents watch): each checkpoints and ends."""
+        """An interruption notice to each node of `ranks` (relayed in the lease, which every
+        provider's agents read): each checkpoints and ends."""
+        self._relay_notices(attempt, ranks, source)
         for rank in ranks:
-            self.store.put_text(
-                self.jobs.keys.notice(attempt, rank), json.dumps({"source": source})
-            )
             self._notices.setdefault(rank, now)
+
+    def _relay_notices(self, attempt: int, ranks: Iterable[int], source: str) -> None:
+        """Put a notice to these nodes of `attempt` in the lease (record.lease_notice): every
+        node of the attempt, one entry, however many there are."""
+        from trainctl.record import EVERY_NODE, NOTICES
+
+        board = self._notice_board
+        if board.get("attempt") != attempt:
+            board = self._notice_board = {"attempt": attempt, "ranks": {}}
+        ranks = set(ranks)
+        if self._nodes and ranks >= set(self._nodes):
+            board["ranks"] = {EVERY_NODE: source}
+        elif EVERY_NODE not in board["ranks"]:
+            board["ranks"].update({str(rank): source for rank in sorted(ranks)})
+        if self._lease is not None:
+            self._lease.publish(**{NOTICES: {"attempt": attempt, "ranks": dict(board["ranks"])}})
 
     def _classify_failure(self, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""

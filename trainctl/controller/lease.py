@@ -105,6 +105,7 @@ class Lease:
         }
         self.lost = threading.Event()  # another process took the job over
         self._version: str | None = None
+        self._writing = threading.Lock()  # a renewal and a publish() never race their versions
         self._stop = clock().event()
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
 
@@ -142,13 +143,32 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):
             try:
-                written = self.store.put_if(self.key, self._payload(), version=self._version)
+                self._write()
             except Exception:  # a missed renewal is survivable; the next one retries
                 continue
+            if self.lost.is_set():
+                return
+
+    def _write(self) -> None:
+        with self._writing:
+            if self.lost.is_set() or self._version is None:
+                return
+            written = self.store.put_if(self.key, self._payload(), version=self._version)
             if written is None:  # someone took the job over: stop acting on it
                 self.lost.set()
                 return
             self._version = written
+
+    def publish(self, **fields: Any) -> None:
+        """Put `fields` in the lease now and in every renewal after: what its readers (the
+        job's nodes, which read it every control_poll_seconds) are to learn. A write that
+        fails now goes with the next renewal."""
+        with self._writing:
+            self.holder.update(fields)
+        try:
+            self._write()
+        except Exception:
+            pass
 
     def release(self) -> None:
         """Mark the lease released (readers and nodes see no controller), if still ours."""

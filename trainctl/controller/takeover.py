@@ -12,6 +12,8 @@ state (their statuses: a relaunch by choice resumes from it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.attempts import count_step
 from trainctl.errors import NotFoundError
@@ -21,6 +23,8 @@ from trainctl.spec.settings import Settings
 from trainctl.store import Store
 from trainctl.transport.store import StoreFollower
 
+STOPPED = "stopped by the controller"
+
 
 def adopt_attempt(
     store: Store,
@@ -29,9 +33,12 @@ def adopt_attempt(
     provider: Provider,
     settings: Settings,
     log_offsets: dict[tuple[int, int], int],
+    *,
+    notify: Callable[[int, list[int], str], None],
 ) -> tuple[ClusterInfo, dict[int, StoreFollower]] | None:
     """The attempt's cluster and a follower per node; None when none is left to adopt
-    (no node was started, or every one is gone)."""
+    (no node was started, or every one is gone). `notify(attempt, ranks, why)`: how the
+    controller relays a notice (a stop reaches an adopted node so)."""
     try:
         cluster = ClusterInfo.model_validate_json(store.get_text(jobs.keys.cluster(current.number)))
     except NotFoundError:  # it died before its nodes were started
@@ -46,6 +53,7 @@ def adopt_attempt(
             node.rank,
             lost_after=settings.heartbeat_timeout_seconds,
             kill=(lambda rank=node.rank: killer.kill_node(cluster, rank)) if killer else None,
+            notify=lambda rank=node.rank: notify(cluster.attempt, [rank], STOPPED),
             log_offset=log_offsets.get((cluster.attempt, node.rank), 0),
             lost=counted_lost.get(node.rank),
         )

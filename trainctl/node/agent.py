@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -135,7 +136,7 @@ class Agent:
             log_path,
             self.store,
             self.jobs.keys.log(attempt, rank),
-            self.settings.log_sync_seconds,
+            self.settings.log_ship_seconds(len(self.cluster.nodes)),
             redact=self.redactor.text,
         )
 
@@ -408,40 +409,38 @@ class Agent:
         self.say("stacks", ranks={str(d.rank): d.waits_in for d in dumps})
 
     def watch_lease(self) -> None:
-        """Shut the node down when its controller has been gone past the orphan timeout.
+        """Read the job's lease every control_poll_seconds: an interruption notice that the
+        controller relays there (a relaunch by choice, an injected fault, the stop of an
+        adopted node) is this node's notice; a controller gone past the orphan timeout shuts
+        the node down.
 
         A dead controller is not a dead job: `trainctl stop` (and later `attach`) take over
         through the store, so nodes wait `orphan_timeout_seconds` before giving up.
         """
+        from trainctl.record import lease_notice
+
         timeout = self.settings.orphan_timeout_seconds
-        check = min(5.0, max(0.5, timeout / 4))
+        check = min(self.settings.control_seconds(len(self.cluster.nodes)), max(0.5, timeout / 4))
+        wait = random.uniform(0.0, check)  # (spread over the interval: see LogShipper._run)
         while not self.stopping:
-            time.sleep(check)
+            time.sleep(wait)
+            wait = check
             try:
                 lease = self.jobs.read_lease()
             except Exception:
                 continue  # store trouble is not evidence of a dead controller
+            notice = lease_notice(lease, self.attempt, self.rank)
+            if notice is not None and self.notice is None:
+                # (its own thread: on_notice waits for the workers, and the lease is still
+                # watched meanwhile)
+                threading.Thread(
+                    target=self.on_notice, args=(notice,), name="notice", daemon=True
+                ).start()
             if controller_silence(lease, time.time()) > timeout:
                 self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
                 self.orphaned = True
                 os.kill(os.getpid(), self.stop_signal)
                 return
-
-    def watch_notices(self) -> None:
-        """Interruption notices: a 2-minute warning that this node will be taken away.
-
-        The store relay works for every provider (and fault injection); EC2's IMDSv2
-        spot/instance-action is another source of the same event.
-        """
-        key = self.jobs.keys.notice(self.attempt, self.rank)
-        while not self.stopping and self.notice is None:
-            try:
-                if self.store.exists(key):
-                    self.on_notice(self.store.get_text(key))
-                    return
-            except Exception:
-                pass
-            time.sleep(0.5)
 
     def watch_spot_notices(self) -> None:
         """EC2's own notice, IMDSv2 spot/instance-action, polled when the node is on EC2."""
@@ -521,7 +520,9 @@ class Agent:
             return
         try:
             key = self.jobs.keys.node_status(self.attempt, self.rank)
-            self.prompt_store.put_text(key, json.dumps(self.status.snapshot()))
+            snapshot = self.status.snapshot()
+            self.prompt_store.put_text(key, json.dumps(snapshot))
+            self.status.written(snapshot)
         except Exception as exc:  # the store retries; a missed beat is not a lost node
             self.log(f"could not record the node's status: {exc}")
 
@@ -534,11 +535,18 @@ class Agent:
 
     def keep_status(self) -> None:
         """The node's status in the store, for a controller that takes over (its own thread:
-        see heartbeat)."""
+        see heartbeat): written when it changes (`say` writes its events at once; steps
+        wait for the next look), else every status_seconds, which keeps it fresh for a
+        follower (a third of the time after which one counts the node lost)."""
+        refresh = self.settings.status_seconds(len(self.cluster.nodes))
+        look = min(refresh, self.settings.heartbeat_seconds)
         self.write_status()
+        due = time.time() + random.uniform(0.0, refresh)  # (spread: see LogShipper._run)
         while not self.stopping and not self.finished:
-            time.sleep(self.settings.heartbeat_seconds)
-            self.write_status()
+            time.sleep(look)
+            if self.status.changed() or time.time() >= due:
+                self.write_status()
+                due = time.time() + refresh
 
     def run(self) -> int:
         from trainctl.launcher import build_node_command
@@ -554,7 +562,7 @@ class Agent:
             signal.signal(signal.SIGUSR2, self.on_sigterm)
         if not become_subreaper():
             self.log("not this node's subreaper: a daemon the script starts may outlive it")
-        background = [(self.watch_lease, "lease-watch"), (self.watch_notices, "notices")]
+        background = [(self.watch_lease, "lease-watch")]
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
         background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]

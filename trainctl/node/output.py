@@ -4,6 +4,7 @@ read from a worker's output."""
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 import threading
@@ -45,12 +46,15 @@ def yielding(work: Callable[[], None]) -> Callable[[], None]:
 
 class NodeStatus:
     """What a node has said so far, kept as one small object that the agent writes to the
-    store with every heartbeat (`attempts/attempt-<k>/node-<r>.status.json`): how a
+    store when it changes and now and then (`attempts/attempt-<k>/node-<r>.status.json`,
+    see Agent.keep_status): how a
     controller that did not start the node (a takeover) knows it is alive and where it is."""
 
     def __init__(self, rank: int) -> None:
         self._lock = threading.Lock()
         self.fields: dict[str, Any] = {"rank": rank}
+        self._stored: dict[str, Any] = {}  # the fields as last written (see written)
+        self.written_at = 0.0  # time.time() of that write
 
     def observe(self, msg: dict[str, Any]) -> None:
         event, step = msg.get("event"), msg.get("step")
@@ -70,6 +74,22 @@ class NodeStatus:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {**self.fields, "time": time.time()}
+
+    def written(self, snapshot: dict[str, Any]) -> None:
+        """`snapshot` is in the store now."""
+        with self._lock:
+            self._stored = {k: v for k, v in snapshot.items() if k != "time"}
+            self.written_at = float(snapshot["time"])
+
+    def changed(self) -> bool:
+        """Whether anything but the step was said since the last write (a new step alone
+        waits for the next refresh: rank 0 reports one every few seconds)."""
+        with self._lock:
+            return _but_step(self.fields) != _but_step(self._stored)
+
+
+def _but_step(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k != "step"}
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -290,8 +310,12 @@ class LogShipper:
     def _run(self) -> None:
         yield_cpu_to_training()
         prompt = self.store.prompt()  # the next copy retries (see Store.prompt); close()'s waits
-        while not self._stop.wait(self.interval):
+        # The first copy at a random point of the interval: nodes started together spread
+        # their copies over it instead of all writing in the same second.
+        wait = random.uniform(0.0, self.interval)
+        while not self._stop.wait(wait):
             self.ship(prompt)
+            wait = self.interval
 
     def close(self) -> None:
         self._stop.set()

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trainctl.clock import clock
+from trainctl.record import lease_notice
 from trainctl.replay.fleet import Fleet, StandInNode
 
 # A replay's heartbeat, in simulated seconds: the agent's setting (heartbeat_seconds), which
@@ -26,7 +27,7 @@ from trainctl.replay.fleet import Fleet, StandInNode
 # the deadline policy's pace come from it. The other ranks only say they are alive: at 300 s
 # their beats were 45 % of a 64-node replay's wakes of the clock and 20 % of its CPU, for no
 # figure (a replay's faults end a node's stream; none is silent). How often rank 0 looks for
-# the controller's notice (a growth).
+# the controller's notice (a growth) in its lease, as the agent does every control_poll_seconds.
 HEARTBEAT_SECONDS = 1200.0
 STEP_REPORT_SECONDS = 300.0
 NOTICE_POLL_SECONDS = 10.0
@@ -211,7 +212,6 @@ class TrainingNode(StandInNode):
         now = last = clock().monotonic()
         next_save, next_beat = now + t.interval_seconds, now + self.step_report
         next_poll = now + NOTICE_POLL_SECONDS
-        notice_key = self.jobs.keys.notice(self.attempt, self.rank)
         while True:
             finish_at = now + (w.total_samples - samples) / rate
             why = self._pause(min(next_save, next_beat, next_poll, finish_at) - now)
@@ -243,7 +243,8 @@ class TrainingNode(StandInNode):
                 next_beat = now + self.step_report
             if now >= next_poll:
                 next_poll = now + NOTICE_POLL_SECONDS
-                if self.fleet.node_store.exists(notice_key):  # the controller's (a growth)
+                lease = self.jobs.read_lease()  # the controller's notice (a growth)
+                if lease_notice(lease, self.attempt, self.rank) is not None:
                     self.run.noticed = True
                     self.run.wake_all()
 

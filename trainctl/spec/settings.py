@@ -32,7 +32,19 @@ class Settings(BaseSettings):
     )
     max_source_mb: float = Field(default=100.0, gt=0, description="Largest source_dir accepted.")
     log_sync_seconds: float = Field(
-        default=1.0, gt=0, description="How often a node agent copies its log to the store."
+        default=10.0,
+        gt=0,
+        description="How often a node agent copies its log to the store, when it has new "
+        "lines (longer in jobs of thousands of nodes: see paced). The terminal that runs "
+        "the job shows each line as it comes; `trainctl logs` elsewhere is this far behind.",
+    )
+    control_poll_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often a node agent reads its job's lease in the store: whether the "
+        "controller is alive, and the interruption notices the controller relays (a "
+        "relaunch by choice, an injected fault, a stop of an adopted node). EC2's own spot "
+        "notice comes from IMDS every imds_poll_seconds instead.",
     )
     lease_seconds: float = Field(
         default=15.0, gt=0, description="A controller lease older than this is stale."
@@ -83,7 +95,11 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="How often a node agent reports that it is alive."
     )
     heartbeat_timeout_seconds: float = Field(
-        default=60.0, gt=0, description="A node silent this long is considered lost."
+        default=60.0,
+        gt=0,
+        description="A node silent this long is considered lost. A node's status in the "
+        "store (what a controller that takes a job over follows) is written when it changes "
+        "and a third of this apart otherwise.",
     )
     elastic_wait_seconds: float = Field(
         default=120.0,
@@ -315,6 +331,37 @@ class Settings(BaseSettings):
     @property
     def store_uri(self) -> str:
         return self.store or (self.home / "store").resolve().as_uri()
+
+    # -- what a node agent asks of the store, and how often (docs/benchmarks.md, "Scale") --
+
+    def log_ship_seconds(self, nodes: int) -> float:
+        """How often each of a job of `nodes` nodes copies its log to the store."""
+        return paced(self.log_sync_seconds, nodes)
+
+    def control_seconds(self, nodes: int) -> float:
+        """How often each node reads the job's lease (its controller's liveness, notices)."""
+        return paced(self.control_poll_seconds, nodes)
+
+    def status_seconds(self, nodes: int) -> float:
+        """How often a node writes its status to the store when nothing in it changed: well
+        within heartbeat_timeout_seconds, after which a controller following the node
+        through the store (a takeover's) counts it lost."""
+        return paced(max(self.heartbeat_seconds, self.heartbeat_timeout_seconds / 3), nodes)
+
+
+# Each kind of request that every node of a job makes on its own schedule (the log copy, the
+# status write, the lease read) is spaced so that the job's nodes together make at most this
+# many a second: three kinds, 1,500 a second in all, under S3's 3,500 PUT and 5,500 GET a
+# second per prefix (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-
+# performance.html) with room for the controller, checkpoints and a prefix S3 has not yet
+# partitioned. It binds from 5,000 nodes up; below that the settings alone set the pace.
+JOB_REQUESTS_PER_SECOND = 500.0
+
+
+def paced(seconds: float, nodes: int) -> float:
+    """`seconds`, or longer where a job of `nodes` nodes each making one request every
+    `seconds` would pass JOB_REQUESTS_PER_SECOND."""
+    return max(seconds, max(1, nodes) / JOB_REQUESTS_PER_SECOND)
 
 
 @lru_cache(maxsize=8)

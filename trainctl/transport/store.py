@@ -2,11 +2,14 @@
 that took the job over from a dead controller) adopts it.
 
 Every agent keeps three objects of its own in the store, whoever its controller is: its log
-(shipped every `log_sync_seconds`), its status (heartbeat and progress, every
-`heartbeat_seconds`) and, at the end, its result, written after the log's last lines.
-`StoreFollower.lines()` turns them back into what the agent would have said on its pipe:
+(shipped every `log_sync_seconds`), its status (progress when it changes, and a heartbeat
+a third of `heartbeat_timeout_seconds` apart: Settings.status_seconds) and, at the end, its
+result, written after the log's last lines. `StoreFollower.lines()` turns them back into
+what the agent would have said on its pipe:
 the log's lines in order, each exactly once, the progress as control messages, the result
-last. A node whose status stops changing for `lost_after` seconds is lost (EXIT_INFRA).
+last. A node whose status stops changing for `lost_after` seconds is lost (EXIT_INFRA); the
+time the store refused the follower's own reads (S3 throttling the job's prefix refuses the
+node's writes too) is not counted as the node's silence.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainctl.errors import StoreError
+from trainctl.errors import NotFoundError, StoreError
 from trainctl.protocol import EXIT_INFRA, message
 from trainctl.record import JobKeys
 from trainctl.store import Store
@@ -41,6 +44,7 @@ class StoreFollower(RunningProcess):
         lost_after: float,
         poll_interval: float = 0.5,
         kill: Callable[[], None] | None = None,
+        notify: Callable[[], None] | None = None,
         log_offset: int = 0,
         lost: str | None = None,
     ) -> None:
@@ -55,17 +59,26 @@ class StoreFollower(RunningProcess):
         self.lost_after = lost_after
         self.poll_interval = poll_interval
         self._kill = kill
+        self._notify = notify
         self._code: int | None = None
         self._adopted_at = time.time()
         self._lost = lost
         self.beats_after_adoption = 0  # heartbeats seen after the first look: it was alive
+        # When the store last refused this follower a read: the node's writes were likely
+        # refused too (S3's SlowDown is per prefix), so its silence counts from then.
+        self._store_refused_at = 0.0
 
     # -- what the store says ---------------------------------------------------------------
     def _json(self, key: str) -> dict[str, Any] | None:
         try:
             return dict(json.loads(self.store.get_text(key)))
-        except (StoreError, ValueError):
-            return None  # not there (NotFoundError), or unreadable now: next poll
+        except NotFoundError:
+            return None  # not there yet
+        except StoreError:  # unreadable now (S3 throttling the job, an outage): next poll
+            self._store_refused_at = time.time()
+            return None
+        except ValueError:
+            return None
 
     def status(self) -> dict[str, Any] | None:
         return self._json(self.keys.node_status(self.attempt, self.rank))
@@ -119,7 +132,7 @@ class StoreFollower(RunningProcess):
                 self._code = int(result.get("exit_code", EXIT_INFRA))
                 return
             beat = float(last_beat) if last_beat is not None else self._adopted_at
-            silent = time.time() - beat
+            silent = time.time() - max(beat, self._store_refused_at)
             if silent > self.lost_after:
                 self._code = EXIT_INFRA
                 yield (
@@ -154,13 +167,11 @@ class StoreFollower(RunningProcess):
         return code
 
     def terminate(self) -> None:
-        """A stop reaches an adopted node as an interruption notice through the store: its
-        agent stops the workers (they save their emergency checkpoint) and ends."""
-        if self.poll() is None:
-            self.store.put_text(
-                self.keys.notice(self.attempt, self.rank),
-                json.dumps({"source": "stopped by the controller"}),
-            )
+        """A stop reaches an adopted node as an interruption notice that its controller
+        relays (`notify`: in the lease the agent reads): its agent stops the workers (they
+        save their emergency checkpoint) and ends."""
+        if self.poll() is None and self._notify is not None:
+            self._notify()
 
     def kill(self) -> None:
         if self._kill is not None:
