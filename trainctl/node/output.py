@@ -298,6 +298,8 @@ class LogShipper:
 
     def ship(self, store: Store | None = None) -> None:
         with self._lock:
+            if self._file.closed:  # a pass that close() did not wait for (a starved thread)
+                return
             self._file.flush()
             size = self.path.stat().st_size
         if size != self._shipped:
@@ -321,4 +323,5 @@ class LogShipper:
         self._stop.set()
         self._thread.join(timeout=5)
         self.ship()
-        self._file.close()
+        with self._lock:
+            self._file.close()
