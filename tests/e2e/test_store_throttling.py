@@ -16,14 +16,15 @@ from tests.rigs.faulty_s3 import Rule, moto_s3
 pytestmark = pytest.mark.e2e
 
 EPOCHS = 6
-# ~23 steps an epoch: ~20 s of training, so that a 12 s storm from the first checkpoint
+# ~23 steps an epoch: ~12 s of training, so that an 8 s storm from the first checkpoint
 # falls inside it (its last seconds may reach the end: the result and last log copy too)
-HPS = {"epochs": EPOCHS, "lr": 0.1, "seed": 0, "checkpoint-every": 10, "step-delay": 0.12}
+HPS = {"epochs": EPOCHS, "lr": 0.1, "seed": 0, "checkpoint-every": 10, "step-delay": 0.08}
+STORM_SECONDS = 8
 
 
 @pytest.mark.timeout(240)
 def test_a_slowdown_storm_loses_no_node_and_no_line(home, monkeypatch):
-    """Every request to the job's prefix answered 503 SlowDown for 12 s while its 2 nodes
+    """Every request to the job's prefix answered 503 SlowDown for 8 s while its 2 nodes
     train (their status writes, log copies, lease reads and checkpoint syncs; the
     controller's record and events): the job completes in its one attempt, no node counted
     lost, every line of each node's log stored once and in order."""
@@ -41,7 +42,12 @@ def test_a_slowdown_storm_loses_no_node_and_no_line(home, monkeypatch):
             raise AssertionError(f"no checkpoint: {job.describe()}")
         methods = ("GET", "PUT", "HEAD", "POST", "DELETE")
         storm = proxy.add(
-            Rule(methods, rf"/jobs/{re.escape(job.name)}/", 503, until=time.monotonic() + 12)
+            Rule(
+                methods,
+                rf"/jobs/{re.escape(job.name)}/",
+                503,
+                until=time.monotonic() + STORM_SECONDS,
+            )
         )
         info = job.wait(timeout=180, raise_on_failure=False)
         logs = {
