@@ -41,7 +41,6 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,13 @@ from bench.common import BENCH_DIR, log
 from trainctl.clock import clock
 from trainctl.protocol import split_stamp, stamped_line
 from trainctl.record import S3_READ_USD, S3_WRITE_USD
-from trainctl.replay.fleet import Fleet, FleetProvider, FleetRunner, StandInNode
+from trainctl.replay.fleet import (
+    Fleet,
+    FleetProvider,
+    FleetRunner,
+    StandInNode,
+    settings_in_effect,
+)
 
 STARTUP_ROUND_TRIPS = FleetRunner.round_trips  # SSH connect, auth, agent upload check, exec
 HEARTBEAT_SECONDS = 1.0
@@ -521,24 +526,15 @@ def _measure_configured(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     return measure(nodes, args)
 
 
-@contextlib.contextmanager
-def short_heartbeat_timeout() -> Iterator[None]:
-    """A heartbeat every HEARTBEAT_SECONDS, a node lost after HEARTBEAT_TIMEOUT_SECONDS (the
-    settings, read by the controller and the nodes through get_settings), then as before."""
-    values = {
-        "TRAINCTL_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
-        "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_TIMEOUT_SECONDS),
-    }
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def short_heartbeat_timeout() -> contextlib.AbstractContextManager[None]:
+    """A heartbeat every HEARTBEAT_SECONDS, a node lost after HEARTBEAT_TIMEOUT_SECONDS, then
+    the settings as before."""
+    return settings_in_effect(
+        {
+            "TRAINCTL_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+            "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(HEARTBEAT_TIMEOUT_SECONDS),
+        }
+    )
 
 
 def configure() -> None:

@@ -54,7 +54,6 @@ class NodeStatus:
         self._lock = threading.Lock()
         self.fields: dict[str, Any] = {"rank": rank}
         self._stored: dict[str, Any] = {}  # the fields as last written (see written)
-        self.written_at = 0.0  # time.time() of that write
 
     def observe(self, msg: dict[str, Any]) -> None:
         event, step = msg.get("event"), msg.get("step")
@@ -79,7 +78,6 @@ class NodeStatus:
         """`snapshot` is in the store now."""
         with self._lock:
             self._stored = {k: v for k, v in snapshot.items() if k != "time"}
-            self.written_at = float(snapshot["time"])
 
     def changed(self) -> bool:
         """Whether anything but the step was said since the last write (a new step alone

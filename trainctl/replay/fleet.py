@@ -10,6 +10,7 @@ does between is its subclass's `_agent`. A `Fleet` is the nodes of one replayed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,6 +24,22 @@ from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.protocol import message
 from trainctl.provisioning.base import FaultInjection, NodeRunner, Provider
 from trainctl.store import Store
+
+
+@contextlib.contextmanager
+def settings_in_effect(values: dict[str, str]) -> Iterator[None]:
+    """TRAINCTL_* settings for what runs inside (the controller and the stand-ins read them
+    through get_settings), then the environment as it was."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class Fleet:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.clock import VirtualClock, use_clock
-from trainctl.replay.fleet import Fleet, run_job
+from trainctl.replay.fleet import Fleet, run_job, settings_in_effect
 from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
 from trainctl.spec.trace import SpotTrace
 from trainctl.store import open_store
@@ -118,33 +118,24 @@ def simulate(
     """One job of `workload` under the real controller on a simulated clock, its nodes
     training stand-ins, its capacity `provider_for(harness)`; its record, its training's
     account, and how often the clock moved."""
-    env = {**REPLAY_SETTINGS, **(settings or {})}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="trainctl-bench-spot-") as tmp,
-            use_clock(VirtualClock(quantum=quantum)) as virtual,
-        ):
-            fleet = Fleet(Path(tmp), open_store(f"file://{Path(tmp) / 'store'}"))
-            fleet.node_class = TrainingNode
-            training = Training(workload, interval_seconds)
-            fleet.training = training  # type: ignore[attr-defined]
-            done = run_job(
-                fleet,
-                workload.nodes,
-                provider=provider_for(fleet),
-                recorded_as=recorded_as,
-                faults=faults or [],
-                **(fields or {}),
-            )
-            return done["final"], training, virtual.advances
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with (
+        settings_in_effect({**REPLAY_SETTINGS, **(settings or {})}),
+        tempfile.TemporaryDirectory(prefix="trainctl-bench-spot-") as tmp,
+        use_clock(VirtualClock(quantum=quantum)) as virtual,
+    ):
+        fleet = Fleet(Path(tmp), open_store(f"file://{Path(tmp) / 'store'}"))
+        fleet.node_class = TrainingNode
+        training = Training(workload, interval_seconds)
+        fleet.training = training  # type: ignore[attr-defined]
+        done = run_job(
+            fleet,
+            workload.nodes,
+            provider=provider_for(fleet),
+            recorded_as=recorded_as,
+            faults=faults or [],
+            **(fields or {}),
+        )
+        return done["final"], training, virtual.advances
 
 
 def replay(
