@@ -1067,8 +1067,10 @@ def tensorboard_store(record: JobRecord) -> Store:
     return open_store(record.store_uri).child(JobKeys(record.name).tensorboard)
 
 
-def checkpoint_store(record: JobRecord) -> Store:
-    """The job's checkpoint URI: checkpoint_s3_uri, else jobs/<job>/checkpoints/."""
+def checkpoint_store(record: JobRecord, *, pinned: bool = False) -> Store:
+    """The job's checkpoint URI: checkpoint_s3_uri, else jobs/<job>/checkpoints/
+    (`pinned`: a node's, which writes there; see LocalStore)."""
     if record.spec.checkpoint_s3_uri:
-        return open_store(record.spec.checkpoint_s3_uri, field="checkpoint_s3_uri")
-    return open_store(record.store_uri).child(JobKeys(record.name).checkpoints)
+        uri = record.spec.checkpoint_s3_uri
+        return open_store(uri, field="checkpoint_s3_uri", pinned=pinned)
+    return open_store(record.store_uri, pinned=pinned).child(JobKeys(record.name).checkpoints)

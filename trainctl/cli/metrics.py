@@ -7,11 +7,13 @@ import csv
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from trainctl.cli.app import JobArg, app, handle_errors, print_json
+from trainctl.ui import TOKEN_VARIABLE
 
 FOLLOW_SECONDS = 2.0
 COLUMNS = ["time", "name", "value", "step", "attempt", "rank", "redone"]
@@ -153,15 +155,31 @@ def ui(
         "made and printed).",
     ),
     token: str | None = typer.Option(
-        None, "--token", help="Required on every request (?token=... once)."
+        None,
+        "--token",
+        envvar=TOKEN_VARIABLE,
+        show_envvar=True,
+        help="Required on every request (?token=... once). On a shared machine give it in "
+        f"{TOKEN_VARIABLE} or --token-file: a command line is every user's to read.",
+    ),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="Read the token from this file (yours alone: mode 0600)."
     ),
 ) -> None:
     """A read-only web dashboard over the store: jobs, attempts, live logs, metric charts,
     artifacts."""
     from trainctl.controller.submit import default_store
-    from trainctl.ui import check_bind, serve
+    from trainctl.ui import check_bind, read_token_file, serve
 
+    on_command_line = any(a == "--token" or a.startswith("--token=") for a in sys.argv)
+    if token_file is not None:
+        token = read_token_file(token_file)
     token = check_bind(host, port, token)
+    if on_command_line and token_file is None:
+        sys.stderr.write(
+            f"trainctl ui: warning: --token is visible to every user of this machine (ps); "
+            f"give it in {TOKEN_VARIABLE} or --token-file\n"
+        )
 
     def ready(url: str) -> None:
         sys.stderr.write(f"trainctl ui: {url} (Ctrl-C to stop)\n")

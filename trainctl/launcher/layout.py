@@ -101,6 +101,29 @@ class Layout:
         ]
 
 
+# Where a job whose arguments hold a secret keeps them (written by the node, owner-only):
+# relative to the code directory, which is every launcher's working directory on every host.
+ARGV_FILE = "../input/config/argv.json"
+SCRIPT_MAIN = "trainctl.launcher.script_main"
+
+
+def hides_arguments(spec: JobSpec) -> bool:
+    """Whether the script's arguments hold a secret hyperparameter (by name, or declared in
+    secret_hyperparameters): then they stay off the command line every user can read."""
+    from trainctl.redact import Redactor
+
+    return bool(Redactor.for_spec(spec).hp_names)
+
+
+def entry_argv(spec: JobSpec, *, module_flag: str = "-m") -> list[str]:
+    """What follows the interpreter (or torchrun's options): the entry point and its
+    arguments, or, where those hold a secret, trainctl.launcher.script_main reading them
+    from ARGV_FILE (`module_flag`: how the runner is told that a module follows)."""
+    if hides_arguments(spec):
+        return [module_flag, SCRIPT_MAIN, ARGV_FILE, spec.entry_point]
+    return [spec.entry_point, *script_args(spec)]
+
+
 def script_args(spec: JobSpec) -> list[str]:
     """What the entry point gets after its name: the job's `arguments`, then each
     hyperparameter as `--key value`."""

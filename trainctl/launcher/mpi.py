@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import Layout, script_args
+from trainctl.launcher.layout import Layout, entry_argv
 from trainctl.launcher.threads import processes_per_node
 from trainctl.spec.job import JobSpec
 
@@ -83,7 +83,7 @@ def command(
     else:
         argv += ["-x", "PATH"]
     argv += ["-x", "PYTHONUNBUFFERED", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", *custom]
-    program = [*_ON_EACH_HOST, spec.entry_point, *script_args(spec)]
+    program = [*_ON_EACH_HOST, *entry_argv(spec)]
     return NodeCommand([*argv, *program], env, mpirun_output=True)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import script_args
+from trainctl.launcher.layout import entry_argv
 from trainctl.spec.job import JobSpec
 
 
@@ -27,4 +27,4 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         first, *rest = spec.container_entry_point
         program = python if first in ("python", "python3") else first
         return NodeCommand([program, *rest, *spec.container_arguments], env)
-    return NodeCommand([python, spec.entry_point, *script_args(spec)], env)
+    return NodeCommand([python, *entry_argv(spec)], env)

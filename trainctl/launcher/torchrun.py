@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
 from trainctl.launcher.base import NodeCommand
-from trainctl.launcher.layout import script_args
+from trainctl.launcher.layout import entry_argv
 from trainctl.protocol import TORCHRUN_PREFIX_TEMPLATE
 from trainctl.spec.job import JobSpec
 
@@ -33,8 +33,7 @@ def command(spec: JobSpec, cluster: ClusterInfo, rank: int, *, python: str) -> N
         str(cluster.master_port),
         "--max-restarts",
         "0",
-        spec.entry_point,
-        *script_args(spec),
+        *entry_argv(spec, module_flag="--module"),
     ]
     # torchrun sets RANK/LOCAL_RANK/WORLD_SIZE per worker; MASTER_* here are for tools
     # that read them in the launcher's own environment.

@@ -145,12 +145,24 @@ class Agent:
 
     # -- staging ------------------------------------------------------------------------
     def stage(self) -> None:
-        from trainctl.launcher.layout import input_data_config, resource_config
+        from trainctl.launcher.layout import (
+            ARGV_FILE,
+            hides_arguments,
+            input_data_config,
+            resource_config,
+            script_args,
+        )
         from trainctl.node.extract import safe_extract
-        from trainctl.node.guard import check_job_uris, claim_checkpoint_dir, verify_source
+        from trainctl.node.guard import (
+            check_claimed_locations,
+            check_job_uris,
+            claim_checkpoint_dir,
+            verify_source,
+        )
         from trainctl.store import open_store
 
         check_job_uris(self.record)
+        check_claimed_locations(self.record)
         claim_checkpoint_dir(
             self.layout.checkpoints(self.spec), self.record, self.settings.home, self.layout.root
         )
@@ -167,6 +179,8 @@ class Agent:
             f"(sha256 {self.record.source_sha256[:12]} verified)"
         )
         write_json(self.layout.config / "hyperparameters.json", self.spec.hyperparameters)
+        if hides_arguments(self.spec):  # read by launcher.script_main, off the command line
+            write_json(self.layout.code / ARGV_FILE, script_args(self.spec))
         write_json(
             self.layout.config / "resourceconfig.json", resource_config(self.cluster, self.rank)
         )
@@ -194,7 +208,7 @@ class Agent:
         from trainctl.node.checkpoints import CheckpointSync, restore
         from trainctl.record import checkpoint_store
 
-        store = checkpoint_store(self.record)
+        store = checkpoint_store(self.record, pinned=True)
         local = self.layout.checkpoints(self.spec)
         known = restore(store, local, self.log)
         self.sync = CheckpointSync(

@@ -43,6 +43,35 @@ def check_job_uris(record: JobRecord) -> None:
         raise RefusedError(str(exc)) from None
 
 
+def check_claimed_locations(record: JobRecord) -> None:
+    """Each location outside the store that the job writes to must still be the place
+    claimed for it at submit: a file:// location is claimed by its path with links
+    resolved (trainctl.claims), so one that resolves elsewhere now (a folder swapped for a
+    link to a running job's checkpoints, or a user's `latest` link moved to another run)
+    has no claim of this job's, and nothing is restored, written or pruned there."""
+    from trainctl.claims import claim_key
+    from trainctl.errors import NotFoundError
+    from trainctl.record import written_locations
+    from trainctl.store import open_store, parse_uri
+
+    store = open_store(record.store_uri)
+    for field, uri in written_locations(record.spec, record.name):
+        scheme, path = parse_uri(uri, field)
+        if scheme != "file":
+            continue  # an S3 key has no links
+        try:
+            claim = json.loads(store.get_bytes(claim_key(uri)))
+        except (NotFoundError, ValueError):
+            claim = None
+        holder = claim.get("job") if isinstance(claim, dict) else None
+        if holder != record.name:
+            now = Path(path).resolve()
+            raise RefusedError(
+                f"{field}: {uri} now leads to {now}, not the place claimed for this job at "
+                "submit (a link swapped in, or moved?); nothing is written there"
+            )
+
+
 def claim_checkpoint_dir(path: Path, record: JobRecord, home: Path, layout_root: Path) -> None:
     """A local checkpoint directory outside the node's own layout must be fresh (missing or
     empty) or this job's (claimed by an earlier attempt): the node uploads what it holds,

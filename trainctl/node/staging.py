@@ -4,6 +4,7 @@ the config files of the /opt/ml layout, and packing what the workers leave (mode
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 import time
@@ -14,8 +15,12 @@ from trainctl.node.sync import size_text
 
 
 def write_json(path: Path, data: Any) -> None:
+    """Owner-only: the configuration files hold the job's hyperparameters, secrets too."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    path.unlink(missing_ok=True)  # (a file of another mode, or a link, is replaced)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(data, indent=2))
 
 
 def in_shard(index: int, shard: tuple[int, int] | None) -> bool:

@@ -24,9 +24,10 @@ __all__ = [
 ]
 
 
-def open_store(uri: str, *, field: str = "uri") -> Store:
-    """The store for a `file://` / `s3://` URI or a plain filesystem path."""
+def open_store(uri: str, *, field: str = "uri", pinned: bool = False) -> Store:
+    """The store for a `file://` / `s3://` URI or a plain filesystem path (`pinned`: a
+    folder that must stay the one it was at its first use; see LocalStore)."""
     scheme, rest = parse_uri(uri, field)
     if scheme == "s3":
         return S3Store(f"s3://{rest}")
-    return LocalStore(Path(rest))
+    return LocalStore(Path(rest), pinned=pinned)

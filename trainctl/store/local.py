@@ -7,20 +7,24 @@ one, never a torn write. Temp files are named `.<name>.tmp-<random>` so that `li
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from trainctl.errors import NotFoundError, StoreError
 from trainctl.spec.uris import clean_key
+from trainctl.store import safefs
 from trainctl.store.base import ObjectInfo, Progress, Store
 
+T = TypeVar("T")
 _TMP_MARK = ".tmp-"
 # Objects are readable by their owner only: a job's record and logs may hold its secrets
 # (environment values, hyperparameters), and the store is the user's, not the machine's.
@@ -32,15 +36,29 @@ def _is_tmp(name: str) -> bool:
     return name.startswith(".") and _TMP_MARK in name
 
 
-def _tmp_sibling(path: Path) -> Path:
-    return path.with_name(f".{path.name}{_TMP_MARK}{secrets.token_hex(6)}")
-
-
 class LocalStore(Store):
-    """Objects are plain files under `root`; 'directories' are real directories."""
+    """Objects are plain files under `root`; 'directories' are real directories.
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root).expanduser().resolve()
+    Every object below the root is reached through trainctl.store.safefs: no link below the
+    root is followed and no special file is opened (a planted link or FIFO reads as no
+    object, and a write through one is refused)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        pinned: bool = False,
+        _below: tuple[str, ...] = (),
+        _root: safefs.Root | None = None,
+    ) -> None:
+        """`pinned`: every use must find the root the folder it was at the first (see
+        safefs.Root; a node's checkpoint and output locations)."""
+        # The root as the user named it is trusted (links above it are the machine's); a
+        # child store keeps that root and walks its prefix like any key, link-free.
+        self._top = Path(root).expanduser().resolve()
+        self._root = _root or safefs.Root(self._top, pinned=pinned)
+        self._below = _below
+        self.root = self._top.joinpath(*_below)
         self.uri = self.root.as_uri()
 
     def __repr__(self) -> str:
@@ -54,114 +72,136 @@ class LocalStore(Store):
 
     # -- paths ------------------------------------------------------------------------------
 
-    def _path(self, key: str, *, allow_empty: bool = False) -> Path:
+    def _parts(self, key: str, *, allow_empty: bool = False) -> list[str]:
         clean = clean_key(key, allow_empty=allow_empty)
-        return self.root / clean if clean else self.root
+        return [*self._below, *(clean.split("/") if clean else [])]
+
+    def _path(self, key: str, *, allow_empty: bool = False) -> Path:
+        return self._top.joinpath(*self._parts(key, allow_empty=allow_empty))
 
     def child(self, prefix: str) -> LocalStore:
-        return LocalStore(self._path(prefix, allow_empty=True))
+        parts = tuple(self._parts(prefix, allow_empty=True))
+        return LocalStore(self._top, _below=parts, _root=self._root)
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _in_parent(self, path: Path, action: Callable[[], object]) -> None:
-        """Create `path`'s parent directories, then run `action` (which creates `path`).
+    def _in_parent(self, parts: list[str], action: Callable[[int, str], object]) -> None:
+        """Open (making them) the folders above the object at `parts`, then run
+        `action(folder_fd, name)`, which creates the object `name` in that folder.
 
         A concurrent delete() prunes empty parent directories, which can remove one between our
-        mkdir and `action` (FileNotFoundError), or in the middle of mkdir's own exist_ok check
-        (FileExistsError). Both are retried a few times, recreating the parents each time; a
-        persistent error (e.g. a file where a directory should be) still surfaces.
+        mkdir and `action` (FileNotFoundError). That is retried a few times, recreating the
+        parents each time; a persistent error (e.g. a file where a directory should be) still
+        surfaces.
         """
-        if not self.root.exists():  # a new store: readable by its owner only
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self._top.exists():  # a new store: readable by its owner only
+            self._top.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folders, name = safefs.split(parts)
         for attempt in range(_PARENT_RETRIES):
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                action()
-                return
-            except (FileNotFoundError, FileExistsError):
+                parent = safefs.open_dir(self._root, folders, create=True)
+            except FileNotFoundError:
                 if attempt == _PARENT_RETRIES - 1:
                     raise
-
-    def _atomic_write(self, path: Path, fill: Callable[[Path], object]) -> None:
-        """Let `fill` write a temp sibling of `path`, then rename it into place."""
-
-        def write() -> None:
-            tmp = _tmp_sibling(path)
+                continue
             try:
-                fill(tmp)
-                os.replace(tmp, path)
+                action(parent, name)
+                return
+            except FileNotFoundError:
+                if attempt == _PARENT_RETRIES - 1:
+                    raise
+            finally:
+                os.close(parent)
+
+    def _atomic_write(self, key: str, fill: Callable[[int], object]) -> None:
+        """Let `fill` write a new temp sibling of `key` (given its descriptor), then rename
+        it into place (a link or FIFO at `key` is replaced, never written through)."""
+
+        def write(parent: int, name: str) -> None:
+            tmp = f".{name}{_TMP_MARK}{secrets.token_hex(6)}"
+            # O_EXCL: the random name must be ours alone; owner-only, as every object may
+            # hold a secret of the job's (its record, its logs).
+            fd = safefs.open_in(parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    fill(handle.fileno())
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
             except BaseException:
-                tmp.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
                 raise
 
-        self._in_parent(path, write)
+        self._in_parent(self._parts(key), write)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        def fill(tmp: Path) -> None:
-            # O_EXCL: the random name must be ours alone; owner-only, as every object may hold
-            # a secret of the job's (its record, its logs).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-
-        self._wrap_os(key, lambda: self._atomic_write(self._path(key), fill))
+        self._wrap_os(key, lambda: self._atomic_write(key, lambda fd: _write_all(fd, data)))
 
     def put_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
         src = Path(path)
         if not src.is_file():
             raise FileNotFoundError(f"{src} is not a file")
         self._wrap_os(
-            key,
-            lambda: self._atomic_write(
-                self._path(key), lambda t: _copy(src, t, progress, FILE_MODE)
-            ),
+            key, lambda: self._atomic_write(key, lambda fd: _copy_path(src, fd, progress))
         )
 
     def append_bytes(self, key: str, data: bytes) -> None:
-        target = self._path(key)
-
-        def append() -> None:
+        def append(parent: int, name: str) -> None:
             # O_APPEND: every write lands at the file's current end, so bytes already there are
             # never overwritten, whatever other handles did meanwhile.
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-            with os.fdopen(fd, "ab") as f:
-                f.write(data)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            fd = safefs.open_in(parent, name, flags, FILE_MODE)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
 
-        self._wrap_os(key, lambda: self._in_parent(target, append))
+        self._wrap_os(key, lambda: self._in_parent(self._parts(key), append))
 
     def matches(self, key: str, path: Path) -> bool:
         """Same size and SHA-256 (a content-addressed object is reused only when it still
         holds what its name says)."""
-        stored = self._path(key)
         try:
-            if stored.stat().st_size != Path(path).stat().st_size:
+            fd = safefs.open_file(self._root, self._parts(key))
+        except (OSError, StoreError):
+            return False
+        try:
+            if os.fstat(fd).st_size != Path(path).stat().st_size:
                 return False
-            return file_sha256(stored) == file_sha256(Path(path))
+            return _fd_sha256(fd) == file_sha256(Path(path))
         except OSError:
             return False
+        finally:
+            os.close(fd)
 
     # -- compare and swap --------------------------------------------------------------------
 
     @contextmanager
-    def _locked(self, path: Path) -> Iterator[None]:
-        """An exclusive lock on a lock file beside `path` (every conditional writer of the
+    def _locked(self, key: str) -> Iterator[None]:
+        """An exclusive lock on a lock file beside `key` (every conditional writer of the
         key takes it, across processes; flock ends with the process that holds it)."""
-        lock = path.with_name(f".{path.name}{_TMP_MARK}lock")  # never listed as an object
-        self._in_parent(lock, lambda: lock.touch(mode=FILE_MODE, exist_ok=True))
-        with lock.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        folders, name = safefs.split(self._parts(key))
+        opened: list[int] = []
+
+        def open_lock(parent: int, lock: str) -> None:
+            opened.append(safefs.open_in(parent, lock, os.O_RDWR | os.O_CREAT, FILE_MODE))
+
+        # Named so that it is never listed as an object.
+        self._in_parent([*folders, f".{name}{_TMP_MARK}lock"], open_lock)
+        try:
+            fcntl.flock(opened[0], fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(opened[0])
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         data = self.get_bytes(key)
         return data, hashlib.sha256(data).hexdigest()
 
     def put_if(self, key: str, data: bytes, *, version: str | None) -> str | None:
-        path = self._path(key)
-        with self._locked(path):
+        with self._locked(key):
             try:
-                current: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
-            except FileNotFoundError:
+                current: str | None = hashlib.sha256(self.get_bytes(key)).hexdigest()
+            except NotFoundError:
                 current = None
             if current != version:
                 return None
@@ -171,125 +211,136 @@ class LocalStore(Store):
     # -- reads ------------------------------------------------------------------------------
 
     def get_bytes(self, key: str) -> bytes:
-        path = self._path(key)
-        return self._read(key, path.read_bytes)
+        parts = self._parts(key)
+        return self._read(key, lambda: safefs.read_bytes(self._root, parts))
 
     def get_range(self, key: str, start: int) -> bytes:
         if start < 0:
             raise ValueError(f"get_range start must be >= 0, got {start}")
-        path = self._path(key)
-
-        def read() -> bytes:
-            with path.open("rb") as f:
-                f.seek(start)
-                return f.read()
-
-        return self._read(key, read)
+        parts = self._parts(key)
+        return self._read(key, lambda: safefs.read_bytes(self._root, parts, start))
 
     def get_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
-        src = self._path(key)
-        dest = Path(path)
-        if not src.is_file():
-            raise NotFoundError(f"{self.url(key)} does not exist")
+        parts = self._parts(key)
+        src = self._read(key, lambda: safefs.open_file(self._root, parts))
+        dest = Path(path).absolute()
         # Same temp-and-rename dance on the destination, so a reader of `path` (or a crash)
-        # never sees a half-copied file.
+        # never sees a half-copied file. The destination is the caller's own path.
         try:
-            self._atomic_write(dest, lambda t: _copy(src, t, progress, 0o666))
-        except FileNotFoundError:
-            if not src.is_file():  # deleted between the check and the copy
-                raise NotFoundError(f"{self.url(key)} does not exist") from None
-            raise
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _copy_to_new(src, dest, progress)
+        except OSError as exc:
+            raise StoreError(f"{dest}: write failed ({exc.strerror or exc})") from None
+        finally:
+            os.close(src)
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return safefs.regular(self._root, self._parts(key)) is not None
 
     def info(self, key: str) -> ObjectInfo | None:
-        path = self._path(key)
-        try:
-            st = path.stat()
-        except OSError:
+        st = safefs.regular(self._root, self._parts(key))
+        if st is None:
             return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        return ObjectInfo(
-            key=path.relative_to(self.root).as_posix(), size=st.st_size, mtime=st.st_mtime
-        )
+        return ObjectInfo(key=clean_key(key), size=st.st_size, mtime=st.st_mtime)
 
     # -- listing ----------------------------------------------------------------------------
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # `prefix` names a directory (path-component semantics, same as S3Store): "jobs/a" lists
         # jobs/a/..., never jobs/ab/... — so delete_prefix(job) cannot touch a sibling job.
-        base = self._path(prefix, allow_empty=True)
-        found: list[ObjectInfo] = []
-        for dirpath, _dirnames, filenames in os.walk(base):
-            for name in filenames:
-                if _is_tmp(name):
-                    continue  # an in-progress atomic write
-                full = Path(dirpath) / name
-                try:
-                    st = full.stat()
-                except FileNotFoundError:
-                    continue  # deleted while we walked
-                key = full.relative_to(self.root).as_posix()
-                found.append(ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime))
-        # Sort on the full key (not per directory) to match S3's lexicographic order, where
-        # "a.txt" sorts before "a/b".
-        found.sort(key=lambda info: info.key)
-        yield from found
+        # Sorted on the full key (safefs.walk sorts), matching S3's lexicographic order.
+        clean = clean_key(prefix, allow_empty=True)
+        lead = f"{clean}/" if clean else ""
+        for entry in safefs.walk(self._root, self._parts(prefix, allow_empty=True)):
+            name = entry.rel.rsplit("/", 1)[-1]
+            if not _is_tmp(name):  # an in-progress atomic write
+                yield ObjectInfo(key=lead + entry.rel, size=entry.size, mtime=entry.mtime)
 
     def list_dirs(self, prefix: str = "") -> list[str]:
-        base = self._path(prefix, allow_empty=True)
-        try:
-            with os.scandir(base) as entries:
-                return sorted(e.name for e in entries if e.is_dir())
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        return safefs.subdirs(self._root, self._parts(prefix, allow_empty=True))
 
     # -- deletes ----------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        folders, name = safefs.split(self._parts(key))
         try:
-            path.unlink()
+            parent = safefs.open_dir(self._root, folders)
+        except (FileNotFoundError, NotADirectoryError, safefs.RefusedPathError):
+            return  # missing is not an error (nor is a key below a link: no object there)
+        try:
+            os.unlink(name, dir_fd=parent)
         except (FileNotFoundError, IsADirectoryError):
             return  # missing is not an error; a directory is not an object
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: delete failed ({exc.strerror})") from None
-        self._prune(path.parent)
+        finally:
+            os.close(parent)
+        self._prune(folders)
 
     def delete_prefix(self, prefix: str) -> None:
+        parts = self._parts(prefix)
+        st = safefs.lstat(self._root, parts)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            # A link where a prefix should be (an alias of another job's folder) is one
+            # entry: it goes, and what it points to stays.
+            self._wrap_os(prefix, lambda: safefs.remove_tree(self._root, parts))
+            self._prune(parts[:-1])
+            return
         super().delete_prefix(prefix)
         # What is left are put_if's lock files (never listed) and the folders that held
         # them: gone too, so a deleted prefix leaves no directory behind.
-        base = self._path(prefix)
-        for dirpath, _dirnames, filenames in os.walk(base, topdown=False):
-            for name in filenames:
-                if name.endswith(f"{_TMP_MARK}lock"):
-                    (Path(dirpath) / name).unlink(missing_ok=True)
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass  # not empty: something not ours, or written meanwhile
-        self._prune(base.parent)
+        self._remove_empty(parts)
+        self._prune(parts[:-1])
 
-    def _prune(self, directory: Path) -> None:
+    def _remove_empty(self, parts: list[str]) -> None:
+        try:
+            top = safefs.open_dir(self._root, parts)
+        except OSError:
+            return
+        try:  # bottom-up: a folder's own folders are emptied before it is
+            for _path, dirs, files, dirfd in os.fwalk(".", dir_fd=top, topdown=False):
+                for name in files:
+                    if name.endswith(f"{_TMP_MARK}lock"):
+                        with contextlib.suppress(OSError):
+                            os.unlink(name, dir_fd=dirfd)
+                for name in dirs:
+                    with contextlib.suppress(OSError):  # not empty: not ours, or new
+                        os.rmdir(name, dir_fd=dirfd)
+        finally:
+            os.close(top)
+        with contextlib.suppress(OSError):
+            self._rmdir(parts)
+
+    def _rmdir(self, parts: list[str]) -> None:
+        folders, name = safefs.split(parts)
+        parent = safefs.open_dir(self._root, folders)
+        try:
+            os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def _prune(self, folders: list[str]) -> None:
         # Remove now-empty parents so that list_dirs does not report 'directories' that hold
         # nothing (S3 has no empty prefixes either). rmdir fails harmlessly when not empty.
-        while directory != self.root and self.root in directory.parents:
+        parts = list(folders)
+        while len(parts) > len(self._below):
             try:
-                directory.rmdir()
+                self._rmdir(parts)
             except OSError:
                 return
-            directory = directory.parent
+            parts.pop()
 
     # -- error mapping ----------------------------------------------------------------------
 
-    def _read(self, key: str, fn: Callable[[], bytes]) -> bytes:
+    def _read(self, key: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFoundError(f"{self.url(key)} does not exist") from None
+        except safefs.RefusedPathError:  # no object, as list() and exists() say too
+            raise NotFoundError(
+                f"{self.url(key)} is a link or a special file, not a stored object"
+            ) from None
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: read failed ({exc.strerror or exc})") from None
 
@@ -300,25 +351,65 @@ class LocalStore(Store):
             raise StoreError(f"{self.url(key)}: write failed ({exc.strerror or exc})") from None
 
 
-COPY_CHUNK = 8 * 1024 * 1024
+COPY_CHUNK = safefs.CHUNK
 
 
 def file_sha256(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _fd_sha256(fd)
+    finally:
+        os.close(fd)
+
+
+def _fd_sha256(fd: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(COPY_CHUNK):
-            digest.update(chunk)
+    offset = 0
+    while chunk := os.pread(fd, COPY_CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
     return digest.hexdigest()
 
 
-def _copy(src: Path, dest: Path, progress: Progress | None, mode: int) -> None:
-    """shutil.copyfile (its fast paths), or chunked with `progress` when one is given; the
-    copy gets `mode` (less the umask)."""
-    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
-    if progress is None:
-        shutil.copyfile(src, dest)
-        return
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
-        while chunk := fin.read(COPY_CHUNK):
-            fout.write(chunk)
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy_fd(src: int, dest: int, progress: Progress | None) -> None:
+    """Copy an open regular file's bytes (as large as it is now) into `dest`."""
+    size, offset = os.fstat(src).st_size, 0
+    while offset < size:
+        chunk = os.pread(src, min(COPY_CHUNK, size - offset), offset)
+        if not chunk:
+            break
+        _write_all(dest, chunk)
+        offset += len(chunk)
+        if progress is not None:
             progress(len(chunk))
+
+
+def _copy_path(src: Path, dest: int, progress: Progress | None) -> None:
+    """Copy the caller's own file `src` (a link the caller gave is theirs to follow; a FIFO
+    or device is refused rather than read forever) into `dest`."""
+    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise safefs.RefusedPathError(errno.EINVAL, "not a regular file", str(src))
+        _copy_fd(fd, dest, progress)
+    finally:
+        os.close(fd)
+
+
+def _copy_to_new(src: int, dest: Path, progress: Progress | None) -> None:
+    """Copy into a new temp sibling of `dest`, then rename it over `dest`."""
+    tmp = dest.with_name(f".{dest.name}{_TMP_MARK}{secrets.token_hex(6)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            _copy_fd(src, handle.fileno(), progress)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import socket
+from pathlib import Path
 from typing import Any
 
 from trainctl.errors import SpecError, StoreError, TrainctlError
 
 DEFAULT_PORT = 8377
+# The dashboard's token from the environment: only its own user reads a process's
+# environment, where every user reads its command line.
+TOKEN_VARIABLE = "TRAINCTL_UI_TOKEN"
 
 
 MIN_TOKEN_CHARS = 16
@@ -38,6 +43,32 @@ def check_bind(host: str, port: int, token: str | None) -> str | None:
     if not is_loopback(host) and token is None:
         return secrets.token_urlsafe(24)
     return token
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path`, a file of the user's alone (another user who can read it can
+    read the whole store through the dashboard)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SpecError("--token-file", f"{path}: cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError("--token-file", f"{path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise SpecError(
+                "--token-file",
+                f"{path} is readable by other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"`chmod 600 {path}`",
+            )
+        raw = handle.read(4096)
+    try:
+        return raw.decode().strip()
+    except UnicodeDecodeError:
+        raise SpecError("--token-file", f"{path} is not text") from None
 
 
 def allowed_hosts(host: str) -> list[str]:

@@ -30,6 +30,20 @@ def _sbatch_option(value: str) -> str:
     return value
 
 
+# A folder on every node: absolute (or under ~), one word (it lands in the batch script's
+# `#SBATCH --output=` line, which a space would split and a newline would end).
+NODE_DIR_RE = re.compile(r"(/|~/)[^\x00-\x20\x7f]{0,1023}")
+
+
+def _node_dir(value: str) -> str:
+    if not NODE_DIR_RE.fullmatch(value) or "/../" in f"{value}/":
+        raise ValueError(
+            f"{value[:80]!r} must be an absolute folder (/... or ~/...), at most 1,024 "
+            "characters, without '..', spaces or control characters"
+        )
+    return value
+
+
 Word = Annotated[str, AfterValidator(_word)]
 SbatchOption = Annotated[str, AfterValidator(_sbatch_option)]
 
@@ -66,7 +80,7 @@ class SlurmOptions(BaseModel):
         description="How long before the time limit the nodes are warned (--signal=USR1@N): "
         "a notice, answered by an emergency checkpoint.",
     )
-    node_dir: str | None = Field(
+    node_dir: Annotated[str, AfterValidator(_node_dir)] | None = Field(
         default=None,
         description="Where each node's working directories go, on every node (default: "
         "trainctl's home, which a cluster's shared home puts on every node).",

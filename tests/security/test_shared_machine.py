@@ -1,0 +1,275 @@
+"""Trust on a machine many users share (issue 58), tried as a hostile user or a careless
+script would: links and special files planted where trainctl reads, lists, serves and
+deletes; secrets on command lines every user can read; values that would add lines to a
+batch script. Each case failed before the fix it tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TRAINCTL, free_port
+from tests.security.test_trust_boundaries import cli, one_line_error, snapshot, store_root
+
+pytestmark = pytest.mark.e2e
+
+PASSWORD = "hunter2-shared-machine"
+DECLARED = "opaque-declared-value-77"
+
+# A script that looks at every process of the machine while it runs: no command line may
+# hold either secret, and its own arguments must (read from the owner-only file).
+PROBE = """\
+import os, sys
+secrets_ = [os.environ["PROBE_A"], os.environ["PROBE_B"]]
+seen = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        seen += [line.split("\\0")[:3] for s in secrets_ if s in line]
+print("cmdlines-with-a-secret", len(seen), seen, flush=True)
+print("argv-holds-both", all(s in sys.argv for s in secrets_), flush=True)
+print("argv0", os.path.basename(sys.argv[0]), __name__, flush=True)
+"""
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "train.py").write_text(
+        "import os, pathlib, sys\n"
+        "print('args', sys.argv[1:], flush=True)\n"
+        "pathlib.Path(os.environ['SM_MODEL_DIR'], 'model.txt').write_text('weights')\n"
+        "pathlib.Path(os.environ['SM_OUTPUT_DATA_DIR'], 'metrics.json').write_text('{}')\n"
+    )
+    return d
+
+
+def finished(src: Path, name: str, *extra: str) -> None:
+    proc = cli("submit", "train.py", "--source-dir", str(src), "--job-name", name, *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        sock.sendall(request.encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.timeout(180)
+def test_links_planted_in_a_jobs_output_and_logs_are_never_followed(home, src, tmp_path):
+    finished(src, "victim", "-p", f"password={PASSWORD}")
+    shared = tmp_path / "scratch"  # a shared output location another user can write in
+    finished(src, "planted", "--output-path", shared.as_uri())
+    record = store_root(home) / "jobs" / "victim" / "job.json"
+    assert PASSWORD in record.read_text()
+    outputs = [p for p in shared.rglob("model.tar.gz")]
+    assert len(outputs) == 1, list(shared.rglob("*"))
+    (outputs[0].parent / "leak.json").symlink_to(record)
+    (outputs[0].parent / "passwd").symlink_to("/etc/passwd")
+    logs = store_root(home) / "jobs" / "planted" / "logs"
+    (logs / "leak.log").symlink_to(record)
+    (logs / "via-dir").symlink_to(record.parent, target_is_directory=True)
+
+    got = tmp_path / "got"
+    for path in ("output/leak.json", "output/passwd", "logs/leak.log", "logs/via-dir/job.json"):
+        proc = cli("artifacts", "planted", "get", path, str(got / path.replace("/", "_")))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (path, proc.stderr)
+    assert not got.exists() or not any(got.rglob("*")), list(got.rglob("*"))
+    listing = cli("artifacts", "planted", "-o", "json")
+    assert listing.returncode == 0, listing.stderr
+    assert "leak" not in listing.stdout and "passwd" not in listing.stdout, listing.stdout
+    ok = cli("artifacts", "planted", "get", "output/model.tar.gz", str(got / "model.tar.gz"))
+    assert ok.returncode == 0 and (got / "model.tar.gz").stat().st_size > 0, ok.stderr
+
+    port = free_port()
+    ui = subprocess.Popen([TRAINCTL, "ui", "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert ui.stderr is not None and ui.stderr.readline().startswith("trainctl ui:")
+        for path in ("output/leak.json", "output/passwd", "logs/leak.log", "logs/via-dir/job.json"):
+            status, body = _get(port, f"/api/jobs/planted/files/{path}")
+            assert status == 404 and PASSWORD.encode() not in body and b"root:" not in body, (
+                path,
+                status,
+                body[:200],
+            )
+        status, body = _get(port, "/api/jobs/planted/artifacts")
+        assert status == 200 and b"leak" not in body, body[:300]
+    finally:
+        ui.terminate()
+        ui.wait(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_special_files_in_the_store_hang_no_command(home, src):
+    finished(src, "fine")
+    jobs = store_root(home) / "jobs"
+    (jobs / "fifo").mkdir()
+    os.mkfifo(jobs / "fifo" / "job.json")
+    (jobs / "fifo" / "events.jsonl").write_text("{}\n")
+    (jobs / "zero").mkdir()
+    (jobs / "zero" / "job.json").symlink_to("/dev/zero")
+    (jobs / "zero" / "events.jsonl").write_text("{}\n")
+    claims = store_root(home) / ".trainctl" / "claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(claims / ("0" * 64 + ".json"))
+
+    listed = cli("jobs", "-o", "json", timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    states = {j["name"]: j["state"] for j in json.loads(listed.stdout)}
+    assert states == {"fine": "Completed", "fifo": "Unreadable", "zero": "Unreadable"}, states
+    assert cli("jobs", timeout=30).returncode == 0
+    assert cli("gc", timeout=30).returncode == 0
+    # Submitting with a checkpoint location takes a claim beside the FIFO.
+    ck = store_root(home).parent / "ck"
+    finished(src, "claims", "--checkpoint-s3-uri", ck.as_uri())
+    for name in ("fifo", "zero"):
+        gone = cli("rm", "--unreadable", "-y", name, timeout=30)
+        assert gone.returncode == 0, gone.stderr
+        assert not (jobs / name).exists()
+    assert Path("/dev/zero").exists()
+
+
+@pytest.mark.timeout(120)
+def test_rm_of_an_alias_never_deletes_the_job_it_points_to(home, src):
+    finished(src, "s1")
+    jobs = store_root(home) / "jobs"
+    before = snapshot(jobs / "s1")
+    (jobs / "alias").symlink_to(jobs / "s1", target_is_directory=True)
+    for argv in (["rm", "-y", "alias"], ["rm", "--unreadable", "-y", "alias"]):
+        proc = cli(*argv, timeout=30)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert snapshot(jobs / "s1") == before, argv
+    listed = json.loads(cli("jobs", "-o", "json").stdout)
+    assert [j["name"] for j in listed] == ["s1"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("distribution", ["none", "torch_distributed"])
+def test_secret_hyperparameters_are_on_no_command_line(home, tmp_path, distribution):
+    """While the job runs, its script reads every process's command line on the machine:
+    neither secret is there (not the agent's, launcher's, torchrun's or a worker's), yet
+    its own sys.argv holds both, as `python train.py --password ...` would give them."""
+    src = tmp_path / "probe"
+    src.mkdir()
+    (src / "train.py").write_text(PROBE)
+    job = tmp_path / "job.yaml"  # (a secret typed on submit's own command line is in ps)
+    job.write_text(
+        json.dumps(
+            {
+                "hyperparameters": {"password": PASSWORD, "opaque": DECLARED},
+                "secret_hyperparameters": ["opaque"],
+                "environment": {"PROBE_A": PASSWORD, "PROBE_B": DECLARED},
+                "secret_env": ["PROBE_B"],
+            }
+        )
+    )
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(src), "--job-name", "probe", "-f", str(job),
+        "--instance-count", "2", "--distribution", distribution,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = cli("logs", "probe")
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.count("cmdlines-with-a-secret 0") >= 2, logs.stdout
+    assert logs.stdout.count("argv-holds-both True") >= 2, logs.stdout
+    assert logs.stdout.count("argv0 train.py __main__") >= 2, logs.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_slurm_node_dir_adds_no_line_to_the_batch_script(home, src):
+    for value in ("/scratch/x\ntouch /tmp/pwned", "relative/dir", " ", "/a b", "/x/../etc"):
+        proc = cli(
+            "submit", "train.py", "--source-dir", str(src), "--instance-type", "slurm",
+            "--slurm-node-dir", value, "--dry-run",
+        )  # fmt: skip
+        assert "slurm.node_dir: " in one_line_error(proc), (value, proc.stderr)
+    assert not Path("/tmp/pwned").exists()
+
+
+@pytest.mark.timeout(30)
+def test_the_dashboards_token_comes_from_a_private_file(tmp_path):
+    from trainctl.errors import SpecError
+    from trainctl.ui import read_token_file
+
+    token = tmp_path / "token"
+    token.write_text("a-token-of-twenty-four-chars\n")
+    token.chmod(0o644)
+    with pytest.raises(SpecError, match="readable by other users"):
+        read_token_file(token)
+    token.chmod(0o600)
+    assert read_token_file(token) == "a-token-of-twenty-four-chars"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="not a regular file"):
+        read_token_file(fifo)
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_location_swapped_for_a_link_after_submit_is_refused(home, src, tmp_path):
+    """Submit resolves and claims the location; the node finds it leads elsewhere now (a
+    link to a running job's checkpoints, or the user's own `latest` moved) and writes,
+    restores and prunes nothing there."""
+    from trainctl.controller.submit import create_job, start_detached
+    from trainctl.controller.supervise import supervise
+    from trainctl.spec.build import build_spec
+    from trainctl.store import open_store
+
+    theirs = tmp_path / "runs" / "run-7"
+    theirs.mkdir(parents=True)
+    (theirs / "epoch-3.pt").write_bytes(b"their weights")
+    before = snapshot(theirs)
+    latest = tmp_path / "runs" / "latest"
+    latest.mkdir()  # empty at submit: the job's
+    store = open_store(store_root(home).as_uri())
+    spec = build_spec(
+        entry_point="train.py", source_dir=str(src), job_name="swapped",
+        checkpoint_s3_uri=latest.as_uri(), max_restarts=2,
+    )  # fmt: skip
+    record = create_job(spec, store)
+    latest.rmdir()
+    latest.symlink_to(theirs, target_is_directory=True)
+    start_detached(store, record)
+    final = supervise(store, "swapped", timeout=120)
+    assert final.state.value == "Failed", final.state
+    assert "not the place claimed" in (final.failure_reason or ""), final.failure_reason
+    assert len(final.attempts) == 1, "a refusal is not retried"
+    assert snapshot(theirs) == before
+
+
+@pytest.mark.timeout(30)
+def test_a_pinned_store_refuses_a_root_swapped_between_two_writes(tmp_path):
+    from trainctl.errors import StoreError
+    from trainctl.store import LocalStore
+
+    root, other = tmp_path / "ck", tmp_path / "other"
+    other.mkdir()
+    (other / "keep.pt").write_bytes(b"theirs")
+    pinned = LocalStore(root, pinned=True)
+    pinned.put_bytes("a.pt", b"mine")
+    root.rename(tmp_path / "moved")
+    root.symlink_to(other, target_is_directory=True)
+    with pytest.raises(StoreError):
+        pinned.put_bytes("b.pt", b"mine")
+    pinned.delete("keep.pt")
+    assert list(pinned.list()) == []
+    assert sorted(p.name for p in other.iterdir()) == ["keep.pt"]
+    root.unlink()
+    root.mkdir()  # a real folder, but not the one first used
+    with pytest.raises(StoreError):
+        pinned.put_bytes("c.pt", b"mine")
