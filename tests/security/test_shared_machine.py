@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +276,193 @@ def test_a_pinned_store_refuses_a_root_swapped_between_two_writes(tmp_path):
     root.mkdir()  # a real folder, but not the one first used
     with pytest.raises(StoreError):
         pinned.put_bytes("c.pt", b"mine")
+
+
+@pytest.mark.timeout(120)
+def test_fastfile_over_another_jobs_output_cannot_rewrite_it(home, src, tmp_path):
+    finished(src, "producer")
+    out = store_root(home) / "jobs" / "producer" / "output"
+    before = snapshot(out)
+    assert before, "the producer left an output"
+    writer = tmp_path / "writer"
+    writer.mkdir()
+    (writer / "train.py").write_text(
+        "import os, pathlib\n"
+        "for p in pathlib.Path(os.environ['SM_CHANNEL_M']).rglob('*'):\n"
+        "    if p.is_file():\n"
+        "        p.write_bytes(b'rewritten')\n"
+    )
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(writer), "--job-name", "reader",
+        "--inputs", f"m={out.as_uri()}", "--input-mode", "m=FastFile",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snapshot(out) == before
+    assert "copied, not linked" in cli("logs", "reader").stdout
+
+
+@pytest.mark.timeout(120)
+def test_control_sequences_of_a_job_never_reach_the_terminal(home, tmp_path):
+    """A script's log, its failure and a hyperparameter hold sequences that retitle the
+    window, clear the screen and set the clipboard: `logs`, `status` and `events` show
+    them as text (and keep a script's colours apart from that)."""
+    src = tmp_path / "esc"
+    src.mkdir()
+    (src / "train.py").write_text(
+        "import sys\n"
+        "print('title \\x1b]0;pwned\\x07 clear \\x1b[2J \\x9b2J', flush=True)\n"
+        "print('red \\x1b[31mred\\x1b[0m', flush=True)\n"
+        "sys.exit('failed \\x1b]52;c;ZXZpbA==\\x07')\n"
+    )
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(src), "--job-name", "esc",
+        "-p", "note=\x1b[2Jhidden",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    env = {**os.environ, "FORCE_COLOR": "1"}  # colours on a pipe: SGR may appear, no other
+    for argv in (["logs", "esc"], ["status", "esc"], ["events", "esc"]):
+        out = cli(*argv, env=env)
+        raw = out.stdout + out.stderr
+        for bad in ("\x1b]", "\x1b[2J", "\x07", "\x9b"):
+            assert bad not in raw, (argv, bad, raw[-600:])
+    assert "\\x1b]0;pwned" in cli("logs", "esc").stdout
+    assert "\\x1b]52;c;" in cli("status", "esc").stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_submit_makes_nothing_in_the_other_jobs_location(home, src, tmp_path):
+    from trainctl.controller.submit import create_job
+    from trainctl.spec.build import build_spec
+    from trainctl.store import open_store
+
+    theirs = tmp_path / "loc" / "ck"
+    theirs.mkdir(parents=True)
+    spec = build_spec(
+        entry_point="train.py", source_dir=str(src), job_name="holder",
+        checkpoint_s3_uri=theirs.as_uri(),
+    )  # fmt: skip
+    create_job(spec, open_store(store_root(home).as_uri()))  # Pending: its claim is live
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "loc" in p.parts)
+    for flag, value in (
+        ("--tensorboard-s3-uri", theirs / "tb"),
+        ("--output-path", theirs / "out"),
+        ("--code-location", theirs / "code"),
+        ("--checkpoint-s3-uri", theirs / "sub"),
+    ):
+        proc = cli("submit", "train.py", "--source-dir", str(src), flag, Path(value).as_uri())
+        assert "overlaps" in one_line_error(proc), proc.stderr
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "loc" in p.parts)
+    assert after == before
+
+
+NOSY = """\
+import json, os, pathlib, sys
+victim = pathlib.Path(sys.argv[sys.argv.index("--victim") + 1])
+me = pathlib.Path(os.environ["SM_MODEL_DIR"]).parents[2]  # the node's root
+other = me.parent / ("node-1" if me.name == "node-0" else "node-0")
+tries = {
+    "read-record": lambda: victim.read_text(),
+    "write-record": lambda: victim.write_text("rewritten by intruder"),
+    "list-home": lambda: [p for p in pathlib.Path(os.environ["TRAINCTL_HOME"]).rglob("*")
+                          if p.is_file() and not p.is_relative_to(me)],
+    "other-node": lambda: os.listdir(other),
+}
+for name, attempt in tries.items():
+    try:
+        got = attempt()
+        print("reached", name, bool(got), flush=True)
+    except OSError as exc:
+        print("refused", name, type(exc).__name__, flush=True)
+print("layout", os.path.exists("/opt/ml/input/config/hyperparameters.json"),
+      os.path.isdir("/opt/ml/checkpoints"), os.path.isdir("/dev/shm"), flush=True)
+pathlib.Path("/opt/ml/model/m.txt").write_text("weights")
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_local_jobs_script_sees_only_its_own_node(home, src, tmp_path):
+    finished(src, "victim", "-p", f"password={PASSWORD}")
+    record = store_root(home) / "jobs" / "victim" / "job.json"
+    before = record.read_bytes()
+    nosy = tmp_path / "nosy"
+    nosy.mkdir()
+    (nosy / "train.py").write_text(NOSY)
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(nosy), "--job-name", "nosy",
+        "--instance-count", "2", "-p", f"victim={record}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = cli("logs", "nosy").stdout
+    assert "reached" not in log.replace("reached list-home False", ""), log
+    for name in ("read-record", "write-record", "other-node"):
+        assert log.count(f"refused {name}") == 2, (name, log)
+    assert log.count("layout True True True") == 2, log
+    assert record.read_bytes() == before
+    assert (store_root(home) / "jobs" / "nosy" / "output" / "model.tar.gz").is_file()
+
+
+WAITER = """\
+import os, pathlib, time
+print("ready", flush=True)
+go = pathlib.Path(os.environ["GO_FILE"])
+deadline = time.time() + 90
+while not go.exists() and time.time() < deadline:
+    time.sleep(0.1)
+"""
+ENV_SECRET = "env-secret-value-4242"
+
+
+@pytest.mark.timeout(240)
+def test_another_user_of_the_machine_sees_no_secret_of_a_running_job(monkeypatch):
+    """The job's owner keeps trainctl's home in a folder other users may traverse (0755,
+    as many homes are); while a 2-node torchrun job with a secret hyperparameter, a
+    declared one and a secret variable runs, a second account reads every command line,
+    every environment and every file it can under /tmp, /var/tmp, /dev/shm, /run and the
+    homes: no secret anywhere."""
+    from tests.helpers import wait_no_leftovers
+    from tests.rigs.other_user import other_user, scan_as
+
+    with other_user() as user:
+        shared = Path(tempfile.mkdtemp(prefix="trainctl-shared-"))
+        try:
+            shared.chmod(0o755)
+            home = shared / "home"
+            monkeypatch.setenv("TRAINCTL_HOME", str(home))
+            monkeypatch.delenv("TRAINCTL_STORE", raising=False)
+            src = shared / "src"
+            src.mkdir()
+            (src / "train.py").write_text(WAITER)
+            go = shared / "go"
+            job = shared / "job.yaml"  # the user's own file of secrets: theirs alone
+            job.touch(mode=0o600)
+            job.write_text(
+                json.dumps(
+                    {
+                        "hyperparameters": {"password": PASSWORD, "opaque": DECLARED},
+                        "secret_hyperparameters": ["opaque"],
+                        "environment": {"GO_FILE": str(go), "MY_API_KEY": ENV_SECRET},
+                    }
+                )
+            )
+            proc = cli(
+                "submit", "train.py", "--source-dir", str(src), "--job-name", "secretive",
+                "-f", str(job), "--instance-count", "2", "--distribution", "torch_distributed",
+                "-d",
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            deadline = time.monotonic() + 90
+            while cli("logs", "secretive").stdout.count("ready") < 2:
+                assert time.monotonic() < deadline, cli("logs", "secretive").stdout
+                time.sleep(0.5)
+            seen = scan_as(user, [PASSWORD, DECLARED, ENV_SECRET])
+            go.touch()
+            while json.loads(cli("status", "secretive", "-o", "json").stdout)["state"] not in (
+                "Completed", "Failed", "Stopped",
+            ):  # fmt: skip
+                assert time.monotonic() < deadline + 60
+                time.sleep(0.5)
+            assert seen["found"] == [], seen
+            assert seen["files_read"] > 0, seen
+            assert not wait_no_leftovers(home=home)
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)

@@ -24,6 +24,19 @@ app = typer.Typer(
 OutputOpt = typer.Option("text", "-o", "--output", help="Output format: text or json.")
 
 
+def whole_number(value: Any) -> int:
+    """A count given on the command line (typer's `parser`): digits, with an optional
+    sign. Python's int() also takes `1_0` (10), ` 7 ` and other scripts' digits, none of
+    which a person typing a count means."""
+    import re
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not re.fullmatch(r"[+-]?[0-9]{1,19}", str(value)):
+        raise typer.BadParameter(f"{str(value)[:40]!r} is not a whole number (digits only)")
+    return int(value)
+
+
 def complete_job_names(incomplete: str) -> list[str]:
     """TAB after a command that takes a job: the job names in the default store (the shell
     sorts them). Completion must never fail or print: any error completes nothing."""
@@ -158,21 +171,25 @@ def _cut(text: str) -> str:
 def parse_pairs(values: list[str] | None, flag: str, *, typed: bool = False) -> dict[str, Any]:
     """KEY=VALUE flags into a dict; with `typed`, JSON values (8 -> int) else strings."""
     from trainctl.errors import SpecError
+    from trainctl.redact import is_secret_name
 
     out: dict[str, Any] = {}
     for item in values or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SpecError(flag, f"{item!r} must be KEY=VALUE")
+            # (what looks like a secret is not quoted back: the error reaches logs and CI)
+            shown = "the value given" if is_secret_name(item) else repr(item)
+            raise SpecError(flag, f"{shown} must be KEY=VALUE")
         key = key.strip()
         if typed:
             try:
                 out[key] = json.loads(value)
             except json.JSONDecodeError as exc:
                 if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON, and broken
+                    shown = "its value" if is_secret_name(key) else _cut(value)
                     raise SpecError(
                         flag,
-                        f"{key}: {_cut(value)} is not valid JSON ({exc.msg} at character "
+                        f"{key}: {shown} is not valid JSON ({exc.msg} at character "
                         f"{exc.pos}); to pass it as text, give it as a JSON string: "
                         f"-p '{key}=\"...\"'",
                     ) from None

@@ -117,9 +117,17 @@ RegionOpt = typer.Option(
 
 def _regions(given: list[str] | None, *, required: bool = True) -> list[str]:
     from trainctl.provisioning.aws.clients import env_region
+    from trainctl.spec.capacity import check_region
     from trainctl.spec.settings import get_settings
 
     regions = list(given or [])
+    for name in regions:
+        try:
+            check_region(name)
+        except ValueError as exc:
+            from trainctl.errors import SpecError
+
+            raise SpecError("--region", str(exc)) from None
     if not regions:
         pool_regions = {p.region for p in get_settings().pools.values() if p.region}
         regions = sorted(pool_regions | ({env_region()} - {None}))  # type: ignore[operator]

@@ -483,6 +483,7 @@ def events(
     """A job's timeline: every state change, attempt, start-up, restore, relaunch and
     teardown, with its time (UTC) and how long after the job's first event."""
     from trainctl.estimator import TrainingJob
+    from trainctl.terminal import inert
 
     check_output(output)
     handle = TrainingJob.attach(job)
@@ -493,7 +494,7 @@ def events(
             sys.stdout.write(json.dumps(event, default=str) + "\n")
         else:
             first[:] = first or [str(event.get("time", ""))]
-            sys.stdout.write(_event_line(event, first[0]) + "\n")
+            sys.stdout.write(inert(_event_line(event, first[0])) + "\n")
         sys.stdout.flush()
 
     handle.follow_events(show, types=kind, follow=follow)

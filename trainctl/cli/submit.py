@@ -22,6 +22,7 @@ from trainctl.cli.app import (
     handle_errors,
     parse_pairs,
     print_json,
+    whole_number,
 )
 
 
@@ -145,6 +146,7 @@ def _field_options() -> tuple[list[inspect.Parameter], dict[str, tuple[str, str]
                     help=door.help,
                     metavar=door.metavar,
                     autocompletion=_choices(door.metavar),
+                    parser=whole_number if annotation == int | None else None,
                 ),
             )
         )
@@ -181,9 +183,16 @@ def _plugin_options() -> list[inspect.Parameter]:
                 decls, annotation = [f"{flag}/--no-{flag[2:]}"], bool | None
             elif typing.get_origin(kind) is list:
                 decls, annotation = [flag], list[str] | None
+            elif kind is int:
+                decls, annotation = [flag], int | None
             else:
                 decls, annotation = [flag], str | None
-            default = typer.Option(None, *decls, help=f"{info.description or name} ({plugin}).")
+            default = typer.Option(
+                None,
+                *decls,
+                help=f"{info.description or name} ({plugin}).",
+                parser=whole_number if kind is int else None,
+            )
             params.append(
                 P(f"{PLUGIN_PARAM}{plugin}__{name}", P.KEYWORD_ONLY, annotation=annotation,
                   default=default)

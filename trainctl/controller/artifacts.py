@@ -103,8 +103,11 @@ def download_artifact(store: Store, name: str, path: str, dest: str | Path | Non
     into = dest is not None and (str(dest).endswith("/") or Path(dest).is_dir())
     target = Path(leaf) if dest is None else Path(dest) / leaf if into else Path(dest)
     if clean == RECORD_FILE:  # as the dashboard serves it: the secrets stay in the store
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(redacted_record(store, name))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(redacted_record(store, name))
+        except OSError as exc:
+            raise SpecError("DEST", f"{target}: cannot be written ({exc.strerror})") from None
         return target
     # (root, key there, whether the key is of the job's directory and so must be shown)
     candidates = [(store.child(JobKeys(name).prefix), clean, True)] if shown(clean) else []

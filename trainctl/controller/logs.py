@@ -46,6 +46,7 @@ class LogPrinter:
         from rich.text import Text
 
         from trainctl.protocol import split_rank
+        from trainctl.terminal import inert
 
         process, line = split_rank(line)
         label = f"algo-{rank + 1}" + ("" if process is None else f":{process}")
@@ -54,7 +55,9 @@ class LogPrinter:
         text = Text() if stamp is None else Text(f"{stamp:<24} ", style="dim")
         if prefix:
             text.append(f"[{label}] ", style=f"bold {COLOURS[rank % len(COLOURS)]}")
-        text.append(line)
+        # A script's colours stay (parsed into rich's styles: NO_COLOR drops them); every
+        # other control sequence is shown as text (trainctl.terminal.inert).
+        text.append_text(Text.from_ansi(inert(line, keep_colour=True)))
         self.console.print(text)
 
     def json_line(self, fields: dict[str, object]) -> None:

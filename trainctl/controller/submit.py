@@ -252,9 +252,21 @@ def check_readable(uri: str, field: str) -> None:
 
 
 def check_writable(uri: str, field: str) -> None:
-    """Write and delete a probe object, so a job does not train for hours to fail at upload."""
+    """Write and delete a probe object, so a job does not train for hours to fail at upload.
+    A folder is checked without making anything in it: a submit refused later (its
+    location overlaps another job's) leaves nothing behind, in the other job's least."""
     from trainctl.errors import StoreError
+    from trainctl.spec.uris import parse_uri
 
+    scheme, path = parse_uri(uri, field)
+    if scheme == "file":
+        here = Path(path)
+        while not here.exists() and here != here.parent:
+            here = here.parent  # (what the job's first write makes)
+        if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+            what = "is not a folder" if not here.is_dir() else "is not yours to write"
+            raise SpecError(field, f"{uri} is not writable: {here} {what}")
+        return
     check_reachable(uri, field)
     store = open_store(uri, field=field)
     key = f".trainctl/write-test-{secrets.token_hex(4)}"

@@ -191,7 +191,10 @@ class Agent:
             sharded = config is not None and config.distribution == "ShardedByS3Key"
             shard = (self.rank, nodes) if sharded else None
             link = config is not None and config.input_mode == "FastFile"
-            stage_channel(name, uri, self.layout.channel(name), self.log, shard=shard, link=link)
+            stage_channel(
+                name, uri, self.layout.channel(name), self.log, shard=shard, link=link,
+                store_uri=self.record.store_uri,
+            )  # fmt: skip
         checkpoints = self.start_checkpoint_sync()
         workdir = self.start_workdir_sync(members)
         self.start_tensorboard_sync()
@@ -361,6 +364,27 @@ class Agent:
 
             env = hook_env(env, self.ranks_dir)
         return env
+
+    def in_own_view(self, argv: list[str], python: str) -> list[str]:
+        """`argv` started in the node's own view of the machine (trainctl.node.sandbox):
+        the store, trainctl's home and the other nodes' folders empty, its layout at
+        /opt/ml. Not on a machine whose root is the node's (a cloud host, a container)."""
+        from trainctl.node import sandbox
+        from trainctl.spec.uris import parse_uri
+
+        if not self.settings.node_sandbox or self.layout.root == Path("/"):
+            return argv
+        if sys.platform != "linux":
+            self.log("this system has no mount namespaces: the job sees every file you can")
+            return argv
+        scheme, store_path = parse_uri(self.record.store_uri)
+        hidden = [self.settings.home] + ([Path(store_path)] if scheme == "file" else [])
+        if self.layout.root.parent.name.startswith("attempt-"):  # <base>/<job>/attempt-N/
+            hidden.append(self.layout.root.parents[2])  # every job's nodes (Slurm, SSH too)
+        shown = [self.layout.root, Path(python).parent.parent, Path(sandbox.__file__).parents[2]]
+        shown += [self.layout.checkpoints(self.spec), self.layout.tensorboard(self.spec)]
+        view = sandbox.view(hidden=hidden, shown=shown, opt_ml=self.layout.ml)
+        return sandbox.command(sys.executable, view, argv)
 
     # -- running ------------------------------------------------------------------------
     def on_sigterm(self, signum: int, frame: Any) -> None:
@@ -626,7 +650,7 @@ class Agent:
         self.log(f"launching: {' '.join(command.argv)}")
         try:
             self.proc = subprocess.Popen(
-                command.argv,
+                self.in_own_view(command.argv, python),
                 cwd=self.layout.code,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -833,11 +857,11 @@ class Agent:
             return
         with tempfile.TemporaryDirectory(prefix="trainctl-out-") as tmp:
             model = Path(tmp) / "model.tar.gz"
-            if pack_directory(self.layout.model, model):
+            if pack_directory(self.layout.model, model, self.log):
                 out.put_file("model.tar.gz", model)
                 self.log(f"model: {out.url('model.tar.gz')}")
             data = Path(tmp) / "output.tar.gz"
-            if pack_directory(self.layout.output_data, data):
+            if pack_directory(self.layout.output_data, data, self.log):
                 out.put_file("output.tar.gz", data)
                 self.log(f"output data: {out.url('output.tar.gz')}")
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,24 @@ def stage_channel(
     *,
     shard: tuple[int, int] | None = None,
     link: bool = False,
+    store_uri: str | None = None,
 ) -> None:
     """Put channel `name` at `dest`: all of it, or with `shard` (rank, nodes) this node's
     share of its objects (SageMaker's ShardedByS3Key). A file:// channel is copied (File
-    mode: the script's writes never reach the original), or with `link` linked (FastFile)."""
+    mode: the script's writes never reach the original), or with `link` linked (FastFile),
+    except inside the store at `store_uri`: another job's results are read, never linked
+    (a script writing through the link would rewrite them)."""
+    from trainctl.spec.confine import overlaps
     from trainctl.spec.uris import parse_uri
     from trainctl.store import open_store
 
     scheme, rest = parse_uri(uri, field=f"inputs.{name}")
+    if link and scheme == "file" and store_uri and overlaps(uri, store_uri):
+        link = False
+        log(
+            f"channel {name}: {uri} is in the store: copied, not linked (FastFile would let "
+            "the script write to another job's results)"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     what = "" if shard is None else f" (shard {shard[0] + 1} of {shard[1]})"
     if scheme == "file":
@@ -138,12 +149,34 @@ def _clone(src: Path, dest: Path) -> bool:
         return False
 
 
-def pack_directory(src: Path, dest: Path) -> bool:
-    """tar.gz of everything under src (names relative to it); False if src is empty."""
-    files = sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink())
-    if not files:
+def pack_directory(src: Path, dest: Path, log: Callable[[str], None] | None = None) -> bool:
+    """tar.gz of the regular files under src (names relative to it); False if none.
+
+    A link is packed as the file it leads to where that is a regular file inside src;
+    any other link (`-> /`, `-> ../../etc/passwd`, to a folder) and any special file is
+    left out and named through `log`: a link member reaches outside wherever the tarball
+    is unpacked, and a FIFO would be packed as one."""
+    root = src.resolve()
+    members: list[tuple[Path, str]] = []
+    left: list[str] = []
+    for dirpath, dirs, files in os.walk(src):  # (links to folders are not walked)
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]):
+            path = Path(dirpath, name)
+            rel = path.relative_to(src).as_posix()
+            real = path.resolve() if path.is_symlink() else path
+            if real.is_file() and (real is path or real.is_relative_to(root)):
+                members.append((real, rel))
+            else:
+                left.append(rel)
+    if left and log is not None:
+        shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        log(
+            f"{src.name}: left out of {dest.name} (a link out of the folder, or not a "
+            f"file): {shown}"
+        )
+    if not members:
         return False
     with tarfile.open(dest, "w:gz") as tar:
-        for path in files:
-            tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
+        for real, rel in sorted(members, key=lambda m: m[1]):
+            tar.add(real, arcname=rel, recursive=False)
     return True

@@ -102,6 +102,8 @@ def check_environment(env: dict[str, str]) -> None:
             raise ValueError(f"{name}: values are strings (got {type(value).__name__})")
         if "\0" in value:
             raise ValueError(f"{name} holds a NUL byte, which no environment can carry")
+        if not _is_unicode(value):
+            raise ValueError(f"{name} is not valid Unicode (a lone surrogate)")
         size = len(name.encode()) + len(value.encode("utf-8", "surrogateescape")) + 2
         if size > MAX_ENV_VALUE_BYTES:
             raise ValueError(
@@ -111,6 +113,16 @@ def check_environment(env: dict[str, str]) -> None:
         total += size
     if total > MAX_ENV_TOTAL_BYTES:
         raise ValueError(f"{total:,} bytes in all; at most {MAX_ENV_TOTAL_BYTES:,}")
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (a JSON `"\\ud800"` parses to a lone
+    surrogate, which no file, command line or terminal can carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_value(value: Any, where: str, *, max_depth: int = MAX_DEPTH) -> None:
@@ -128,6 +140,8 @@ def check_value(value: Any, where: str, *, max_depth: int = MAX_DEPTH) -> None:
             raise ValueError(f"{path} is an integer beyond 64 bits")
         if isinstance(item, str) and "\0" in item:
             raise ValueError(f"{path} holds a NUL byte")
+        if isinstance(item, str) and not _is_unicode(item):
+            raise ValueError(f"{path} is not valid Unicode (a lone surrogate, e.g. \\ud800)")
         if isinstance(item, dict):
             todo.extend((v, f"{path}.{k}", depth + 1) for k, v in item.items())
         elif isinstance(item, list | tuple):

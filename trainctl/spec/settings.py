@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         ge=0,
         description="After an interruption notice, how long workers get to checkpoint.",
     )
+    node_sandbox: bool = Field(
+        default=True,
+        description="Run each local, Slurm or SSH node's processes in a mount namespace of "
+        "their own: the store, trainctl's home and other nodes' folders empty, the node's "
+        "layout at /opt/ml (trainctl.node.sandbox).",
+    )
     checkpoint_sync_seconds: float = Field(
         default=0.5, gt=0, description="How often a node looks for new checkpoint files."
     )

@@ -287,8 +287,9 @@ class LocalStore(Store):
             self._prune(parts[:-1])
             return
         super().delete_prefix(prefix)
-        # What is left are put_if's lock files (never listed) and the folders that held
-        # them: gone too, so a deleted prefix leaves no directory behind.
+        # What is left are put_if's lock files (never listed), links and special files (no
+        # objects), and the folders that held them: gone too, so a deleted prefix leaves no
+        # directory behind.
         self._remove_empty(parts)
         self._prune(parts[:-1])
 
@@ -299,13 +300,14 @@ class LocalStore(Store):
             return
         try:  # bottom-up: a folder's own folders are emptied before it is
             for _path, dirs, files, dirfd in os.fwalk(".", dir_fd=top, topdown=False):
-                for name in files:
-                    if name.endswith(f"{_TMP_MARK}lock"):
-                        with contextlib.suppress(OSError):
+                for name in files + dirs:
+                    with contextlib.suppress(OSError):  # (gone meanwhile)
+                        mode = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode
+                        if stat.S_ISDIR(mode):
+                            os.rmdir(name, dir_fd=dirfd)  # (not empty: written meanwhile)
+                        elif not stat.S_ISREG(mode) or name.endswith(f"{_TMP_MARK}lock"):
+                            # A link or special file is no object: it goes as itself.
                             os.unlink(name, dir_fd=dirfd)
-                for name in dirs:
-                    with contextlib.suppress(OSError):  # not empty: not ours, or new
-                        os.rmdir(name, dir_fd=dirfd)
         finally:
             os.close(top)
         with contextlib.suppress(OSError):

@@ -21,8 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,15 +204,6 @@ def read_bytes(root: RootLike, rel: str | Sequence[str], start: int = 0) -> byte
         return read_fd(fd, start)
     finally:
         os.close(fd)
-
-
-@contextmanager
-def opened(root: RootLike, rel: str | Sequence[str], mode: str = "rb") -> Iterator[object]:
-    """A file object over open_file (read: 'rb'; 'ab' appends, created 0600)."""
-    flags = os.O_RDONLY if mode == "rb" else os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    fd = open_file(root, rel, flags)
-    with os.fdopen(fd, mode) as handle:
-        yield handle
 
 
 def lstat(root: RootLike, rel: str | Sequence[str]) -> os.stat_result | None:

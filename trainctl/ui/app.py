@@ -94,8 +94,14 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
             attempt = int(request.query_params.get("attempt", "1"))
             rank = int(request.query_params.get("rank", "0"))
             offset = max(0, int(request.query_params.get("offset", "0")))
+            if not (0 <= attempt < 2**31 and 0 <= rank < 2**31 and offset < 2**62):
+                raise ValueError("out of range")
         except ValueError:
-            return PlainTextResponse("attempt, rank and offset are numbers", status_code=400)
+            return PlainTextResponse(
+                "attempt, rank and offset are numbers (attempt and rank below 2^31, offset "
+                "below 2^62)",
+                status_code=400,
+            )
         try:
             chunk = store.get_range(JobKeys(jobs.name).log(attempt, rank), offset)
         except NotFoundError:

@@ -51,7 +51,9 @@ SbatchOption = Annotated[str, AfterValidator(_sbatch_option)]
 class SlurmOptions(BaseModel):
     """What a job asks Slurm for (each an sbatch option of the same meaning)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no value changes type (`'4'` is not a count, `'yes'` not a boolean), as for
+    # the built-in fields; the command line's flags arrive typed.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     partition: Word | None = Field(default=None, description="The partition (--partition).")
     account: Word | None = Field(default=None, description="The account charged (--account).")

@@ -168,7 +168,8 @@
     function artifacts(files) {
       document.getElementById("artifacts").innerHTML = files.length ? "<table id='artifacts-table'><tr><th>file</th><th>size</th></tr>" +
         files.map(function (f) {
-          return "<tr><td><a href='" + base + "/files/" + f.path.split("/").map(encodeURIComponent).join("/") + "'>" + esc(f.path) +
+          // encodeURIComponent leaves ' as it is: escaped too, or a file named a'b ends the attribute
+          return "<tr><td><a href='" + esc(base + "/files/" + f.path.split("/").map(encodeURIComponent).join("/")) + "'>" + esc(f.path) +
             "</a></td><td>" + f.size + "</td></tr>";
         }).join("") + "</table>" : "<p class='muted'>none yet</p>";
     }
@@ -258,7 +259,7 @@
         t.trials.map(function (x) {
           var isBest = x.number === t.best_trial;
           return "<tr class='trial" + (isBest ? " best" : "") + "' data-state='" + esc(x.state) + "'><td>" + (isBest ? "&#9733;" : "") + "</td><td>" + x.number +
-            "</td><td><a href='/jobs/" + encodeURIComponent(x.job) + "'>" + esc(x.job) + "</a></td><td class='state-" + esc(x.state) + "'>" + esc(x.state) +
+            "</td><td><a href='" + esc("/jobs/" + encodeURIComponent(x.job)) + "'>" + esc(x.job) + "</a></td><td class='state-" + esc(x.state) + "'>" + esc(x.state) +
             "</td><td>" + value(x.objective) + "</td>" + t.ranges.map(function (r) { return "<td>" + value(x.params[r]) + "</td>"; }).join("") +
             "<td>" + esc(x.reason || "") + "</td></tr>";
         }).join("") + "</table>";
