@@ -258,7 +258,8 @@ def test_a_file_rewritten_with_the_same_content_is_not_uploaded_again(tmp_path, 
 
 def test_a_step_pruned_between_scan_and_upload_is_not_an_error(tmp_path, store, monkeypatch):
     """The script deletes an old step while a pass uploads (Checkpointer(keep=N)): the pass
-    goes on without it, says nothing, and the manifest lists what is there."""
+    goes on and says nothing; a file it had opened (every file is opened before the upload,
+    following no link) goes up whole, and the next pass drops it from the manifest."""
     local = tmp_path / "ckpt"
     for step in ("step-1", "step-2"):
         (local / step).mkdir(parents=True)
@@ -272,11 +273,12 @@ def test_a_step_pruned_between_scan_and_upload_is_not_an_error(tmp_path, store, 
     monkeypatch.setattr(LocalStore, "put_files", prune_first)
     said: list[str] = []
     sync = CheckpointSync(store, local, 0, interval=60, log=said.append)
-    assert sync.sync_once() == 1
+    assert sync.sync_once() >= 1
+    assert store.get_bytes("step-2/model.pt") == b"step-2" and said == []
+    monkeypatch.setattr(LocalStore, "put_files", real_put_files)
+    sync.sync_once()
     listed = json.loads(store.get_text(manifest_key(0)))["files"]
     assert list(listed) == ["step-2/model.pt"]
-    assert not store.exists("step-1/model.pt") and said == []
-    monkeypatch.setattr(LocalStore, "put_files", real_put_files)
     assert sync.sync_once() == 0  # nothing left to do: the vanished file is not retried
 
 
@@ -370,3 +372,37 @@ def test_a_corrupt_manifest_is_one_line_and_nothing_stored_is_lost(tmp_path, sto
     corrupt = [line for line in lines if "unreadable" in line]
     assert len(corrupt) == 1 and "\n" not in corrupt[0], lines
     assert store.url(manifest_key(1)) in corrupt[0] and says in corrupt[0], corrupt
+
+
+def test_a_checkpoint_swapped_for_a_link_after_the_scan_uploads_nothing_of_its_target(
+    tmp_path, store, monkeypatch
+):
+    """A script (in its own view of the machine, where the store is hidden) saves a file,
+    and once the pass has listed it swaps it, or its folder, for a link to a file it cannot
+    read itself: the agent, which can, uploads nothing of it (issue 58)."""
+    import trainctl.node.checkpoints as checkpoints
+
+    secret = tmp_path / "elsewhere" / "job.json"
+    secret.parent.mkdir()
+    secret.write_bytes(b'{"password": "hunter2"}')
+    local = tmp_path / "ckpt"
+    (local / "step-1").mkdir(parents=True)
+    (local / "step-1" / "model.pt").write_bytes(b"weights")
+    (local / "a.pt").write_bytes(b"a")
+    real_scan = checkpoints.scan
+
+    def scan_then_swap(where):
+        found = real_scan(where)
+        (local / "a.pt").unlink()
+        (local / "a.pt").symlink_to(secret)
+        (local / "step-1" / "model.pt").rename(tmp_path / "moved.pt")
+        (local / "step-1").rmdir()
+        (local / "step-1").symlink_to(secret.parent, target_is_directory=True)
+        (secret.parent / "model.pt").write_bytes(b'{"password": "hunter2"}')
+        return found
+
+    monkeypatch.setattr(checkpoints, "scan", scan_then_swap)
+    sync = CheckpointSync(store, local, 0, interval=60, log=lambda _: None)
+    sync.sync_once()
+    for info in store.list(""):
+        assert b"hunter2" not in store.get_bytes(info.key), info.key

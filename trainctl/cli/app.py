@@ -33,7 +33,7 @@ def whole_number(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if not re.fullmatch(r"[+-]?[0-9]{1,19}", str(value)):
-        raise typer.BadParameter(f"{str(value)[:40]!r} is not a whole number (digits only)")
+        raise typer.BadParameter(f"{str(value)[:40]!r} is not an integer (digits only)")
     return int(value)
 
 

@@ -175,14 +175,14 @@ def ui(
     if token_file is not None:
         token = read_token_file(token_file)
     token = check_bind(host, port, token)
-    if on_command_line and token_file is None:
-        sys.stderr.write(
-            f"trainctl ui: warning: --token is visible to every user of this machine (ps); "
-            f"give it in {TOKEN_VARIABLE} or --token-file\n"
-        )
 
     def ready(url: str) -> None:
         sys.stderr.write(f"trainctl ui: {url} (Ctrl-C to stop)\n")
+        if on_command_line and token_file is None:
+            sys.stderr.write(
+                "trainctl ui: warning: --token is visible to every user of this machine "
+                f"(ps); give it in {TOKEN_VARIABLE} or --token-file\n"
+            )
         sys.stderr.flush()
 
     serve(default_store(), host=host, port=port, token=token, ready=ready)

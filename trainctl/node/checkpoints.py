@@ -251,7 +251,10 @@ class CheckpointSync(PeriodicSync):
         # From the sync thread (at a lower CPU priority once training runs) the store's
         # transfer threads start, and inherit that priority.
         went_up = upload_present(
-            self.store, [(rel, self.local / rel) for rel in changed], workers=self.workers
+            self.store,
+            [(rel, self.local / rel) for rel in changed],
+            workers=self.workers,
+            roots=[self.local],
         )
         gone = [rel for rel in changed if rel not in went_up]  # pruned since the scan
         for rel in gone:

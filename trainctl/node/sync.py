@@ -5,18 +5,20 @@ keeps a file cut off mid-write from replacing its last whole copy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trainctl.errors import NotFoundError
 from trainctl.node.priority import yield_cpu_to_training
-from trainctl.store import Store
+from trainctl.store import Store, safefs
 
 Signature = tuple[int, int]  # (size, mtime_ns)
 
@@ -119,19 +121,23 @@ def _safetensors_short(f, size: int, header_size: int) -> str | None:
     return "a safetensors file shorter than its tensors" if size < 8 + header_size + end else None
 
 
-def frozen_copy(path: Path, dest: Path) -> Signature | None:
+def frozen_copy(path: Path, dest: Path, root: Path | None = None) -> Signature | None:
     """Copy `path` to `dest` and return the signature of the version copied, or None when
     the file changed while it was copied, is gone or is not whole: the copy is then of no
     one version and is removed. A copy that fails (no room) raises OSError. For a file
     rewritten in place more often than its upload takes (a `snapshot.pt` saved every epoch
     to a slow store): a local copy takes a fraction of the upload's time, and what goes up
-    is the copy, which nothing rewrites."""
+    is the copy, which nothing rewrites. `root`: the folder `path` is in, below which no
+    link is followed (see held)."""
     before = signature(path)
     if before is None:
         return None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
+        with held([("", path)], [root] if root else []) as opened:
+            if not opened:
+                return None  # a link now, or gone
+            shutil.copyfile(opened[0][1], dest)
     except FileNotFoundError:
         dest.unlink(missing_ok=True)
         return None  # removed meanwhile
@@ -190,10 +196,56 @@ def download_all(
     return restored
 
 
-def upload_present(store: Store, items: list[tuple[str, Path]], *, workers: int = 8) -> set[str]:
+@contextlib.contextmanager
+def held(items: list[tuple[str, Path]], roots: list[Path]) -> Iterator[list[tuple[str, Path]]]:
+    """The (key, path) pairs whose path is below one of `roots`, each opened there following
+    no link and given as its descriptor's /proc/self/fd path: a script that swaps a file it
+    saved, or a folder above it, for a link between the scan and the upload (to the store,
+    which its own view of the machine hides) gets nothing of where the link leads uploaded.
+    What is gone, a link or not a regular file is left out (the caller sees it missing)."""
+    if not roots or not os.path.isdir("/proc/self/fd"):  # (no /proc: the paths as they are)
+        yield items
+        return
+    fds: list[int] = []
+    found: list[tuple[str, Path]] = []
+    real = {root: root.resolve() for root in roots}  # (the roots as named may be links)
+    try:
+        for key, path in items:
+            root = next((r for r in roots if path.is_relative_to(r)), None)
+            if root is None:
+                continue
+            try:
+                fd = safefs.open_file(real[root], path.relative_to(root).as_posix())
+            except (OSError, ValueError):
+                continue
+            fds.append(fd)
+            found.append((key, Path(f"/proc/self/fd/{fd}")))
+        yield found
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def upload_present(
+    store: Store,
+    items: list[tuple[str, Path]],
+    *,
+    workers: int = 8,
+    roots: list[Path] | None = None,
+) -> set[str]:
     """Upload (key, path) pairs; the keys that went up. A file deleted since it was listed
     (a checkpoint step the script pruned) is left out, not an error: the next pass sees it
-    gone. Any other failure is raised."""
+    gone. Any other failure is raised. `roots`: the folders the paths are in, which the
+    script writes to: each file is read following no link below them (see held)."""
+    if not items:
+        return set()
+    if roots:
+        with held(items, roots) as opened:
+            return _upload(store, opened, workers)
+    return _upload(store, items, workers)
+
+
+def _upload(store: Store, items: list[tuple[str, Path]], workers: int) -> set[str]:
     if not items:
         return set()
     try:

@@ -45,7 +45,10 @@ class TensorBoardSync(PeriodicSync):
         current = scan(self.local)
         changed = sorted(rel for rel, sig in current.items() if self.uploaded.get(rel) != sig)
         done = upload_present(
-            self.store, [(self.prefix + rel, self.local / rel) for rel in changed], workers=4
+            self.store,
+            [(self.prefix + rel, self.local / rel) for rel in changed],
+            workers=4,
+            roots=[self.local],
         )
         for rel in changed:
             if self.prefix + rel in done:

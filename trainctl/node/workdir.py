@@ -435,8 +435,11 @@ class WorkdirSync(PeriodicSync):
         paths = {rel: self.roots.path(rel) for rel in changed}
         sources = self._freeze(paths, current)
         try:
+            roots = [*self.roots.dirs.values(), *([self.staging] if self.staging else [])]
             uploaded = upload_present(
-                self.store, [(keys[rel], sources[rel]) for rel in changed if rel in sources]
+                self.store,
+                [(keys[rel], sources[rel]) for rel in changed if rel in sources],
+                roots=roots,
             )
         finally:
             self._thaw()
@@ -496,7 +499,8 @@ class WorkdirSync(PeriodicSync):
                 continue
             copy = self.staging / f"{index}-{path.name}"
             try:
-                sig = frozen_copy(path, copy)
+                root = next((d for d in self.roots.dirs.values() if path.is_relative_to(d)), None)
+                sig = frozen_copy(path, copy, root)
             except OSError as exc:  # no room for the copy: in place, as before
                 self.log(f"working directory: no frozen copy of {shown(rel)} ({exc})")
                 sources[rel] = path
