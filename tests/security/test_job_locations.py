@@ -115,7 +115,8 @@ def test_either_order_running_jobs_locations_are_apart(home, src, tmp_path):
     outputs = (tmp_path / "outputs").as_uri()
     _create(home, src, "a", checkpoint_s3_uri=ckpt, output_path=outputs)
     assert [c["job"] for c in _claims(home)] == ["a", "a"]
-    (tmp_path / "ckpt" / "a").mkdir(parents=True)  # what a's nodes make as they write
+    for made in ("ckpt/a", "outputs/a/output"):  # what a's nodes make as they write
+        (tmp_path / made).mkdir(parents=True)
     cases = [
         # b's output location (<path>/b/output) lies under a's checkpoints
         (["--output-path", ckpt], "output_path", "the checkpoints of job 'a' (Pending)"),
