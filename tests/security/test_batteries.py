@@ -90,8 +90,15 @@ def _bad_inputs(w: dict[str, Path]) -> list[tuple[list[str], tuple[str, ...]]]:
         for value in values:
             cases.append(([*base, flag, value], words or (flag,)))
 
-    field("--instance-count", ["0", "-1", "1.5", "two", "65537", "9" * 30, "", " ", "0x2"],
-          "instance_count", "--instance-count")  # fmt: skip
+    field("--instance-count", ["0", "-1", "1.5", "two", "65537", "9" * 30, "", " ", "0x2",
+          "1_0", " 7", "\u0663"], "instance_count", "--instance-count")  # fmt: skip
+    # (issue 58: no traceback, no folder made, no secret quoted back)
+    field("-p", ['x="\\ud800"', 'password={"a":hunter2'], "hyperparameters")
+    field("--slurm-node-dir", ["/x\ntouch /tmp/pwned", "relative", "/a b", "/x/../etc"],
+          "slurm.node_dir", base=[*submit, "--instance-type", "slurm"])  # fmt: skip
+    field("--slurm-gpus-per-node", ["1_0", "two"], "--slurm-gpus-per-node",
+          base=[*submit, "--instance-type", "slurm"])  # fmt: skip
+    cases.append((["gc", "--region", "../x"], ("--region",)))
     field("--processes-per-host", ["0", "-3", "65", "many", "1e3"],
           "processes_per_host", "--processes-per-host")  # fmt: skip
     field("--max-run", ["0", "-5", "abc", "1e999", "99999999999", "1.5"],
@@ -262,6 +269,7 @@ def _check(argv: list[str], words: tuple[str, ...], result: dict, code: int = 2)
     assert len(lines) == 1 and lines[0].startswith("error: "), (shown, result["stderr"][-800:])
     assert any(w.lower() in lines[0].lower() for w in words), (shown, words, lines[0])
     assert "Traceback" not in result["stdout"] + result["stderr"], shown
+    assert "hunter2" not in result["stderr"], (shown, "a secret quoted back")
     assert result["changed"] == [], (shown, result["changed"])
 
 
