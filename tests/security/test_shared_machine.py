@@ -466,3 +466,19 @@ def test_another_user_of_the_machine_sees_no_secret_of_a_running_job(monkeypatch
             assert not wait_no_leftovers(home=home)
         finally:
             shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_local_checkpoint_path_through_a_link_to_a_system_folder_is_refused(home, src, tmp_path):
+    link = tmp_path / "ck"
+    link.symlink_to("/usr/share", target_is_directory=True)
+    before = sorted(os.listdir("/usr/share"))
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(src), "--job-name", "linked",
+        "--checkpoint-local-path", str(link),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    info = json.loads(cli("status", "linked", "-o", "json").stdout)
+    assert info["state"] == "Failed" and "a link to /usr/share" in info["failure_reason"], info
+    assert len(info["attempts"]) == 1
+    assert sorted(os.listdir("/usr/share")) == before

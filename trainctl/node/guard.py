@@ -81,8 +81,12 @@ def claim_checkpoint_dir(path: Path, record: JobRecord, home: Path, layout_root:
 
     if path.resolve().is_relative_to(layout_root.resolve()):
         return
-    if (why := system_path(str(path))) is not None:
-        raise RefusedError(f"checkpoint_local_path: {path} {why}")
+    # Its text was checked at submit; where it leads is checked here (a link to /usr, made
+    # before or after submit, would have the node restore checkpoints into it).
+    for spelling in dict.fromkeys((str(path), str(path.resolve()))):
+        if (why := system_path(spelling)) is not None:
+            shown = path if spelling == str(path) else f"{path} (a link to {spelling})"
+            raise RefusedError(f"checkpoint_local_path: {shown} {why}")
     claims = home / "checkpoint-dirs"
     claim = claims / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
     try:
