@@ -8,7 +8,6 @@ one, never a torn write. Temp files are named `.<name>.tmp-<random>` so that `li
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -75,9 +74,6 @@ class LocalStore(Store):
     def _parts(self, key: str, *, allow_empty: bool = False) -> list[str]:
         clean = clean_key(key, allow_empty=allow_empty)
         return [*self._below, *(clean.split("/") if clean else [])]
-
-    def _path(self, key: str, *, allow_empty: bool = False) -> Path:
-        return self._top.joinpath(*self._parts(key, allow_empty=allow_empty))
 
     def child(self, prefix: str) -> LocalStore:
         parts = tuple(self._parts(prefix, allow_empty=True))
@@ -395,10 +391,8 @@ def _copy_fd(src: int, dest: int, progress: Progress | None) -> None:
 def _copy_path(src: Path, dest: int, progress: Progress | None) -> None:
     """Copy the caller's own file `src` (a link the caller gave is theirs to follow; a FIFO
     or device is refused rather than read forever) into `dest`."""
-    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = safefs.open_own(src)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise safefs.RefusedPathError(errno.EINVAL, "not a regular file", str(src))
         _copy_fd(fd, dest, progress)
     finally:
         os.close(fd)

@@ -18,6 +18,7 @@ The root itself is trusted as the user named it (links above it, such as `/home 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -116,10 +117,8 @@ def _step(parent: int, name: str, create: bool, root: Root) -> int:
             except FileNotFoundError:
                 if not create:
                     raise
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(name, dir_fd=parent)
-                except FileExistsError:
-                    pass
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     _refuse_unless_missing(parent, name, root)
@@ -175,6 +174,16 @@ def open_in(parent: int, name: str, flags: int, mode: int = 0o600, *, shown: str
             raise IsADirectoryError(errno.EISDIR, "a folder, not a file", shown or name)
         raise _refused(shown or name, "a special file")
     os.set_blocking(fd, True)
+    return fd
+
+
+def open_own(path: Path) -> int:
+    """A descriptor of the caller's own file `path` (a link the caller named is theirs to
+    follow), refused unless it is a regular file: a FIFO or a device would be read forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RefusedPathError(errno.EINVAL, "not a regular file", str(path))
     return fd
 
 

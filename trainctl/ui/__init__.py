@@ -50,14 +50,16 @@ def read_token_file(path: Path) -> str:
     read the whole store through the dashboard)."""
     import stat
 
+    from trainctl.store.safefs import RefusedPathError, open_own
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_own(path)
+    except RefusedPathError:
+        raise SpecError("--token-file", f"{path} is not a regular file") from None
     except OSError as exc:
         raise SpecError("--token-file", f"{path}: cannot be read ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecError("--token-file", f"{path} is not a regular file")
         if st.st_mode & 0o077:
             raise SpecError(
                 "--token-file",
