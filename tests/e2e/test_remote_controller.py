@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import EXAMPLES, TRAINCTL, free_port, log_lines, point_aws_at
 from tests.rigs.sshd import _environ, job_processes, kill_all, processes_with_env
-from trainctl.record import JobKeys, JobStore
+from trainctl.record import JobKeys, JobStore, checkpoint_store
 
 pytestmark = pytest.mark.e2e
 
@@ -203,8 +203,12 @@ def test_laptop_takes_over_when_the_controller_host_dies(remote):
     jobs = JobStore(job.store, job.name)
 
     def progressed():
+        # The script said it saved, and its sync put the save in the store: the record
+        # counts a checkpoint when the script says so, before the upload ends (a host
+        # killed in between leaves nothing to resume from, as CI once saw).
         record = jobs.load()
-        return record.attempts and (record.attempts[-1].last_checkpoint_step or 0) > 0
+        said = record.attempts and (record.attempts[-1].last_checkpoint_step or 0) > 0
+        return said and any(True for _ in checkpoint_store(record).list(""))
 
     _wait(progressed, 120, "a checkpoint on the remote-controlled job")
     # The host dies: its sshd, its controller service and the nodes it ran.
