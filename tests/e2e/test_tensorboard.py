@@ -35,8 +35,9 @@ def _get_json(url: str) -> object | None:
         return None
 
 
-def _wait_points(base: str, run: str, want: int, timeout: float = 60) -> list:
-    query = f"{base}data/plugin/scalars/scalars?run={run}&tag=train/loss"
+def _wait_points(url: str, run: str, want: int, timeout: float = 60) -> list:
+    base, _, token = url.partition("?")  # the printed URL's ?token=, which every request needs
+    query = f"{base}data/plugin/scalars/scalars?run={run}&tag=train/loss&{token}"
     deadline = time.monotonic() + timeout
     points: list = []
     while time.monotonic() < deadline:
@@ -48,12 +49,38 @@ def _wait_points(base: str, run: str, want: int, timeout: float = 60) -> list:
 
 
 def _our_tensorboards() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "tensorboard.main"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-af", "trainctl.tensorboard.door"], capture_output=True, text=True
+    )
     return [line for line in out.stdout.splitlines() if "trainctl-tensorboard-" in line]
 
 
 def _mirrors() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("trainctl-tensorboard-*")}
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10):
+            return 200
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+def _assert_behind_its_door(url: str, run: str) -> None:
+    """Anyone on the machine can reach a loopback port: without the token TensorBoard shows
+    nothing, nor to a page whose name only resolves to loopback (DNS rebinding)."""
+    base, _, token = url.partition("?")
+    port = base.rsplit(":", 1)[1].strip("/")
+    data = f"{base}data/plugin/scalars/scalars?run={run}&tag=train/loss"
+    assert _status(base) == 403
+    assert _status(data) == 403
+    assert _status(f"{data}&token=not-it") == 403
+    assert _status(data, {"Cookie": f"trainctl-tensorboard-{port}=not-it"}) == 403
+    assert _status(f"{data}&{token}", {"Host": f"rebound.example:{port}"}) == 421
+    assert _status(f"{data}&{token}") == 200
+    cookie = f"trainctl-tensorboard-{port}={token.removeprefix('token=')}"
+    assert _status(data, {"Cookie": cookie}) == 200
 
 
 @pytest.mark.chromium
@@ -86,8 +113,9 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
         first = board.stderr.readline()
         assert first.startswith("trainctl tensorboard: copying the logs of 1 run(s)"), first
         url = board.stderr.readline().split()[2]
-        assert url == f"http://127.0.0.1:{port}/"
+        assert url.startswith(f"http://127.0.0.1:{port}/?token="), url
         points = _wait_points(url, job, STEPS)  # copied while the job still runs
+        _assert_behind_its_door(url, job)
         assert [p[1] for p in points[:STEPS]] == list(range(STEPS))
         assert points[0][2] == pytest.approx(1.0)
         status = subprocess.run(
@@ -98,7 +126,7 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(url + "#scalars")
+            page.goto(url + "#scalars")  # the token leaves a cookie the page's requests carry
             page.get_by_text("train/loss").first.wait_for(timeout=60_000)
             page.locator("tf-scalar-card").first.wait_for(timeout=60_000)  # its chart
             assert page.locator("tf-scalar-card path").count() >= 1  # the line drawn
@@ -111,6 +139,7 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
             link.wait_for(timeout=120_000)
             linked = link.get_attribute("href")
             assert linked and linked.startswith("http://127.0.0.1:") and linked != url
+            assert "?token=" in linked
             page.goto(linked + "#scalars")
             page.get_by_text("train/loss").first.wait_for(timeout=60_000)
             browser.close()

@@ -196,7 +196,9 @@ def tensorboard(
     ),
     port: int = typer.Option(6006, "--port", "-p", help="Port to listen on (0: a free one)."),
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Loopback address to listen on (TensorBoard has no login)."
+        "127.0.0.1",
+        "--host",
+        help="Loopback address to listen on (its token is sent in plain HTTP).",
     ),
     refresh: float = typer.Option(
         5.0, "--refresh", help="Seconds between copies of what running jobs wrote since."

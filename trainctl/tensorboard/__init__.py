@@ -7,11 +7,17 @@ TensorBoard runs, and the real TensorBoard (the `tensorboard` package) is starte
 TensorBoard reads local files, not trainctl's store, and this works the same for a file://
 and an s3:// store. The mirror takes only objects whose size changed (event files grow), and
 goes with the viewer. (What grew is appended to the local copy, which TensorBoard holds open.)
+
+TensorBoard has no login: it runs behind trainctl's door (trainctl.tensorboard.door), which
+serves only requests to its loopback address that carry the viewer's token, so another user
+of the machine who finds the port sees nothing. The URL it prints carries the token.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -25,6 +31,7 @@ from typing import IO
 
 from trainctl.errors import NotFoundError, SpecError, TrainctlError
 from trainctl.store import Store
+from trainctl.tensorboard.door import TOKEN_ENV
 
 DEFAULT_PORT = 6006  # TensorBoard's own
 REFRESH_SECONDS = 5.0
@@ -108,7 +115,8 @@ def _free_port(host: str) -> int:
 
 
 def check_host(host: str) -> None:
-    """TensorBoard has no access control: it listens on loopback only."""
+    """Loopback only: its door's token travels in plain HTTP, so it never leaves the machine
+    (an SSH tunnel carries it elsewhere)."""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -116,7 +124,8 @@ def check_host(host: str) -> None:
     if not loopback:
         raise SpecError(
             "--host",
-            f"{host} is not a loopback address: TensorBoard has no access control; listen on "
+            f"{host} is not a loopback address: TensorBoard's token would cross the network in "
+            "plain HTTP; listen on "
             "127.0.0.1 and reach it through an SSH tunnel (ssh -L 6006:127.0.0.1:6006 ...)",
         )
 
@@ -155,6 +164,7 @@ class TensorBoard:
         self.store = store or default_store()
         self.sources = log_sources(self.store, jobs)
         self.host, self.port, self.refresh_seconds = host, port, refresh_seconds
+        self.token = secrets.token_urlsafe(24)
         self.logdir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
@@ -164,7 +174,7 @@ class TensorBoard:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"http://{host}:{self.port}/?token={self.token}"
 
     def start(self, timeout: float = READY_TIMEOUT_SECONDS) -> str:
         """Mirror the logs, start TensorBoard and wait until it answers; its URL."""
@@ -184,7 +194,7 @@ class TensorBoard:
                 [
                     sys.executable,
                     "-m",
-                    "tensorboard.main",
+                    "trainctl.tensorboard.door",
                     "--logdir",
                     str(self.logdir),
                     "--host",
@@ -194,6 +204,7 @@ class TensorBoard:
                     "--reload_interval",
                     str(max(1, int(self.refresh_seconds))),
                 ],
+                env={**os.environ, TOKEN_ENV: self.token},  # not argv: `ps` shows argv to all
                 stdin=subprocess.DEVNULL,
                 stdout=self._output,
                 stderr=subprocess.STDOUT,
