@@ -555,7 +555,8 @@ def test_a_relaunch_goes_on_when_the_last_attempts_capacity_was_not_all_released
 
 def test_a_script_that_writes_into_its_channel_leaves_the_source_untouched(home, source, tmp_path):
     """File mode (the default) gives each node a copy of a file:// channel, as SageMaker's
-    File mode does; FastFile links the original, and says so in the log."""
+    File mode does; FastFile links the original, read-only in the job's view as SageMaker's
+    FastFile mount is: the careless script fails on its write, the original as it was."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.txt").write_text("original\n")
@@ -570,10 +571,14 @@ def test_a_script_that_writes_into_its_channel_leaves_the_source_untouched(home,
 
     from trainctl.estimator.inputs import TrainingInput
 
-    linked = est.fit(inputs={"train": TrainingInput(data.as_uri(), input_mode="FastFile")})
+    with pytest.raises(JobFailedError) as raised:
+        est.fit(inputs={"train": TrainingInput(data.as_uri(), input_mode="FastFile")}, logs=False)
+    linked = raised.value.job
+    assert "Read-only file system" in linked.describe()["failure_reason"]
     log = linked.store.get_text(f"jobs/{linked.name}/logs/attempt-1/node-0.log")
-    assert "FastFile: writes reach the original" in log and '"FastFile"' in log
-    assert (data / "new.txt").exists()  # what FastFile's documentation warns of
+    assert "FastFile: read in place, read-only" in log
+    assert sorted(p.name for p in data.iterdir()) == ["a.txt"]
+    assert (data / "a.txt").read_text() == "original\n"
 
 
 def test_a_channel_whose_copies_do_not_fit_is_refused_before_anything_is_made(home, tmp_path):

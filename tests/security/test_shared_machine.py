@@ -278,27 +278,49 @@ def test_a_pinned_store_refuses_a_root_swapped_between_two_writes(tmp_path):
         pinned.put_bytes("c.pt", b"mine")
 
 
-@pytest.mark.timeout(120)
+REWRITER = (
+    "import os, pathlib, sys\n"
+    "failed = []\n"
+    "for p in pathlib.Path(os.environ['SM_CHANNEL_M']).rglob('*'):\n"
+    "    if p.is_file():\n"
+    "        try:\n"
+    "            p.write_bytes(b'rewritten')\n"
+    "        except OSError as exc:\n"
+    "            failed.append(exc.strerror)\n"
+    "print('REFUSED', sorted(set(failed)), flush=True)\n"
+)
+
+
+@pytest.mark.timeout(180)
 def test_fastfile_over_another_jobs_output_cannot_rewrite_it(home, src, tmp_path):
+    """Another job's output read FastFile: inside the store it is copied; on a shared
+    --output-path (outside the store) it is linked, and read-only in the reader's view, as
+    SageMaker's FastFile mount is. Either way the producer's files stay as they were."""
+    shared = tmp_path / "scratch"
     finished(src, "producer")
-    out = store_root(home) / "jobs" / "producer" / "output"
-    before = snapshot(out)
-    assert before, "the producer left an output"
+    finished(src, "elsewhere", "--output-path", shared.as_uri())
+    in_store = store_root(home) / "jobs" / "producer" / "output"
+    outside = shared / "elsewhere" / "output"
     writer = tmp_path / "writer"
     writer.mkdir()
-    (writer / "train.py").write_text(
-        "import os, pathlib\n"
-        "for p in pathlib.Path(os.environ['SM_CHANNEL_M']).rglob('*'):\n"
-        "    if p.is_file():\n"
-        "        p.write_bytes(b'rewritten')\n"
-    )
-    proc = cli(
-        "submit", "train.py", "--source-dir", str(writer), "--job-name", "reader",
-        "--inputs", f"m={out.as_uri()}", "--input-mode", "m=FastFile",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert snapshot(out) == before
-    assert "copied, not linked" in cli("logs", "reader").stdout
+    (writer / "train.py").write_text(REWRITER)
+    for name, out in (("reader", in_store), ("reader-2", outside)):
+        before = snapshot(out)
+        assert before, f"the producer left no output in {out}"
+        proc = cli(
+            "submit", "train.py", "--source-dir", str(writer), "--job-name", name,
+            "--inputs", f"m={out.as_uri()}", "--input-mode", "m=FastFile",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert snapshot(out) == before, name
+        log = cli("logs", name).stdout
+        if out == in_store:
+            assert "copied, not linked" in log
+        else:
+            assert "FastFile: read in place, read-only" in log
+            assert "REFUSED ['Read-only file system']" in log
+    # Its owner still writes it: the read-only view was the reader's alone.
+    (outside / "model.tar.gz").write_bytes(b"the owner's")
 
 
 @pytest.mark.timeout(120)

@@ -116,6 +116,7 @@ class Agent:
         self.workdir = None  # the working directory's sync (node.workdir), once staged
         self.tensorboard = None  # the TensorBoard logs' copy (node.tensorboard), once staged
         self.remote_starts: RemoteStartServer | None = None  # multi-host MPI (see there)
+        self.fastfile_originals: list[Path] = []  # read-only in the node's view (sandbox)
         # Where the job's rank processes register (node.ranks), once launched.
         self.ranks_dir: Path | None = None
         self.idle = False  # runs no launcher of its own (an MPI host that mpirun reaches)
@@ -191,10 +192,12 @@ class Agent:
             sharded = config is not None and config.distribution == "ShardedByS3Key"
             shard = (self.rank, nodes) if sharded else None
             link = config is not None and config.input_mode == "FastFile"
-            stage_channel(
+            linked = stage_channel(
                 name, uri, self.layout.channel(name), self.log, shard=shard, link=link,
                 store_uri=self.record.store_uri,
             )  # fmt: skip
+            if linked is not None:
+                self.fastfile_originals.append(linked)
         checkpoints = self.start_checkpoint_sync()
         workdir = self.start_workdir_sync(members)
         self.start_tensorboard_sync()
@@ -372,10 +375,15 @@ class Agent:
         from trainctl.node import sandbox
         from trainctl.spec.uris import parse_uri
 
+        writable = "; its FastFile channels' originals are writable" * bool(self.fastfile_originals)
         if not self.settings.node_sandbox or self.layout.root == Path("/"):
+            if writable:
+                self.log(f"the job runs in the machine's own view{writable}")
             return argv
         if sys.platform != "linux":
-            self.log("this system has no mount namespaces: the job sees every file you can")
+            self.log(
+                f"this system has no mount namespaces: the job sees every file you can{writable}"
+            )
             return argv
         scheme, store_path = parse_uri(self.record.store_uri)
         hidden = [self.settings.home] + ([Path(store_path)] if scheme == "file" else [])
@@ -383,7 +391,9 @@ class Agent:
             hidden.append(self.layout.root.parents[2])  # every job's nodes (Slurm, SSH too)
         shown = [self.layout.root, Path(python).parent.parent, Path(sandbox.__file__).parents[2]]
         shown += [self.layout.checkpoints(self.spec), self.layout.tensorboard(self.spec)]
-        view = sandbox.view(hidden=hidden, shown=shown, opt_ml=self.layout.ml)
+        view = sandbox.view(
+            hidden=hidden, shown=shown, opt_ml=self.layout.ml, read_only=self.fastfile_originals
+        )
         return sandbox.command(sys.executable, view, argv)
 
     # -- running ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A node's own view of the machine: the job's processes in a mount namespace where the
 store, trainctl's home and every other node's folder are empty, and SageMaker's layout is at
-`/opt/ml`, as in a SageMaker container.
+`/opt/ml`, as in a SageMaker container, and a FastFile channel's original is read-only (as
+SageMaker's FastFile mount is).
 
     python -m trainctl.node.sandbox VIEW_JSON -- COMMAND...
 
@@ -35,20 +36,30 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (the exec path imports no more than it needs: it runs at every launch)
+    from collections.abc import Sequence
     from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 0x400, 0x800, 0x1000, 0x4000, 0x40000
+MS_RELATIME = 0x200000
+# statvfs's ST_* flags that a read-only remount must keep (a user namespace may not clear
+# a flag its mount was given outside): ST_NOSUID..ST_NOEXEC, ST_NOATIME, ST_NODIRATIME are the
+# MS_ values; ST_RELATIME (0x1000) is not.
+KEPT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME
+ST_RELATIME = 0x1000
 OPT_ML = "/opt/ml"
 MODULE = "trainctl.node.sandbox"
 REFUSED_MARK = "[trainctl] no mount namespace"
 
 
-def view(*, hidden: list[Path], shown: list[Path], opt_ml: Path) -> dict[str, object]:
+def view(
+    *, hidden: list[Path], shown: list[Path], opt_ml: Path, read_only: Sequence[Path] = ()
+) -> dict[str, object]:
     """What the job's processes see differently: each of `hidden` empty (those that exist;
     one inside another counts once), each of `shown` as it is though inside a hidden one,
-    and `opt_ml` at /opt/ml."""
+    `opt_ml` at /opt/ml, and each of `read_only` (FastFile channels' originals) unwritable."""
     from pathlib import Path
 
     real = sorted({p.resolve() for p in hidden if p.exists()}, key=lambda p: len(p.parts))
@@ -62,6 +73,7 @@ def view(*, hidden: list[Path], shown: list[Path], opt_ml: Path) -> dict[str, ob
         "hidden": [str(p) for p in tops],
         "shown": [str(p) for p in keep],
         "opt_ml": str(opt_ml),
+        "read_only": sorted({str(p.resolve()) for p in read_only if p.exists()}),
     }
 
 
@@ -127,6 +139,15 @@ def _hide(folder: str, keep: list[str]) -> None:
         os.close(fd)
 
 
+def _read_only(path: str) -> None:
+    """`path` (a folder or a file) bound onto itself, then that bind made read-only: in this
+    namespace only, so its owner elsewhere still writes it."""
+    _mount(path, path, None, MS_BIND | MS_REC)
+    flags = os.statvfs(path).f_flag
+    kept = (flags & KEPT_FLAGS) | (MS_RELATIME if flags & ST_RELATIME else 0)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+
+
 def _show_opt_ml(source: str) -> str | None:
     """The node's layout at /opt/ml: bound over /opt/ml where the machine has one, else
     made in a tmpfs over /opt with the machine's /opt entries bound back. None, or why not."""
@@ -158,9 +179,10 @@ def main(args: list[str]) -> None:
     try:
         _enter(os.geteuid(), os.getegid())
     except OSError as exc:  # nothing changed: the command runs as it would without this
+        also = ", and write to its FastFile channels' originals" if spec.get("read_only") else ""
         print(
             f"{REFUSED_MARK} for the job on this machine ({exc.strerror or exc}): its "
-            "processes see every file your user can see",
+            f"processes see every file your user can see{also}",
             file=sys.stderr,
             flush=True,
         )
@@ -169,6 +191,8 @@ def main(args: list[str]) -> None:
         shown = [str(p) for p in spec["shown"]]
         for folder in spec["hidden"]:
             _hide(folder, [p for p in shown if p == folder or p.startswith(folder + "/")])
+        for path in spec.get("read_only", []):
+            _read_only(str(path))
         why = _show_opt_ml(str(spec["opt_ml"]))
     except OSError as exc:  # half a view: neither the machine's nor the job's own
         sys.exit(

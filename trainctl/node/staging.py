@@ -39,12 +39,13 @@ def stage_channel(
     shard: tuple[int, int] | None = None,
     link: bool = False,
     store_uri: str | None = None,
-) -> None:
+) -> Path | None:
     """Put channel `name` at `dest`: all of it, or with `shard` (rank, nodes) this node's
     share of its objects (SageMaker's ShardedByS3Key). A file:// channel is copied (File
     mode: the script's writes never reach the original), or with `link` linked (FastFile),
     except inside the store at `store_uri`: another job's results are read, never linked
-    (a script writing through the link would rewrite them)."""
+    (a script writing through the link would rewrite them). Returns the original a link
+    leads to (the node's view makes it read-only: trainctl.node.sandbox), else None."""
     from trainctl.spec.confine import overlaps
     from trainctl.spec.uris import parse_uri
     from trainctl.store import open_store
@@ -64,15 +65,15 @@ def stage_channel(
             raise FileNotFoundError(f"input channel {name!r}: {uri} does not exist")
         if link:
             _link_channel(src, dest, shard)
-            log(f"channel {name}: linked {src}{what} (FastFile: writes reach the original)")
-        else:
-            started = time.monotonic()
-            count, size, how = _copy_channel(src, dest, shard)
-            log(
-                f"channel {name}: copied {count} file(s), {size_text(size)} from {src}{what} "
-                f"in {time.monotonic() - started:.1f} s ({how}; FastFile links it instead)"
-            )
-        return
+            log(f"channel {name}: linked {src}{what} (FastFile: read in place, read-only)")
+            return src
+        started = time.monotonic()
+        count, size, how = _copy_channel(src, dest, shard)
+        log(
+            f"channel {name}: copied {count} file(s), {size_text(size)} from {src}{what} "
+            f"in {time.monotonic() - started:.1f} s ({how}; FastFile links it instead)"
+        )
+        return None
     store = open_store(uri, field=f"inputs.{name}")
     dest.mkdir(exist_ok=True)
     count = 0
@@ -83,12 +84,13 @@ def stage_channel(
         count += 1
     if count == 0 and shard is not None and shard[0] > 0:
         log(f"channel {name}: no object of {uri} falls to this node{what}")
-        return
+        return None
     if count == 0:  # the URI may name a single object rather than a prefix
         parent_uri, _, leaf = uri.rstrip("/").rpartition("/")
         open_store(parent_uri).get_file(leaf, dest / leaf)
         count = 1
     log(f"channel {name}: downloaded {count} file(s) from {uri}{what}")
+    return None
 
 
 def channel_files(src: Path, shard: tuple[int, int] | None = None) -> list[tuple[Path, Path]]:
