@@ -137,3 +137,33 @@ def test_a_model_tarball_holds_no_link(tmp_path):
         assert all(m.isfile() for m in members.values())
         assert tar.extractfile("sub/latest.pt").read() == b"weights"
     assert len(said) == 1 and all(n in said[0] for n in ("root", "passwd", "outside", "fifo"))
+
+
+def test_a_restore_writes_through_no_link_an_earlier_attempt_left(tmp_path: Path):
+    """A persistent checkpoint_local_path outlives its attempt: a script there may leave
+    `sub -> <another job's folder>` (which its own view hides) and `b.pt -> <a file>`. The
+    next attempt's restore (the agent's, outside that view) replaces both with what was
+    stored and writes nothing where they led."""
+    from trainctl.node.checkpoints import restore
+
+    store = LocalStore(tmp_path / "ckpts")
+    store.put_bytes("sub/a.pt", b"saved a")
+    store.put_bytes("b.pt", b"saved b")
+    store.put_bytes("deep/er/c.pt", b"saved c")
+    victim = tmp_path / "other-job"
+    victim.mkdir()
+    (victim / "a.pt").write_bytes(b"theirs")
+    (victim / "b.pt").write_bytes(b"theirs too")
+    local = tmp_path / "persistent"
+    local.mkdir()
+    (local / "sub").symlink_to(victim, target_is_directory=True)
+    (local / "b.pt").symlink_to(victim / "b.pt")
+    (local / "deep").write_bytes(b"a file where a folder belongs")
+    restored = restore(store, local, lambda line: None)
+    assert sorted(restored) == ["b.pt", "deep/er/c.pt", "sub/a.pt"]
+    assert (victim / "a.pt").read_bytes() == b"theirs"
+    assert (victim / "b.pt").read_bytes() == b"theirs too"
+    assert sorted(p.name for p in victim.iterdir()) == ["a.pt", "b.pt"]
+    for rel, data in (("sub/a.pt", b"saved a"), ("b.pt", b"saved b"), ("deep/er/c.pt", b"saved c")):
+        assert not (local / rel).is_symlink() and (local / rel).read_bytes() == data
+    assert not (local / "sub").is_symlink()

@@ -125,7 +125,12 @@ def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, 
     files = stored_files(store, log)
     started = time.monotonic()
     restored = download_all(
-        store, {rel: local / rel for rel in files}, log, what="checkpoints", sizes=files
+        store,
+        {rel: local / rel for rel in files},
+        log,
+        what="checkpoints",
+        sizes=files,
+        root=local,  # (a persistent checkpoint_local_path may hold a link an attempt left)
     )
     if restored:
         size = sum(s for s, _ in restored.values())

@@ -157,11 +157,15 @@ def download_all(
     *,
     what: str,
     sizes: dict[str, int] | None = None,
+    root: Path | None = None,
 ) -> dict[str, Signature]:
     """Download store key -> local path, 8 at a time; returns key -> local signature for the
     keys that arrived (a key pruned meanwhile is skipped). A long restore says how far it is
     every RESTORE_REPORT_SECONDS in the node log, where its user sees it (a terminal, a
-    notebook or the dashboard)."""
+    notebook or the dashboard). With `root` (every path below it), each file is written
+    into its folder opened below `root` following no link: a link left in a folder that
+    outlives its attempt (a persistent checkpoint_local_path) is replaced, not written
+    through (it could lead to the store, which the script's own view hides)."""
     restored: dict[str, Signature] = {}
     total = sum((sizes or {}).values())
     received = [0]
@@ -183,17 +187,32 @@ def download_all(
         )
 
     def fetch(key: str) -> None:
-        path = items[key]
-        try:
-            store.get_file(key, path, progress=advance)
-        except NotFoundError:
-            return  # pruned by a node after its manifest was read
-        st = path.stat()
-        restored[key] = (st.st_size, st.st_mtime_ns)
+        with _in_own_folder(items[key], root) as path:
+            try:
+                store.get_file(key, path, progress=advance)
+            except NotFoundError:
+                return  # pruned by a node after its manifest was read
+            st = path.stat()
+            restored[key] = (st.st_size, st.st_mtime_ns)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(fetch, sorted(items)))
     return restored
+
+
+@contextlib.contextmanager
+def _in_own_folder(path: Path, root: Path | None) -> Iterator[Path]:
+    """`path`, or with `root` the same file named through its folder's descriptor, the
+    folder opened (and made) below `root` with safefs.make_dirs."""
+    if root is None or not os.path.isdir("/proc/self/fd"):
+        yield path
+        return
+    *folders, name = path.relative_to(root).parts
+    fd = safefs.make_dirs(root, folders)
+    try:
+        yield Path(f"/proc/self/fd/{fd}") / name
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

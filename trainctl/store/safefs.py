@@ -108,6 +108,28 @@ def open_dir(root: RootLike, rel: str | Sequence[str] = (), *, create: bool = Fa
     return fd
 
 
+def make_dirs(root: RootLike, rel: str | Sequence[str]) -> int:
+    """A descriptor of the folder `rel` below `root`, made where missing, in a place the
+    caller owns and fills (a restore puts back what was stored): a link or a file where a
+    folder belongs is removed, never followed, and a folder made there instead."""
+    fd = open_dir(root, ())
+    try:
+        for part in parts_of(rel):
+            try:
+                child = _step(os.dup(fd), part, True, _root(root))
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                os.unlink(part, dir_fd=fd)  # (a folder is never in the way: ENOTDIR/ELOOP)
+                child = _step(os.dup(fd), part, True, _root(root))
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _step(parent: int, name: str, create: bool, root: Root) -> int:
     """Open `name` in the folder `parent` (closed here either way)."""
     try:
