@@ -1018,13 +1018,13 @@ def list_jobs(store: Store) -> list[JobRecord]:
 # Where a job's outputs go: `output_path/<job>/output/` if given, else the job's store dir.
 
 
-def output_store(record: JobRecord) -> Store:
+def output_store(record: JobRecord, *, pinned: bool = False) -> Store:
     """Where the job's model and output data go (on S3: encrypted with output_kms_key, and
-    tagged with the job's tags)."""
+    tagged with the job's tags; `pinned`: a node's, see LocalStore)."""
     if record.spec.output_path:
-        store = per_job_store("output_path", record.spec.output_path, record.name)
+        store = per_job_store("output_path", record.spec.output_path, record.name, pinned=pinned)
     else:
-        store = open_store(record.store_uri).child(JobKeys(record.name).output)
+        store = open_store(record.store_uri, pinned=pinned).child(JobKeys(record.name).output)
     spec = record.spec
     if spec.output_kms_key or spec.tags:
         return store.writing_with(kms_key=spec.output_kms_key, tags=spec.tags)
@@ -1035,9 +1035,9 @@ def output_store(record: JobRecord) -> Store:
 PER_JOB = {"output_path": "output", "code_location": "source"}
 
 
-def per_job_store(field: str, uri: str, name: str) -> Store:
+def per_job_store(field: str, uri: str, name: str, *, pinned: bool = False) -> Store:
     """Job `name`'s own folder under a PER_JOB location: <uri>/<name>/output, .../source."""
-    return open_store(uri, field=field).child(f"{name}/{PER_JOB[field]}")
+    return open_store(uri, field=field, pinned=pinned).child(f"{name}/{PER_JOB[field]}")
 
 
 def source_target(spec: JobSpec, name: str, store: Store, sha256: str) -> tuple[Store, str]:

@@ -255,6 +255,41 @@ def test_a_checkpoint_location_swapped_for_a_link_after_submit_is_refused(home, 
     assert snapshot(theirs) == before
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("swap", ["link", "folder"])
+def test_an_output_path_swapped_while_the_job_runs_gets_none_of_its_outputs(
+    home, tmp_path, swap
+):
+    """A writer of the shared folder moves the job's --output-path away while it trains and
+    puts a link to another job's outputs (or a folder of their own) in its place: the node
+    opened the location when it checked it, and uploads into that folder or nowhere."""
+    shared, theirs = tmp_path / "scratch" / "out", tmp_path / "theirs"
+    shared.mkdir(parents=True)
+    theirs.mkdir()
+    code = tmp_path / "swapper"
+    code.mkdir()
+    # (The job's own script plays the other writer: it runs while the job trains.)
+    (code / "train.py").write_text(
+        "import os, pathlib\n"
+        f"shared, theirs = pathlib.Path({str(shared)!r}), pathlib.Path({str(theirs)!r})\n"
+        "shared.rename(shared.with_name('moved'))\n"
+        f"shared.symlink_to(theirs) if {swap!r} == 'link' else shared.mkdir()\n"
+        "pathlib.Path(os.environ['SM_MODEL_DIR'], 'model.pt').write_bytes(b'weights')\n"
+    )
+    proc = cli(
+        "submit", "train.py", "--source-dir", str(code), "--job-name", f"swap-{swap}",
+        "--output-path", shared.as_uri(), "-o", "json",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    reason = json.loads(cli("status", f"swap-{swap}", "-o", "json").stdout)["failure_reason"]
+    assert reason.startswith("algo-1: uploading outputs failed"), reason
+    assert "trainctl opens no link" in reason or "no longer the folder it was" in reason, reason
+    assert list(theirs.iterdir()) == []  # not even the failure note: no claim leads there
+    if swap == "folder":  # the path the user named, now a folder of the other writer's
+        written = sorted(p.relative_to(shared).as_posix() for p in shared.rglob("*.*"))
+        assert "swap-folder/output/model.tar.gz" not in written, written
+
+
 @pytest.mark.timeout(30)
 def test_a_pinned_store_refuses_a_root_swapped_between_two_writes(tmp_path):
     from trainctl.errors import StoreError

@@ -40,6 +40,7 @@ from trainctl.controller.takeover import adopt_attempt, went_with_the_controller
 from trainctl.controller.telemetry import Telemetry, startup_stages
 from trainctl.controller.usage import note_warm_start, record_usage
 from trainctl.errors import UnrunnableJobError
+from trainctl.node.guard import claimed_output_store
 from trainctl.protocol import EXIT_INFRA, EXIT_REFUSED
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning import get_provider
@@ -1048,7 +1049,7 @@ class Controller:
         if state is JobState.FAILED and reason:
             try:
                 text = reason + ("\n\n" + detail if detail else "") + "\n"
-                output_store(rec).put_text("failure", text)
+                claimed_output_store(rec).put_text("failure", text)  # (refused: not written)
             except Exception:
                 pass
         self.telemetry.save_metric_points()

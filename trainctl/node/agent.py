@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import NotFoundError, RefusedError, StoreError
 from trainctl.gpus import health_problems, visible_gpus
@@ -50,6 +50,9 @@ from trainctl.protocol import (
     ranked_line,
 )
 from trainctl.protocol import split as split_control
+
+if TYPE_CHECKING:
+    from trainctl.store import Store
 
 # After the launcher exits: how long its output may still drain, and how long a process it
 # left behind has between SIGTERM and SIGKILL.
@@ -113,6 +116,7 @@ class Agent:
         self.status = NodeStatus(rank)
         self.finished = False  # the result is being recorded: no more status writes
         self.sync = None
+        self.outputs: Store | None = None  # where the outputs go, opened when checked
         self.workdir = None  # the working directory's sync (node.workdir), once staged
         self.tensorboard = None  # the TensorBoard logs' copy (node.tensorboard), once staged
         self.remote_starts: RemoteStartServer | None = None  # multi-host MPI (see there)
@@ -160,9 +164,13 @@ class Agent:
             claim_checkpoint_dir,
             verify_source,
         )
+        from trainctl.record import output_store
         from trainctl.store import open_store
 
         check_job_uris(self.record)
+        # Opened before the check and kept: the folder checked is the one written to hours
+        # later, whatever is put in its place meanwhile (pinned; see LocalStore).
+        self.outputs = output_store(self.record, pinned=True)
         check_claimed_locations(self.record)
         claim_checkpoint_dir(
             self.layout.checkpoints(self.spec), self.record, self.settings.home, self.layout.root
@@ -857,7 +865,7 @@ class Agent:
     def upload_outputs(self) -> None:
         from trainctl.record import output_store
 
-        out = output_store(self.record)
+        out = self.outputs or output_store(self.record, pinned=True)
         if self.spec.disable_output_compression:  # SageMaker's: the files as they are
             for prefix, local in (("model", self.layout.model), ("data", self.layout.output_data)):
                 files = sorted(p for p in local.rglob("*") if p.is_file() and not p.is_symlink())

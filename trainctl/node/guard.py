@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainctl.errors import RefusedError, SpecError
 from trainctl.record import JobRecord
+from trainctl.store import Store
 from trainctl.store.local import file_sha256
 
 
@@ -49,27 +50,44 @@ def check_claimed_locations(record: JobRecord) -> None:
     resolved (trainctl.claims), so one that resolves elsewhere now (a folder swapped for a
     link to a running job's checkpoints, or a user's `latest` link moved to another run)
     has no claim of this job's, and nothing is restored, written or pruned there."""
+    from trainctl.record import written_locations
+
+    for field, uri in written_locations(record.spec, record.name):
+        _check_claimed(record, field, uri)
+
+
+def claimed_output_store(record: JobRecord) -> Store:
+    """The job's output location (pinned: see LocalStore), checked as above: for what the
+    controller writes there at the end (SageMaker's `failure` file), hours after the node
+    checked it."""
+    from trainctl.record import output_store, per_job_store
+
+    out = output_store(record, pinned=True)
+    if record.spec.output_path:
+        uri = per_job_store("output_path", record.spec.output_path, record.name).uri
+        _check_claimed(record, "output_path", uri)
+    return out
+
+
+def _check_claimed(record: JobRecord, field: str, uri: str) -> None:
     from trainctl.claims import claim_key
     from trainctl.errors import NotFoundError
-    from trainctl.record import written_locations
     from trainctl.store import open_store, parse_uri
 
-    store = open_store(record.store_uri)
-    for field, uri in written_locations(record.spec, record.name):
-        scheme, path = parse_uri(uri, field)
-        if scheme != "file":
-            continue  # an S3 key has no links
-        try:
-            claim = json.loads(store.get_bytes(claim_key(uri)))
-        except (NotFoundError, ValueError):
-            claim = None
-        holder = claim.get("job") if isinstance(claim, dict) else None
-        if holder != record.name:
-            now = Path(path).resolve()
-            raise RefusedError(
-                f"{field}: {uri} now leads to {now}, not the place claimed for this job at "
-                "submit (a link swapped in, or moved?); nothing is written there"
-            )
+    scheme, path = parse_uri(uri, field)
+    if scheme != "file":
+        return  # an S3 key has no links
+    try:
+        claim = json.loads(open_store(record.store_uri).get_bytes(claim_key(uri)))
+    except (NotFoundError, ValueError):
+        claim = None
+    holder = claim.get("job") if isinstance(claim, dict) else None
+    if holder != record.name:
+        now = Path(path).resolve()
+        raise RefusedError(
+            f"{field}: {uri} now leads to {now}, not the place claimed for this job at "
+            "submit (a link swapped in, or moved?); nothing is written there"
+        )
 
 
 def claim_checkpoint_dir(path: Path, record: JobRecord, home: Path, layout_root: Path) -> None:

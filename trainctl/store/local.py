@@ -50,12 +50,16 @@ class LocalStore(Store):
         _below: tuple[str, ...] = (),
         _root: safefs.Root | None = None,
     ) -> None:
-        """`pinned`: every use must find the root the folder it was at the first (see
-        safefs.Root; a node's checkpoint and output locations)."""
+        """`pinned`: every use must find the root the folder it is now (where it exists
+        now; else the folder first made there; see safefs.Root): a node's checkpoint and
+        output locations, opened when the node checks them and used hours later."""
         # The root as the user named it is trusted (links above it are the machine's); a
         # child store keeps that root and walks its prefix like any key, link-free.
         self._top = Path(root).expanduser().resolve()
         self._root = _root or safefs.Root(self._top, pinned=pinned)
+        if pinned and _root is None:
+            with contextlib.suppress(OSError):  # (missing or not a folder: its first use says)
+                os.close(self._root.open())
         self._below = _below
         self.root = self._top.joinpath(*_below)
         self.uri = self.root.as_uri()
