@@ -50,6 +50,13 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
     log = home / "store" / "jobs" / job.name / "logs" / "attempt-2" / "node-1.log"
     if "[rank 3]\t" not in log.read_text():
         log.write_text(log.read_text() + "[rank 3]\tfrom the fourth process\n")
+    # Whoever writes the job's output (its script; a shared --output-path) may name a file
+    # to break out of its link, or leave a FIFO that hangs a reader (issue 58).
+    output = home / "store" / "jobs" / job.name / "output"
+    odd = "it's <b>\"odd\" & 'quoted'.txt"
+    (output / odd).write_text("odd\n")
+    if not (output / "pipe").exists():
+        os.mkfifo(output / "pipe")
     before = _store_snapshot(home)
     ui = Dashboard(home)
     try:
@@ -94,6 +101,14 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
             saved = tmp_path / "model.tar.gz"
             download.value.save_as(saved)
             assert saved.read_bytes() == job.store.get_bytes(f"jobs/{job.name}/output/model.tar.gz")
+            table = page.locator("#artifacts-table")
+            assert page.locator("#artifacts-table b").count() == 0  # its name is text
+            assert "pipe" not in table.inner_text()  # a FIFO is no artifact
+            named = page.locator("#artifacts-table a", has_text=f"output/{odd}")
+            assert named.count() == 1, table.inner_html()
+            with page.expect_download() as download:
+                named.click()
+            assert Path(download.value.path()).read_text() == "odd\n"
             page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
             assert SECRET not in page.content()
             browser.close()
