@@ -169,6 +169,16 @@ def test_mpi_across_hosts_starts_each_hosts_processes_through_its_agent(
             "cwd": str(code),
         }
     assert "started orted here" in node1
+    # each host's processes in that node's own view: its layout at /opt/ml, a mount
+    # namespace not the machine's (the second's through its orted, started by its agent)
+    views = {
+        rank: json.loads(text.split(" ", 2)[2])
+        for rank, text in ranked
+        if text.startswith("VIEW ") and text.split()[1] == str(rank)
+    }
+    machine = os.readlink("/proc/self/ns/mnt")
+    assert sorted(views) == [0, 1], views
+    assert all(v["opt_ml"] and v["mnt"] != machine for v in views.values()), views
     assert_nothing_left(job.name, first, second, home=home)
     # each agent took its endpoint (and token) out of the store as it ended
     attempt = f"jobs/{job.name}/attempts/attempt-1"

@@ -716,7 +716,11 @@ class Agent:
 
         extra = daemon_env(self.cluster, python, str(self.layout.code))
         self.remote_starts = RemoteStartServer(
-            self.node.address, lambda: self.environment(extra), self.layout.code, self.log
+            self.node.address,
+            lambda: self.environment(extra),
+            self.layout.code,
+            self.log,
+            in_view=lambda argv: self.in_own_view(argv, python),
         )
         self.store.put_text(
             self.jobs.keys.remote_start(self.attempt, self.rank),

@@ -61,8 +61,12 @@ class RemoteStartServer:
         environment: Callable[[], dict[str, str]],
         cwd: Path,
         log: Callable[[str], None],
+        in_view: Callable[[list[str]], list[str]] = list,
     ) -> None:
+        """`in_view`: `orted`'s argv as the node starts it in its own view of the machine
+        (Agent.in_own_view): the processes it starts see what the node's launcher's do."""
         self.address = address
+        self.in_view = in_view
         self.environment = environment
         self.cwd = cwd
         self.log = log
@@ -137,7 +141,7 @@ class RemoteStartServer:
     def _run(self, conn: socket.socket, argv: list[str], peer: str) -> None:
         try:
             proc = subprocess.Popen(
-                argv,
+                self.in_view(argv),
                 cwd=self.cwd,
                 env=self.environment(),
                 stdin=subprocess.DEVNULL,
