@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 # The tests mostly wait on real processes, so 3 workers beat 2 on a 2-core machine.
 TEST_WORKERS ?= 3
 
-.PHONY: venv demo test test-fast test-gpu test-deps docs lint format bench clean
+.PHONY: venv demo test test-fast test-gpu test-deps test-bare docs lint format bench clean
 
 venv: $(STAMP)
 
@@ -63,6 +63,12 @@ test-gpu: venv
 
 test-deps:
 	tools/test-deps.sh
+
+# The tests that look at the machine's parts, with those parts hidden (no engine, a docker
+# CLI without its daemon, no sshd, no Slurm) and a CPU hog beside them: a newcomer's busy
+# machine. Needs root or unprivileged user namespaces (see the script).
+test-bare: venv
+	VENV=$(VENV) tools/bare-machine.sh
 
 # Not part of `test`: timings, not assertions. Exits non-zero naming any missed goal.
 # BENCH_ARGS="--quick" or "--only upload" for a partial run.

@@ -163,6 +163,19 @@ class StateCopy(BaseModel):
 STATE_FILES_RECORDED = 8
 
 
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+WARNINGS_KEPT = 20  # a record's warnings beyond these are in its events only
+
+
+def add_warning(record: JobRecord, text: str) -> None:
+    """One of the controller's warnings into the record (once; the first WARNINGS_KEPT)."""
+    if text not in record.warnings and len(record.warnings) < WARNINGS_KEPT:
+        record.warnings.append(text)
+
+
 class NodeRestored(BaseModel):
     """What one node put back before its script started (the agent's `restored` message)."""
 
@@ -177,6 +190,11 @@ class NodeRestored(BaseModel):
     checkpoint_bytes: int = 0
     left_out: int = 0  # files not restored: over workdir_max_mb
     state: dict[str, StateCopy] = Field(default_factory=dict)  # the newest saved-state files
+    # Paths being written when the earlier attempt ended: restored as before, or not at all
+    unsettled: list[str] = Field(default_factory=list)
+    # The newest saved state restored, as a script resumes from it: 'out/checkpoint-800/',
+    # 'snapshot.pt' (not the largest file: a tfevents file, an optimizer.pt inside one)
+    newest: str | None = None
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> NodeRestored:
@@ -202,6 +220,8 @@ class NodeRestored(BaseModel):
             checkpoint_bytes=count("checkpoint_bytes"),
             left_out=count("left_out"),
             state=state,
+            unsettled=[p for p in _listed(msg.get("unsettled")) if isinstance(p, str)][:20],
+            newest=newest[:300] if isinstance(newest := msg.get("newest"), str) else None,
         )
 
     def nothing(self) -> bool:
@@ -241,11 +261,13 @@ class Restored(BaseModel):
     by_node: list[NodeRestored] = Field(default_factory=list)
     # The nodes started from different state (controller.restores.split_resume): in words.
     split: str | None = None
+    newest: str | None = None  # the newest saved state restored (the lowest rank's report)
 
     def add(self, node: NodeRestored) -> None:
         """One node's report (the agent's `restored` message)."""
         self.nodes += 1
         self.by_node = sorted([*self.by_node, node], key=lambda n: n.rank)
+        self.newest = next((n.newest for n in self.by_node if n.newest), None)
         if node.files:
             self.files = max(self.files, node.files)
             self.bytes = max(self.bytes, node.bytes)
@@ -268,8 +290,9 @@ class Restored(BaseModel):
         """'snapshot.pt, 2.1 MB on every node, from attempt 1'; with more files than names:
         'snapshot.pt (5 files), ...'; where some nodes restored nothing, it names them:
         'snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1'."""
-        names = ", ".join(self.largest)
-        if self.files > len(self.largest):
+        shown = [self.newest] if self.newest else self.largest
+        names = ", ".join(shown)
+        if self.files > len(shown):
             names += f" ({self.files} files)"
         where = self._where([n.rank for n in self.by_node if n.files])
         source = f", from attempt {self.from_attempt}" if self.from_attempt else ""
@@ -281,9 +304,11 @@ class Restored(BaseModel):
         return f"{self.checkpoint_files} checkpoint file(s), {size}{where}"
 
     def files_short(self) -> str:
-        """'snapshot.pt +1': the largest file and how many more."""
+        """'snapshot.pt +1': the newest saved state (else the largest file) and how many
+        more files."""
         more = f" +{self.files - 1}" if self.files > 1 else ""
-        return f"{self.largest[0] if self.largest else 'files'}{more}"
+        first = self.newest or (self.largest[0] if self.largest else "files")
+        return f"{first}{more}"
 
 
 def _hosts(ranks: list[int]) -> str:
@@ -512,6 +537,9 @@ class JobRecord(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     # The training steps in all: the script's report_step(total=N), else the spec's.
     total_steps_reported: int | None = None
+    # What the controller warned of (each also an event): the nodes trained apart, a split
+    # resume, a fault the job ended before... `status` shows them.
+    warnings: list[str] = Field(default_factory=list)
     instances: list[InstanceCost] = Field(default_factory=list)
     # The job this one is a measurement run of (`trainctl diagnose`): lists hide it.
     measurement_of: str | None = None
@@ -587,6 +615,7 @@ class JobRecord(BaseModel):
                 "progress": self.progress(),
                 "failure_reason": self.failure_reason,
                 "failure_detail": self.failure_detail,
+                "warnings": list(self.warnings),
                 "exit_code": self.exit_code,
                 "stop_reason": self.stop_reason,
                 "model_data": self.model_data,

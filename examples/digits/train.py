@@ -215,6 +215,9 @@ def main(argv=None):
     loader = DataLoader(
         train_ds, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
     )
+    # A whole epoch's batches, counted before a resume moves the sampler mid-epoch (then
+    # len(loader) is what is left of that epoch, not an epoch).
+    steps_per_epoch = len(loader)
 
     torch.manual_seed(args.seed)
     model = MLP(X_tr.shape[1], args.hidden, num_classes).to(device)
@@ -250,7 +253,7 @@ def main(argv=None):
 
     t0 = time.time()
     train_loss = train_acc = float("nan")
-    total = args.epochs * len(loader)  # the work in all: `trainctl status` shows progress
+    total = args.epochs * steps_per_epoch  # the work in all: `trainctl status` shows progress
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # keeps the position when this is the resumed epoch
         ddp_model.train()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, FIXTURES, log_lines
+from tests.helpers import EXAMPLES, FIXTURES, TRAINCTL, log_lines
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator, TrainingJob, protocol
 from trainctl.errors import SpecError
@@ -494,6 +495,41 @@ def test_max_wait_stops_a_job_that_keeps_being_interrupted(home, source):
     assert info["state"] == "Stopped"
     assert info["stop_reason"].startswith("MaxWaitTimeExceeded")
     assert [a["outcome"] for a in info["attempts"]] == ["interrupted", "stopped"]
+
+
+def test_a_fault_the_job_ended_before_is_said_at_the_end(home, tmp_path):
+    """`kill:0@600` on a job that trains for a second never fires: the test it was meant for
+    tested nothing, and the job's end says so (an event, and the controller's warning)."""
+    from trainctl.record import JobStore
+
+    (tmp_path / "quick.py").write_text("print('done')\n")
+    job = Estimator(entry_point="quick.py", source_dir=str(tmp_path), faults=["kill:0@600"]).fit(
+        logs=False
+    )
+    assert job.describe()["state"] == "Completed"
+    events = JobStore(job.store, job.name).events()
+    assert [e["faults"] for e in events if e["type"] == "faults_not_fired"] == [["kill:0@600"]]
+    said = "fault(s) kill:0@600 never fired: the job ended first"
+    assert job.describe()["warnings"] == [said]
+    status = subprocess.run([TRAINCTL, "status", job.name], capture_output=True, text=True)
+    assert said in " ".join(status.stdout.split()), status.stdout  # (however it wraps)
+
+
+def test_a_fault_at_the_nth_checkpoint_file_hits_a_script_that_reports_no_steps(home):
+    """The DDP tutorial unchanged (snapshot.pt every epoch, no report_step): `kill:0@ckpt2`
+    fires once its node has stored the snapshot twice, and the relaunch resumes from it."""
+    from tests.helpers import TORCHRUN
+
+    job = Estimator(
+        entry_point="multinode.py", source_dir=str(FIXTURES / "snapshot"),
+        distribution=TORCHRUN, arguments=["8", "1"], hyperparameters={"epoch_delay": 0.3},
+        faults=["kill:0@ckpt2"],
+    ).fit(logs=False)  # fmt: skip
+    info = job.describe()
+    assert info["state"] == "Completed" and len(info["attempts"]) == 2, info["attempts"]
+    first, second = info["attempts"]
+    assert first["cause"] == "algo-1 lost: killed by injected fault kill:0@ckpt2", first
+    assert second["started_from"].startswith("restored snapshot.pt"), second
 
 
 def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):

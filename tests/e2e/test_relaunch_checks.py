@@ -132,3 +132,4 @@ def test_nodes_that_never_trained_together_are_a_warning(home):
     assert len(apart) == 1, [e["type"] for e in job.events()]
     assert "the 2 nodes never trained together" in apart[0]["why"], apart
     assert "Trainer(num_nodes=2)" in apart[0]["why"], apart
+    assert info["warnings"] == [apart[0]["why"]]  # `status` shows it too

@@ -115,7 +115,9 @@ def reference(pattern_name: str, tmp_path_factory) -> dict[str, Any]:
         work = base / f"node{rank}"
         shutil.copytree(FIXTURES / pattern.source, work, ignore=BYTECODE)
         (work / "model").mkdir()
-        env = {**os.environ, "SM_MODEL_DIR": str(work / "model"), "OMP_NUM_THREADS": "1"}
+        # (TMPDIR: torchrun's torchelastic_* folders go with the test's, not into /tmp)
+        env = {**os.environ, "SM_MODEL_DIR": str(work / "model"), "OMP_NUM_THREADS": "1",
+               "TMPDIR": str(work)}  # fmt: skip
         argv = [
             torchrun, "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
             "--master-addr", "127.0.0.1", "--master-port", str(port),

@@ -92,6 +92,7 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
     chromium = chromium_path()
     monkeypatch.setenv("TRAINCTL_TENSORBOARD_SYNC_SECONDS", "0.5")
     mirrors_before = _mirrors()
+    boards_before = set(_our_tensorboards())  # (another user's, another test's: not ours)
     hold = tmp_path / "go-on"
     job = "tb-e2e"
     submitted = subprocess.run(
@@ -160,9 +161,9 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
     waited = subprocess.run([TRAINCTL, "attach", job], capture_output=True, text=True, timeout=120)
     assert waited.returncode == 0, waited.stdout + waited.stderr
     deadline = time.monotonic() + 15
-    while _our_tensorboards() and time.monotonic() < deadline:
+    while set(_our_tensorboards()) - boards_before and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert not _our_tensorboards()
+    assert not set(_our_tensorboards()) - boards_before, "a TensorBoard of this test was left"
     assert _mirrors() == mirrors_before, "a TensorBoard mirror was left behind"
 
 

@@ -82,8 +82,8 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
     # not without root on the hosts)
     assert f"[algo-1] RANKINFO {first.address} 0 0 2" in console
     assert f"[algo-2] RANKINFO {second.address} 1 0 2" in console
-    # each rank ran on its own host, in a node dir under that host's home
-    for server, host, rank in ((first, first.address, 0), (second, second.address, 1)):
+    # each rank ran on its own host, in its node dir, named as SageMaker names it
+    for host, rank in ((first.address, 0), (second.address, 1)):
         log = job.store.get_text(f"jobs/{job.name}/logs/attempt-1/node-{rank}.log")
         probe = json.loads(next(ln for ln in log_lines(log) if ln.startswith("PROBE "))[6:])
         env = probe["env"]
@@ -95,8 +95,8 @@ def test_two_node_torchrun_job_over_ssh(sshd, home, source, capsys):
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
         assert env["MY_FLAG"] == "1"
         assert probe["argv"] == ["--lr", "0.1"]
-        root = node_dirs(server, job.name) / "attempt-1" / f"node-{rank}"
-        assert probe["cwd"] == str(root / "opt/ml/code")
+        # SageMaker's path in the node's own view (its folder on the host is bound there)
+        assert probe["cwd"] == "/opt/ml/code" and env["SM_MODEL_DIR"] == "/opt/ml/model"
     nodes = info["attempts"][0]["nodes"]
     assert [(n["host"], n["address"]) for n in nodes] == [
         (first.address, first.address),
@@ -160,13 +160,12 @@ def test_mpi_across_hosts_starts_each_hosts_processes_through_its_agent(
         (0, first, sys.executable),
         (1, second, str(other / "bin/python")),
     ):
-        code = node_dirs(server, job.name) / "attempt-1" / f"node-{rank}" / "opt/ml/code"
         assert places[rank] == {
             "SM_CURRENT_HOST": server.address,
             "OMP_NUM_THREADS": threads,
             "MY_FLAG": "1",
             "python": python,
-            "cwd": str(code),
+            "cwd": "/opt/ml/code",  # SageMaker's path in the node's own view
         }
     assert "started orted here" in node1
     # each host's processes in that node's own view: its layout at /opt/ml, a mount

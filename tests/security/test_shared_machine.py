@@ -257,9 +257,7 @@ def test_a_checkpoint_location_swapped_for_a_link_after_submit_is_refused(home, 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("swap", ["link", "folder"])
-def test_an_output_path_swapped_while_the_job_runs_gets_none_of_its_outputs(
-    home, tmp_path, swap
-):
+def test_an_output_path_swapped_while_the_job_runs_gets_none_of_its_outputs(home, tmp_path, swap):
     """A writer of the shared folder moves the job's --output-path away while it trains and
     puts a link to another job's outputs (or a folder of their own) in its place: the node
     opened the location when it checked it, and uploads into that folder or nowhere."""

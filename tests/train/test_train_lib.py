@@ -1272,7 +1272,7 @@ def _torchrun(nprocs: int, mode: str, out: Path, **env: str) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out), **env},  # (torchelastic_*)
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -331,7 +331,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def test_the_controller_is_told_once_when_a_checkpoint_is_stored(tmp_path, store):
+def test_the_controller_is_told_each_time_checkpoints_are_stored(tmp_path, store):
     local = tmp_path / "node0"
     told: list[str] = []
     sync = CheckpointSync(store, local, 0, interval=60, log=print, on_state=lambda: told.append(1))
@@ -340,7 +340,8 @@ def test_the_controller_is_told_once_when_a_checkpoint_is_stored(tmp_path, store
     write(local / "step-1/state.pt", "s1")
     assert sync.sync_once() == 1 and told == [1]
     write(local / "step-2/state.pt", "s2")
-    assert sync.sync_once() == 1 and told == [1]
+    write(local / "step-2/extra.pt", "e2")
+    assert sync.sync_once() == 2 and told == [1, 1] and sync.stored_files == 3
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,19 @@ def test_a_step_fault_waits_for_its_step_however_long_it_takes() -> None:
     assert str(schedule.take_due({0, 1}, elapsed=0.5, step=31)) == "kill:1@step30"
 
 
+def test_a_checkpoint_fault_waits_for_the_nodes_nth_stored_checkpoint_file() -> None:
+    """A script that reports no steps (the Trainer, Lightning unchanged) still has a point
+    to aim at: its Nth checkpoint file in the store, on any machine."""
+    schedule = _schedule("kill:0@ckpt3", "nocapacity:algo-2@ckpt1+5")
+    assert [str(f) for f in schedule.pending] == ["kill:0@ckpt3", "nocapacity:1@ckpt1+5"]
+    assert schedule.take_due({0, 1}, elapsed=3600.0, step=500, stored=0) is None
+    assert (
+        str(schedule.take_due({0, 1}, elapsed=1.0, step=None, stored=2)) == "nocapacity:1@ckpt1+5"
+    )
+    assert schedule.take_due({0, 1}, elapsed=1.0, step=None, stored=2) is None
+    assert str(schedule.take_due({0, 1}, elapsed=1.0, step=None, stored=3)) == "kill:0@ckpt3"
+
+
 def test_a_fault_for_a_node_the_attempt_lacks_waits_for_one_that_has_it() -> None:
     schedule = _schedule("kill:2@1", "kill:0@3")
     assert str(schedule.take_due({0, 1}, elapsed=5.0, step=None)) == "kill:0@3"

@@ -1,7 +1,7 @@
 """A fresh machine: the README's install line gives what the README's examples import, and
 `make bench` skips a figure whose real part is missing (naming it) instead of ending in a
-traceback. (The suite itself on a machine without a container engine:
-tests/e2e/test_fresh_machine.py.)"""
+traceback. (The suite's machine-dependent tests on a machine without a container engine,
+sshd or Slurm, under a CPU hog: tools/bare-machine.sh, which CI runs after `make test`.)"""
 
 from __future__ import annotations
 

@@ -125,11 +125,11 @@ def _cluster(nodes: int, per_host: int) -> ClusterInfo:
 
 
 def test_nodes_that_never_formed_a_group_across_them_trained_apart() -> None:
-    alone = [{"groups": {"ranks": 1, "largest": 0}}] * 2
+    alone = [{"exit_code": 0, "groups": {"ranks": 1, "largest": 0}}] * 2
     warning = trained_apart(_cluster(2, 1), alone)
     assert warning is not None and warning.startswith("the 2 nodes never trained together")
     assert "Trainer(num_nodes=2)" in warning and "WORLD_SIZE=2" in warning
-    per_node = [{"groups": {"ranks": 2, "largest": 2}}] * 2  # one group per node
+    per_node = [{"exit_code": 0, "groups": {"ranks": 2, "largest": 2}}] * 2  # one per node
     assert "had 2 rank(s), one node's" in (trained_apart(_cluster(2, 2), per_node) or "")
     together = [{"groups": {"ranks": 1, "largest": 2}}, {"groups": {"ranks": 1, "largest": 2}}]
     assert trained_apart(_cluster(2, 1), together) is None
@@ -137,6 +137,10 @@ def test_nodes_that_never_formed_a_group_across_them_trained_apart() -> None:
     unknown = [{"groups": {"ranks": 0, "largest": 0}}, alone[0]]  # the hook did not run there
     assert trained_apart(_cluster(2, 1), unknown) is None
     assert trained_apart(_cluster(2, 1), [{}, {}]) is None  # an older agent: no report
+    # A script that failed before any group formed (the smddp example without its library)
+    # trained neither apart nor together: its failure says what happened.
+    crashed = [{"exit_code": 1, "groups": {"ranks": 1, "largest": 0}}] * 2
+    assert trained_apart(_cluster(2, 1), crashed) is None
 
 
 def test_a_restore_report_is_recorded_whatever_a_node_sends() -> None:

@@ -193,3 +193,26 @@ def test_a_log_copy_that_close_did_not_wait_for_is_no_error(tmp_path):
     shipper.close()
     shipper.ship()  # the late pass
     assert store.get_text("logs/node-0.log").rstrip().endswith("a line")
+
+
+def test_a_failed_exit_barrier_after_every_worker_finished_is_one_line():
+    """A survivor's torchrun, whose peer's torchrun (holding the store) ended first, says so
+    in c10d's C++ frames and a traceback: one line of trainctl's instead. A c10d warning not
+    followed by the exit barrier stays whole."""
+    from pathlib import Path
+
+    noise = LauncherNoise()
+    printed = (Path(__file__).parent.parent / "fixtures" / "exit-barrier.log").read_text()
+    kept: list[str] = []
+    for line in ["done 1", *printed.splitlines(), "after"]:
+        kept += noise.feed(line, stopping=False)
+    kept += noise.flush()
+    assert kept == ["done 1", LauncherNoise.EXIT_BARRIER_SAID, "after"]
+    other = [
+        "[W1205 17:32:28.422471332 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl",
+        "Exception raised from recvBytes at Utils.hpp:787 (most recent call first):",
+        "frame #0: c10::Error::Error() + 0x9d",
+        "epoch 4",
+    ]
+    kept = [line for raw in other for line in noise.feed(raw, stopping=False)]
+    assert kept == other

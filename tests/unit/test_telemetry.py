@@ -73,3 +73,43 @@ def test_a_progress_save_in_an_outage_fails_fast_keeps_its_points_and_says_it_on
     record.attempts[-1].last_step = 5
     telemetry.save_progress(prompt=False)  # a hand-off's last save waits for the store
     assert jobs.records == [1, 4, 5] and jobs.prompt[-1] is False
+
+
+def test_a_total_that_shrinks_or_falls_below_the_step_reached_is_said_once_and_not_believed():
+    """A script that counts a resumed epoch's rest as an epoch reports a smaller total after
+    a relaunch (status said `114/60 steps (100%)`): the larger total stays the job's work, for
+    status and the deadline policy alike, and each oddity is said once."""
+
+    class Jobs(OutageJobs):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[tuple[str, dict]] = []
+
+        def event(self, kind: str, **fields) -> None:
+            self.events.append((kind, fields))
+
+    jobs = Jobs()
+    first = Attempt(number=1, started_at=T0, last_step=40)
+    record = SimpleNamespace(
+        spec=SimpleNamespace(metric_definitions=[]), metrics={}, attempts=[first],
+        total_steps_reported=None, warnings=[],
+    )  # fmt: skip
+    said: list[str] = []
+    telemetry = Telemetry(jobs, record, said.append)  # type: ignore[arg-type]
+    step = {"event": "step", "step": 10, "total": 120}
+    assert telemetry.progress_message(first, 0, step)
+    assert record.total_steps_reported == 120 and said == []
+    second = Attempt(number=2, started_at=T0)
+    record.attempts.append(second)
+    for n in (41, 42, 43):  # the resumed epoch's rest counted as the whole: 60
+        telemetry.progress_message(second, 0, {"event": "step", "step": n, "total": 60})
+    assert record.total_steps_reported == 120
+    assert [kind for kind, _ in jobs.events] == ["total_changed"]
+    assert jobs.events[0][1] == {"reported": 60, "kept": 120, "reached": 41}
+    assert len(said) == 1 and "went from 120 to 60 steps; 120 is kept" in said[0]
+    telemetry.progress_message(second, 0, {"event": "step", "step": 130, "total": 125})
+    assert record.total_steps_reported == 125  # larger: believed
+    assert len(said) == 2 and "total of 125 steps is below step 130" in said[1]
+    telemetry.progress_message(second, 0, {"event": "step", "step": 131, "total": 126})
+    assert len(said) == 2, "each oddity is said once"
+    assert record.warnings == [s.removeprefix("warning: ") for s in said]  # for `status`

@@ -85,7 +85,8 @@ def test_a_node_gets_back_its_own_files_with_their_times(store, tmp_path):
     (first.dirs["code"] / "notes").mkdir()
     (first.dirs["code"] / "notes" / "rank0.txt").write_text("mine")
     (first.dirs["output"] / "curve.csv").write_text("1,2")
-    os.utime(first.dirs["code"] / "snapshot.pt", ns=(10**18, 10**18))
+    for path in ("snapshot.pt", "notes/rank0.txt", "notes"):  # (a folder's: once settled)
+        os.utime(first.dirs["code"] / path, ns=(10**18, 10**18))
     sync = sync_for(store, 0, first)
     assert sync.sync_once() == 3
     assert sync.sync_once() == 0  # nothing changed: nothing goes up again
@@ -405,9 +406,9 @@ def test_which_files_cannot_be_whole(tmp_path, name, content, whole):
     assert (unfinished(path, len(content)) is None) == whole
 
 
-def test_the_controller_is_told_once_when_saved_state_is_stored(store, tmp_path):
-    """A relaunch by choice (back to spot) needs state to resume from: a snapshot in a
-    saved-state format counts, other files the script writes do not."""
+def test_the_controller_is_told_each_time_saved_state_is_stored(store, tmp_path):
+    """A relaunch by choice (back to spot) needs state to resume from, and a `ckptN` fault
+    counts the files: a snapshot in a saved-state format counts, other files do not."""
     roots = roots_at(tmp_path / "n0")
     told: list[str] = []
     sync = WorkdirSync(
@@ -419,4 +420,5 @@ def test_the_controller_is_told_once_when_saved_state_is_stored(store, tmp_path)
     (roots.dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("s"))
     assert sync.sync_once() == 1 and told == ["state"]
     (roots.dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("t"))
-    assert sync.sync_once() == 1 and told == ["state"]  # once
+    assert sync.sync_once() == 1 and told == ["state", "state"]
+    assert sync.stored_files == 2  # two saves of it

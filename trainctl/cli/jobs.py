@@ -320,6 +320,7 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
         rows.append(("stopped", record.stop_reason))
     if record.failure_reason:
         rows.append(("failure", record.failure_reason))
+    rows += [("warning", text) for text in record.warnings]
     if (cost := info["cost"]) is not None:
         from trainctl.record import cost_text
 

@@ -55,6 +55,7 @@ from trainctl.record import (
     AttemptNode,
     JobRecord,
     JobStore,
+    add_warning,
     now_iso,
     output_store,
 )
@@ -169,6 +170,7 @@ class Controller:
         # job on its on-demand fallback trying spot again (None: it is not).
         self._relaunching: str | None = None
         self._state_stored = False  # the attempt's nodes put saved state in the store
+        self._stored_files: dict[int, int] = {}  # rank -> checkpoint files it stored
         # Each fault fires once, in the first attempt that trains long enough; those the
         # record says fired (under a controller this one took over from) never again.
         fired = [f for a in self.record.attempts for f in a.faults]
@@ -263,6 +265,12 @@ class Controller:
         self.jobs.event("handed_off", why="the terminal closed (SIGHUP)")
         spawn_controller(self.store, self.name)
         self.handed_off = True
+
+    def _warn(self, event: str, text: str, **fields: Any) -> None:
+        """A warning: an event, the record's (`status` shows it), and the console's."""
+        add_warning(self.record, text)
+        self.jobs.event(event, **fields)
+        self._info(f"warning: {text}")
 
     def _info(self, message: str) -> None:
         self._print(lambda printer: printer.info(message))
@@ -501,6 +509,7 @@ class Controller:
         self._measured_at = None
         self._resumes = Resumes()
         self._state_stored = False
+        self._stored_files = {}
         if type(self.provider).lost_nodes is not Provider.lost_nodes:
             threading.Thread(
                 target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
@@ -589,8 +598,7 @@ class Controller:
         runners = [n.result for n in nodes.values() if not n.idle]
         if (apart := trained_apart(cluster, runners)) is not None:
             self._said_apart = True
-            self.jobs.event("trained_apart", attempt=cluster.attempt, why=apart)
-            self._info(f"warning: {apart}")
+            self._warn("trained_apart", apart, attempt=cluster.attempt, why=apart)
 
     def _watch_until_end(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """Take each line (or a poll's silence), then, at most every POLL_SECONDS, look at
@@ -850,7 +858,8 @@ class Controller:
             return  # the attempt is ending: the next fault waits for the next attempt
         elapsed = now - self._training_started
         reached = self.record.attempts[-1].last_step
-        fault = self._faults.take_due(set(nodes), elapsed, reached)
+        stored = sum(self._stored_files.values())
+        fault = self._faults.take_due(set(nodes), elapsed, reached, stored)
         if fault is None:
             return
         # In the record before it fires: a controller that takes over never repeats it.
@@ -907,6 +916,8 @@ class Controller:
             self._notices.setdefault(node.rank, clock().monotonic())
         elif event == "state_stored":
             self._state_stored = True
+            if isinstance(files := msg.get("files"), int):  # (for a ckptN fault)
+                self._stored_files[node.rank] = max(files, self._stored_files.get(node.rank, 0))
         elif event == "uploading":
             if self.record.state in (JobState.TRAINING, JobState.STARTING):
                 self.jobs.transition(self.record, JobState.UPLOADING)
@@ -923,8 +934,7 @@ class Controller:
     def _check_restores(self, attempt: Attempt) -> None:
         """Once every node has said what it restored: each warning said once."""
         for said in self._attempt_restores(attempt).warnings(self.record.attempts):
-            self.jobs.event(said.event, attempt=attempt.number, **said.fields)
-            self._info(f"warning: {said.text}")
+            self._warn(said.event, said.text, attempt=attempt.number, **said.fields)
 
     def _diagnosis(self, attempt: Attempt, msg: dict[str, Any]) -> None:
         """A diagnose run's measurements (trainctl.train.diagnosis), for `trainctl diagnose`."""
@@ -1053,6 +1063,10 @@ class Controller:
             except Exception:
                 pass
         self.telemetry.save_metric_points()
+        if self._faults:  # injected faults the job ended before: a test that tested nothing
+            left = [str(f) for f in self._faults.pending]
+            text = f"fault(s) {', '.join(left)} never fired: the job ended first"
+            self._warn("faults_not_fired", text, faults=left)
         detail_fields = {
             k: v for k, v in {"reason": reason, "stop_reason": stop_reason}.items() if v
         }

@@ -21,16 +21,22 @@ class FaultSchedule:
             match = next((f for f in left if str(f) == spelled), None)
             if match is not None:
                 left.remove(match)
-        self.pending = sorted(left, key=lambda f: (f.step is not None, f.at, f.step or 0))
+        self.pending = sorted(
+            left,
+            key=lambda f: (f.step is not None or f.checkpoints is not None, f.at, f.step or 0),
+        )
 
     def __bool__(self) -> bool:
         return bool(self.pending)
 
-    def take_due(self, ranks: set[int], elapsed: float, step: int | None) -> Fault | None:
+    def take_due(
+        self, ranks: set[int], elapsed: float, step: int | None, stored: int = 0
+    ) -> Fault | None:
         """The next fault due `elapsed` seconds into the attempt's training with the
-        script at `step`, on an attempt with these node `ranks` (taken off the schedule)."""
+        script at `step` and `stored` checkpoint files in the store, on an attempt with
+        these node `ranks` (taken off the schedule)."""
         for fault in self.pending:
-            if set(fault.ranks) <= ranks and fault.due(elapsed, step):
+            if set(fault.ranks) <= ranks and fault.due(elapsed, step, stored):
                 self.pending.remove(fault)
                 return fault
         return None

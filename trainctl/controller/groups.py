@@ -23,6 +23,8 @@ def trained_apart(cluster: ClusterInfo, results: list[dict[str, Any]]) -> str | 
     reports = [r.get("groups") for r in results]
     if nodes < 2 or len(reports) < nodes:
         return None
+    if any(r.get("exit_code") != 0 for r in results):
+        return None  # a script that failed (before its group, say) did not train apart
     if not all(isinstance(g, dict) and isinstance(g.get("ranks"), int) for g in reports):
         return None
     if any(g["ranks"] == 0 for g in reports):  # the hook did not run there (no site, say)

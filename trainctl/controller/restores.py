@@ -71,6 +71,19 @@ class AttemptRestores:
                     f"resume at different points, and hang or fail): {split}",
                 )
             )
+        if unsettled := sorted({p for n in self.full.values() for p in n.unsettled}):
+            named = ", ".join(unsettled[:SPLIT_PATHS_NAMED])
+            more = f" and {len(unsettled) - SPLIT_PATHS_NAMED} more" * (
+                len(unsettled) > SPLIT_PATHS_NAMED
+            )
+            said.append(
+                Said(
+                    "restored_as_before",
+                    {"paths": unsettled},
+                    f"attempt {number}: {named}{more} was being written when attempt "
+                    f"{number - 1} ended: restored as it was before, or not at all (never half)",
+                )
+            )
         if lost := from_scratch(attempts, self.attempt):
             said.append(
                 Said(

@@ -12,7 +12,7 @@ from typing import Any
 from trainctl.controller.attempts import count_step
 from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
-from trainctl.record import Attempt, JobRecord, JobStore
+from trainctl.record import Attempt, JobRecord, JobStore, add_warning
 
 # Step messages that carry a step number (and may carry metric values).
 PROGRESS_EVENTS = ("step", "checkpoint", "preempted")
@@ -29,6 +29,7 @@ class Telemetry:
         self._recorder = MetricRecorder()  # values not yet in the store
         self._saved: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._unsaved = False  # a save failed (the store away): said once, and when it ends
+        self._totals_said: set[str] = set()  # how a reported total was odd (said once each)
 
     def metric(
         self,
@@ -60,10 +61,34 @@ class Telemetry:
         count_step(attempt, msg["event"], step)
         total = msg.get("total")
         if isinstance(total, int) and not isinstance(total, bool) and total >= 1:
-            self.record.total_steps_reported = total
+            self.reported_total(total, step)
         for name, value in numeric_metrics(msg.get("metrics")).items():
             self.metric(name, value, rank, step=step, attempt=attempt)
         return True
+
+    def reported_total(self, total: int, step: int) -> None:
+        """The script's `report_step(total=N)`: the job's work, for `status` and the deadline
+        policy alike. A total that changes (a script that counts what is left of a resumed
+        epoch as its length, say) or that is below a step already reached is said once, and
+        the larger total is believed: work once known does not go away."""
+        known = self.record.total_steps_reported
+        reached = max([a.last_step or 0 for a in self.record.attempts] + [step])
+        if known is not None and total != known and "changed" not in self._totals_said:
+            self._totals_said.add("changed")
+            self._say_total(total, known, reached, f"the script's total went from {known} to "
+                            f"{total} steps; {max(total, known)} is kept")  # fmt: skip
+        if total < reached and "below" not in self._totals_said:
+            self._totals_said.add("below")
+            self._say_total(total, known, reached, f"the script's total of {total} steps is "
+                            f"below step {reached}, already reached")  # fmt: skip
+        self.record.total_steps_reported = max(total, known or 0)
+
+    def _say_total(self, total: int, known: int | None, reached: int, text: str) -> None:
+        self.jobs.event("total_changed", reported=total, kept=max(total, known or 0),
+                        reached=reached)  # fmt: skip
+        text += " (a total counted from a resumed epoch's rest?)"
+        add_warning(self.record, text)
+        self.info(f"warning: {text}")
 
     def log_line(self, rank: int, line: str) -> None:
         """The metric values a node's log line gives by the job's metric_definitions."""

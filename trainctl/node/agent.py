@@ -206,25 +206,31 @@ class Agent:
             )  # fmt: skip
             if linked is not None:
                 self.fastfile_originals.append(linked)
-        checkpoints = self.start_checkpoint_sync()
+        half_written: list[str] = []  # checkpoint folders a lost node left half-written
+        checkpoints = self.start_checkpoint_sync(half_written)
         workdir = self.start_workdir_sync(members)
         self.start_tensorboard_sync()
         # Where this attempt starts from, for the record (controller: Attempt.restored).
+        ckpt_dir = "SM_CHECKPOINT_DIR/"
         self.say(
             "restored",
             checkpoint_files=len(checkpoints),
             checkpoint_bytes=sum(size for size, _ in checkpoints.values()),
-            **workdir,
+            **{
+                **workdir,
+                "unsettled": [*workdir.get("unsettled", []), *(ckpt_dir + f for f in half_written)],
+            },
         )
 
-    def start_checkpoint_sync(self) -> dict[str, tuple[int, int]]:
-        """Restore the checkpoints and start uploading new ones; returns what was restored."""
+    def start_checkpoint_sync(self, half_written: list[str]) -> dict[str, tuple[int, int]]:
+        """Restore the checkpoints and start uploading new ones; returns what was restored
+        (and adds to `half_written` the folders it left out: see checkpoints.restore)."""
         from trainctl.node.checkpoints import CheckpointSync, restore
         from trainctl.record import checkpoint_store
 
         store = checkpoint_store(self.record, pinned=True)
         local = self.layout.checkpoints(self.spec)
-        known = restore(store, local, self.log)
+        known = restore(store, local, self.log, left_out=half_written)
         self.sync = CheckpointSync(
             store,
             local,
@@ -559,10 +565,15 @@ class Agent:
         return [proc.pid]
 
     def stored_state(self) -> None:
-        """A sync put this attempt's saved state in the store (first time only): a relaunch
-        now resumes from it, so the controller may relaunch by choice (back to spot). Said
-        in the node's status too, for a controller that takes the attempt over."""
-        self.say("state_stored")
+        """A sync put more of this attempt's saved state in the store: a relaunch now
+        resumes from it, so the controller may relaunch by choice (back to spot), and a
+        `ckptN` fault counts the files. The first time in the node's status too, for a
+        controller that takes the attempt over; then only told."""
+        files = sum(s.stored_files for s in (self.sync, self.workdir) if s is not None)
+        if not self.status.snapshot().get("state_stored"):
+            self.say("state_stored", files=files)
+        else:
+            emit("state_stored", rank=self.rank, files=files)
 
     def say(self, event: str, **fields: Any) -> None:
         """A control message of the agent's own, for the controller and the node's status."""
@@ -904,7 +915,8 @@ class Agent:
                 self.log(f"final checkpoint upload failed: {exc}")
         if self.workdir is not None:
             try:  # on success the model and output data go up packed, not copied again
-                self.workdir.close(outputs=code != 0)
+                # (Its own end: exit 0, or an emergency save after a notice; not a kill.)
+                self.workdir.close(outputs=code != 0, ended_cleanly=code in (0, EXIT_PREEMPTED))
             except Exception as exc:
                 self.log(f"final working directory upload failed: {exc}")
         if self.tensorboard is not None:

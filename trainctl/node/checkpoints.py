@@ -119,10 +119,29 @@ def manifest_files(raw: bytes) -> dict[str, int]:
     return files
 
 
-def restore(store: Store, local: Path, log: Callable[[str], None]) -> dict[str, Signature]:
-    """Download the stored checkpoints into `local`; returns what is now known to be stored."""
+def restore(
+    store: Store,
+    local: Path,
+    log: Callable[[str], None],
+    *,
+    left_out: list[str] | None = None,
+) -> dict[str, Signature]:
+    """Download the stored checkpoints into `local`; returns what is now known to be stored.
+    A Trainer's `checkpoint-<n>/` without its trainer_state.json, or a DCP folder without its
+    .metadata (their last files: the node was lost while it wrote them), is not restored:
+    the script would resume from a checkpoint that is not there. Each is added to
+    `left_out` (as 'folder/')."""
+    from trainctl.node.settled import incomplete_folders
+
     local.mkdir(parents=True, exist_ok=True)
     files = stored_files(store, log)
+    for folder, last in sorted(incomplete_folders(f"./{rel}" for rel in files).items()):
+        inner = folder.removeprefix("./")
+        files = {rel: size for rel, size in files.items() if not rel.startswith(inner + "/")}
+        log(f"checkpoints: {inner}/ was being written when its node last copied it: not "
+            f"restored: no {last}")  # fmt: skip
+        if left_out is not None:
+            left_out.append(f"{inner}/")
     started = time.monotonic()
     restored = download_all(
         store,
@@ -284,8 +303,7 @@ class CheckpointSync(PeriodicSync):
         }
         self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
         self._manifest_behind = False
-        if changed:
-            self.stored_state()
+        self.stored_state(len(changed))
         for rel in deleted:  # only once no manifest of ours lists them
             self.store.delete(rel)
         return len(changed)

@@ -169,12 +169,42 @@ class LauncherNoise:
         r"Sending process \d+ closing signal)"
     )
     MAX_BLOCK = 400  # a traceback longer than this is shown whatever it is
+    # After every worker of a node succeeded, torchrun waits at an exit barrier in the store
+    # that the first node's torchrun holds; when that one has ended first, ~40 lines of
+    # c10d's C++ frames and torchelastic's traceback say so. One line says it instead.
+    C10D_START = re.compile(r"^\[[WE]\d{4} [\d:.]+ \S+\] \[c10d\] ")
+    C10D_MORE = re.compile(r"^(Exception raised from |frame #\d+: |<omitting python frames>$|$)")
+    EXIT_BARRIER = re.compile(r"^([EW]\d{4} [\d:.]+ \d+ \S+\]) Error waiting on exit barrier")
+    EXIT_BARRIER_SAID = (
+        "[trainctl] torchrun could not wait for its peers at its exit barrier (a peer's "
+        "torchrun ended first); every worker of this node had finished"
+    )
 
     def __init__(self) -> None:
         self.block: list[str] | None = None
+        self.c10d: list[str] | None = None  # c10d's C++ frames, held until what follows
+        self.barrier: str | None = None  # the log prefix of the exit barrier's traceback
 
     def feed(self, line: str, stopping: bool) -> list[str]:
         """The lines to keep, now (a traceback is held until its exception line)."""
+        if self.barrier is not None:
+            if line.startswith(self.barrier):
+                return []
+            self.barrier = None
+        if self.c10d is not None:
+            if self.C10D_MORE.match(line) and len(self.c10d) < self.MAX_BLOCK:
+                self.c10d.append(line)
+                return []
+            held, self.c10d = self.c10d, None
+            if self.EXIT_BARRIER.match(line):
+                return self.feed(line, stopping)
+            return held + self.feed(line, stopping)
+        if self.C10D_START.match(line):
+            self.c10d = [line]
+            return []
+        if found := self.EXIT_BARRIER.match(line):
+            self.barrier = found[1]
+            return [self.EXIT_BARRIER_SAID]
         if self.block is not None:
             self.block.append(line)
             body = line.rstrip()
@@ -197,7 +227,8 @@ class LauncherNoise:
 
     def flush(self) -> list[str]:
         block, self.block = self.block or [], None
-        return block
+        held, self.c10d = self.c10d or [], None
+        return held + block
 
 
 def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:

@@ -201,8 +201,30 @@ def main(args: list[str]) -> None:
         )
     if why:
         print(f"[trainctl] /opt/ml is not the node's layout: {why}", file=sys.stderr)
-    os.chdir(os.getcwd())  # the working directory by its path again: through the new mounts
+        os.chdir(os.getcwd())  # the working directory by its path again: through the mounts
+    else:
+        argv = _as_opt_ml(str(spec["opt_ml"]), argv)
     os.execvp(argv[0], argv)
+
+
+def _as_opt_ml(source: str, argv: list[str]) -> list[str]:
+    """The node's layout by SageMaker's paths: the working directory, the command's
+    arguments and every variable that name a place in `source` (SM_MODEL_DIR, SM_CHANNEL_*,
+    the code dir on PYTHONPATH...) named under /opt/ml instead. One path in every attempt,
+    on every node, as in a SageMaker container: a script (Lightning's ModelCheckpoint) that
+    keeps an absolute path from one attempt finds the same one in the next."""
+    import re
+
+    spellings = sorted({source, os.path.realpath(source)}, key=len, reverse=True)
+    inside = re.compile("|".join(re.escape(s) for s in spellings) + r"(?=/|:|$)")
+
+    def named(value: str) -> str:
+        return inside.sub(OPT_ML, value) if any(s in value for s in spellings) else value
+
+    for name, value in list(os.environ.items()):
+        os.environ[name] = named(value)
+    os.chdir(named(os.getcwd()))
+    return [named(arg) for arg in argv]
 
 
 if __name__ == "__main__":

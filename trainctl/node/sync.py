@@ -287,7 +287,7 @@ def _upload(store: Store, items: list[tuple[str, Path]], workers: int) -> set[st
 class PeriodicSync:
     """A `sync_once` pass in a background thread every `interval` seconds, or at once when
     woken; `close()` stops the thread and runs one last pass (what was written just before
-    the node ended goes up too). Subclasses write `sync_once`, and call `stored_state()`
+    the node ended goes up too). Subclasses write `sync_once`, and call `stored_state(files)`
     when a pass has put saved training state in the store (what a relaunch resumes from)."""
 
     name = "sync"
@@ -302,7 +302,7 @@ class PeriodicSync:
         self.interval = interval
         self.log = log
         self._on_state = on_state
-        self._told = False
+        self.stored_files = 0  # saved-state files this sync stored (see stored_state)
         self._lock = threading.Lock()  # one pass at a time (the thread vs. the final flush)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -352,10 +352,10 @@ class PeriodicSync:
                 )
                 failed = 0
 
-    def stored_state(self) -> None:
-        """Tell `on_state` (once) that saved state is in the store."""
-        if self._on_state is not None and not self._told:
-            self._told = True
+    def stored_state(self, files: int) -> None:
+        """A pass put `files` more saved-state files in the store: tell `on_state`."""
+        self.stored_files += files
+        if self._on_state is not None and files:
             self._on_state()
 
     def wake(self) -> None:

@@ -35,6 +35,10 @@ after a relaunch, unchanged, whichever rank saved it.
   in place caught between its open and its last write, or stopped there: see
   node.sync.unfinished) never replaces its last whole copy.
 
+- Never half a folder: the manifest's `files` (what a relaunch restores) name each unit of
+  the node's files (a file, or a folder written together: a Trainer's checkpoint-<n>/) as of
+  the newest pass at which it was settled; `pending` the newer copies (node.settled).
+
 Store layout, under `jobs/<job>/workdir/`: `node-<rank>/manifest.json` and
 `node-<rank>/a<attempt>-p<pass>/<root>/<path>` where root is code, model or output.
 """
@@ -50,6 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainctl.errors import NotFoundError
+from trainctl.node.settled import Settled, incomplete_folders
 from trainctl.node.sync import (
     SAVED_STATE_SUFFIXES,
     PeriodicSync,
@@ -161,6 +166,20 @@ class NodeRestore:
     # Saved state put back (SAVED_STATE_SUFFIXES): shown path -> which copy (see state_entry)
     state: dict[str, dict[str, int | None]] = field(default_factory=dict)
     left_out: int = 0  # files not restored: over workdir_max_mb
+    # Paths being written when the earlier attempt ended: restored as before, or not at all
+    unsettled: list[str] = field(default_factory=list)
+
+    def newest(self) -> str | None:
+        """The newest saved state put back, as a script resumes from it: its folder where it
+        lies in one ('out/checkpoint-800/'), else the file ('snapshot.pt')."""
+        if not self.state:
+            return None
+        from trainctl.node.settled import folder_kind
+
+        path = max(self.state, key=lambda p: (self.state[p]["written_ms"] or 0, p))
+        folder = path.rpartition("/")[0]
+        names = [p.rpartition("/")[2] for p in self.state if p.rpartition("/")[0] == folder]
+        return f"{folder}/" if folder and folder_kind(folder, names) else path
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -175,6 +194,8 @@ class NodeRestore:
                 ]
             ),
             "left_out": self.left_out,
+            "unsettled": self.unsettled[:STATE_FILES_REPORTED],
+            "newest": self.newest(),
         }
 
 
@@ -258,6 +279,37 @@ def _int(entry: dict, name: str) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+def _left_as_before(
+    manifests: dict[int, dict[str, Any]], plan: RestorePlan, log: Callable[[str], None]
+) -> list[str]:
+    """What was being written when the earlier attempt ended, as the user knows the paths:
+    each node's units whose newest copy never settled (restored as they were before, or
+    not at all), and the folders the nodes' copies leave without the checkpoint's last
+    file (taken out of `plan`: restoring part of a checkpoint has a script resume from one
+    that is not there)."""
+    from trainctl.node.settled import unit_of
+
+    said: dict[str, str] = {}
+    for manifest in manifests.values():
+        files, pending = manifest["files"], manifest.get("pending")
+        if not isinstance(pending, dict):
+            continue
+        names: dict[str, set[str]] = {}
+        for rel in [*files, *pending]:
+            names.setdefault(rel.rpartition("/")[0], set()).add(rel.rpartition("/")[2])
+        for rel in pending:
+            unit = unit_of(rel, lambda folder, listed=names: listed.get(folder, ()))
+            kept = any(r.startswith(unit) for r in files) if unit.endswith("/") else rel in files
+            said.setdefault(shown(unit), "restored as it was before" if kept else "not restored")
+    for folder, last in sorted(incomplete_folders(plan.copies).items()):
+        for rel in [r for r in plan.copies if r.startswith(folder + "/")]:
+            del plan.copies[rel]
+        said[shown(folder + "/")] = f"not restored: no {last}"
+    for path, how in sorted(said.items()):
+        log(f"working directory: {path} was being written when its node last copied it: {how}")
+    return sorted(said)
+
+
 def state_entry(node: int, manifest: dict[str, Any], entry: dict) -> dict[str, int | None]:
     """Which copy of a saved-state file a node put back: the node that wrote it, in which
     attempt, and when (ms): the controller compares these across the nodes of an attempt."""
@@ -281,6 +333,7 @@ def restore(
     """Put back the newest complete copy of every node's state (see restore_plan)."""
     manifests = stored_manifests(store, log)
     plan = restore_plan(manifests, rank, max_bytes)
+    unsettled = _left_as_before(manifests, plan, log)
     if plan.left_out:
         listed = ", ".join(shown(r) for r in plan.left_out[:3])
         more = " ..." if len(plan.left_out) > 3 else ""
@@ -297,12 +350,20 @@ def restore(
             log(f"working directory: skipping {rel!r} (not a path inside the node's dirs)")
             continue
         targets[key] = (str(rel), path, node, entry)
-    result = NodeRestore(left_out=len(plan.left_out))
+    result = NodeRestore(left_out=len(plan.left_out), unsettled=unsettled)
     own = manifests.get(rank, {}).get("files", {})
     for rel, (node, _) in plan.copies.items():  # this node's copies that a newer one replaces
         mine = own.get(rel)
         if node != rank and isinstance(mine, dict) and isinstance(mine.get("key"), str):
             result.superseded.append(mine["key"])
+    # The newer copies this node stored that never settled: no manifest will name them.
+    named = {e.get("key") for e in own.values() if isinstance(e, dict)}
+    pending = manifests.get(rank, {}).get("pending", {})
+    if isinstance(pending, dict):
+        for entry in pending.values():
+            key = entry.get("key") if isinstance(entry, dict) else None
+            if isinstance(key, str) and key.startswith(f"node-{rank}/") and key not in named:
+                result.superseded.append(key)
     if not targets:
         return result
     started = time.monotonic()
@@ -387,6 +448,11 @@ class WorkdirSync(PeriodicSync):
         # when the node ends, if its upload takes longer than an epoch.
         self.moving: set[str] = set()
         self.frozen = 0  # uploads made from a frozen copy
+        # What a relaunch restores: each unit as of the pass it was last settled at
+        # (node.settled); `known` above is the newest stored copy of every file.
+        self.settled = Settled(self.known)
+        self._retired: list[str] = []  # replaced versions the settled state still names
+        self.ended_cleanly = False  # the script ended by itself: the last pass waives the age
 
     def _within_cap(self, current: dict[str, Signature]) -> dict[str, Signature]:
         """The newest files up to max_bytes; the ones left out are named once per change."""
@@ -412,6 +478,7 @@ class WorkdirSync(PeriodicSync):
     def sync_once(self, roots: Iterable[str] | None = None) -> int:
         """One pass over `roots` (default all): returns how many files went up. The entries
         of roots not scanned stay as they are."""
+        started = time.time()
         scanned = tuple(roots or self.roots.dirs)
         # Another node's copy, unchanged here, is that node's to keep (and not in this
         # node's cap); once the script rewrites it, it is this node's.
@@ -426,9 +493,9 @@ class WorkdirSync(PeriodicSync):
             what="working directory",
         )  # fmt: skip
         removed = [rel for rel in in_scope if rel not in current]
-        if not changed and not removed and not self._superseded and not self._manifest_behind:
+        waiting = self.settled.published != self.known  # a unit not settled yet may be now
+        if not (changed or removed or self._superseded or self._manifest_behind or waiting):
             return 0
-        self._manifest_behind = True
         self.passes += 1
         version = f"node-{self.rank}/a{self.attempt}-p{self.passes}"
         keys = {rel: f"{version}/{rel}" for rel in changed}
@@ -461,27 +528,85 @@ class WorkdirSync(PeriodicSync):
             uploaded_rels.append(rel)
         for rel in removed:
             stale.append(self.known.pop(rel)[1])
-        manifest = {
-            "node": self.rank,
-            "attempt": self.attempt,
-            "time": time.time(),
-            "files": {
-                rel: {"key": key, "size": sig[0], "mtime_ns": sig[1]}
-                for rel, (sig, key) in sorted(self.known.items())
-            },
-        }
-        self.store.put_text(manifest_key(self.rank), json.dumps(manifest))
-        self._manifest_behind = False
-        stale += self._superseded
+        published = self._settle(scanned, scan, current, started)
+        if changed or removed or published or self._superseded or self._manifest_behind:
+            self._manifest_behind = True
+            self.store.put_text(manifest_key(self.rank), json.dumps(self._manifest()))
+            self._manifest_behind = False
+        stale += self._superseded + self._retired
         self._superseded = []
-        if any(PurePosixPath(r).suffix.lower() in SAVED_STATE_SUFFIXES for r in uploaded_rels):
-            self.stored_state()  # a snapshot.pt, not just any file the script wrote
+        saved = [  # a snapshot.pt, not just any file the script wrote
+            r
+            for r in published
+            if r in self.settled.published
+            and PurePosixPath(r).suffix.lower() in SAVED_STATE_SUFFIXES
+        ]
+        self.stored_state(len(saved))
+        named = self.settled.referenced() | {key for _, key in self.known.values()}
+        self._retired = [key for key in stale if key in named]
         for key in stale:  # only once the manifest no longer names them
+            if key in named:
+                continue
             try:
                 self.store.delete(key)
             except Exception as exc:  # an orphaned version costs space, not correctness
                 self.log(f"working directory: could not delete {key}: {exc}")
         return len(uploaded)
+
+    def _settle(
+        self,
+        scanned: tuple[str, ...],
+        before: dict[str, Signature],
+        current: dict[str, Signature],
+        started: float,
+    ) -> list[str]:
+        """Bring the settled state up to this pass (node.settled); the paths it changed."""
+        after = {
+            rel: sig
+            for rel, sig in self.roots.scan(scanned).items()
+            if self.borrowed.get(rel) != sig and (rel in current or rel not in before)
+        }
+        previous = dict(self.settled.published)
+        self.settled.update(
+            self.known, current, after, scanned=scanned, started=started,
+            ended_cleanly=self.ended_cleanly and self.last_pass, changed_at=self._listed_at,
+        )  # fmt: skip
+        published = self.settled.published
+        if self.last_pass and self.settled.unsettled:
+            for unit, why in sorted(self.settled.unsettled.items()):
+                self.log(
+                    f"working directory: {shown(unit)} is kept as it was before ({why}): "
+                    "a relaunch restores it so, or not at all"
+                )
+        return [rel for rel in {*previous, *published} if previous.get(rel) != published.get(rel)]
+
+    def _listed_at(self, folder: str) -> float | None:
+        """When the entries of the state folder 'root/dir' last changed (None: gone)."""
+        root, _, inner = folder.partition("/")
+        try:
+            return os.stat(self.roots.dirs[root] / inner).st_mtime
+        except (OSError, KeyError):
+            return None
+
+    def _manifest(self) -> dict[str, Any]:
+        """`files`: what a relaunch restores (the settled state); `pending`: the newer
+        copies stored meanwhile (their keys, for whoever cleans up after this node)."""
+
+        def entry(sig: Signature, key: str) -> dict[str, Any]:
+            return {"key": key, "size": sig[0], "mtime_ns": sig[1]}
+
+        published = self.settled.published
+        return {
+            "node": self.rank,
+            "attempt": self.attempt,
+            "time": time.time(),
+            "files": {rel: entry(*published[rel]) for rel in sorted(published)},
+            "pending": {
+                rel: entry(sig, key)
+                for rel, (sig, key) in sorted(self.known.items())
+                if published.get(rel) != (sig, key)
+            },
+        }
 
     def _freeze(
         self, paths: dict[str, Path | None], current: dict[str, Signature]
@@ -517,9 +642,11 @@ class WorkdirSync(PeriodicSync):
             for copy in self.staging.iterdir():
                 copy.unlink(missing_ok=True)
 
-    def close(self, *, outputs: bool = True) -> None:
+    def close(self, *, outputs: bool = True, ended_cleanly: bool = False) -> None:
         """The last pass. `outputs=False` (the node succeeded: its model and output data go
-        up packed) copies the working directory alone, not the same bytes twice."""
+        up packed) copies the working directory alone, not the same bytes twice.
+        `ended_cleanly`: the script ended by itself (see node.settled)."""
+        self.ended_cleanly = ended_cleanly
         self.halt()
         roots = None if outputs else [r for r in self.roots.dirs if r not in PACKED_ROOTS]
         with self._lock:

@@ -12,7 +12,7 @@ from trainctl.errors import SpecError
 
 FAULT_RE = re.compile(
     r"(kill|notice|nocapacity):((?:algo-[1-9][0-9]*|[0-9]+)(?:,(?:algo-[1-9][0-9]*|[0-9]+))*)"
-    r"@(step[0-9]+|[0-9]+(?:\.[0-9]+)?)"
+    r"@(step[0-9]+|ckpt[0-9]+|[0-9]+(?:\.[0-9]+)?)"
     r"(?:\+([0-9]+(?:\.[0-9]+)?))?"
 )
 
@@ -20,8 +20,9 @@ FAULT_RE = re.compile(
 FAULT_FORMAT = (
     "KIND:NODE@WHEN with KIND kill, notice or nocapacity, NODE a rank (0, 1, ...) or "
     "algo-N, or several joined by commas (hit at once), WHEN seconds into the attempt's "
-    "training or stepN (once the script has reported step N); nocapacity takes +SECONDS too "
-    "(how long no replacement can be had)"
+    "training, stepN (once the script has reported step N) or ckptN (once the attempt's "
+    "nodes have stored N checkpoint files: a script that reports no steps); nocapacity takes "
+    "+SECONDS too (how long no replacement can be had)"
 )
 
 
@@ -39,6 +40,10 @@ class Fault(BaseModel):
     # Instead of `at`: once the attempt's script has reported this step (a condition, not a
     # time, so the fault hits the same point of training on a fast machine and a slow one).
     step: int | None = None
+    # Instead of `at`: once the attempt's nodes have stored this many checkpoint files (their
+    # checkpoint dirs' files and saved-state files of their working dirs): the point of
+    # training a script that reports no steps reaches on any machine.
+    checkpoints: int | None = None
     duration: float | None = None
     others: tuple[int, ...] = ()
 
@@ -65,12 +70,15 @@ class Fault(BaseModel):
         duration = float(m.group(4)) if m.group(4) is not None else None
         when = m.group(3)
         step = int(when[4:]) if when.startswith("step") else None
+        checkpoints = int(when[4:]) if when.startswith("ckpt") else None
+        timed = step is None and checkpoints is None
         return cls(
             kind=m.group(1),
             rank=ranks[0],
             others=tuple(ranks[1:]),
-            at=0.0 if step is not None else float(when),
+            at=float(when) if timed else 0.0,
             step=step,
+            checkpoints=checkpoints,
             duration=duration,
         )
 
@@ -78,13 +86,18 @@ class Fault(BaseModel):
         tail = f"+{self.duration:g}" if self.duration is not None else ""
         nodes = ",".join(str(r) for r in self.ranks)
         when = f"step{self.step}" if self.step is not None else f"{self.at:g}"
+        if self.checkpoints is not None:
+            when = f"ckpt{self.checkpoints}"
         return f"{self.kind}:{nodes}@{when}{tail}"
 
-    def due(self, elapsed: float, step: int | None) -> bool:
+    def due(self, elapsed: float, step: int | None, stored: int = 0) -> bool:
         """Whether the fault fires now: `elapsed` seconds into the attempt's training, with
-        the script's latest reported `step` (None: none yet)."""
+        the script's latest reported `step` (None: none yet) and `stored` checkpoint files
+        stored by the attempt's nodes."""
         if self.step is not None:
             return step is not None and step >= self.step
+        if self.checkpoints is not None:
+            return stored >= self.checkpoints
         return elapsed >= self.at
 
 
