@@ -62,4 +62,7 @@ unset CI
 # kills mid-save under load.
 "$VENV/bin/pytest" -q -p no:cacheprovider -n 2 --dist loadfile -rs \
   tests/e2e/test_sagemaker_shim.py tests/e2e/test_tensorboard.py tests/e2e/test_estimate.py \
-  tests/e2e/test_half_written.py tests/unit/test_fresh_machine.py "$@"
+  tests/e2e/test_half_written.py tests/unit/test_fresh_machine.py \
+  "tests/e2e/test_resume_patterns.py::test_rank_0s_state_resumes_every_rank_after_a_lost_node[hf_trainer-local]" \
+  "tests/e2e/test_resume_patterns.py::test_rank_0s_state_resumes_every_rank_after_a_lost_node[lightning-local]" \
+  "$@"
