@@ -133,3 +133,22 @@ def test_nodes_that_never_trained_together_are_a_warning(home):
     assert "the 2 nodes never trained together" in apart[0]["why"], apart
     assert "Trainer(num_nodes=2)" in apart[0]["why"], apart
     assert info["warnings"] == [apart[0]["why"]]  # `status` shows it too
+
+
+@pytest.mark.timeout(240)
+def test_ranks_that_formed_a_group_but_never_trained_through_it_are_a_warning(home):
+    """A Hugging Face Trainer on CPU without use_cpu=True: every rank joins the process
+    group across the 2 nodes (only barriers go through it) and trains alone (NOT_PARALLEL).
+    The group alone is no proof of training together: the warning names use_cpu."""
+    job = Estimator(
+        entry_point="train.py",
+        source_dir=str(FIXTURES / "hf_trainer"),
+        instance_count=2,
+        distribution=TORCHRUN,
+        hyperparameters={"max-steps": 4, "save-steps": 100, "use-cpu": 0},
+    ).fit(logs=False)
+    info = job.describe()
+    assert info["state"] == "Completed"
+    apart = [e["why"] for e in job.events() if e["type"] == "trained_apart"]
+    assert len(apart) == 1 and "none trained through it" in apart[0], apart
+    assert "TrainingArguments(use_cpu=True)" in apart[0] and info["warnings"] == apart

@@ -131,8 +131,14 @@ def test_nodes_that_never_formed_a_group_across_them_trained_apart() -> None:
     assert "Trainer(num_nodes=2)" in warning and "WORLD_SIZE=2" in warning
     per_node = [{"exit_code": 0, "groups": {"ranks": 2, "largest": 2}}] * 2  # one per node
     assert "had 2 rank(s), one node's" in (trained_apart(_cluster(2, 2), per_node) or "")
-    together = [{"groups": {"ranks": 1, "largest": 2}}, {"groups": {"ranks": 1, "largest": 2}}]
+    together = [{"exit_code": 0, "groups": {"ranks": 1, "largest": 2, "used": True}}] * 2
     assert trained_apart(_cluster(2, 1), together) is None
+    older = [{"exit_code": 0, "groups": {"ranks": 1, "largest": 2}}] * 2  # (no "used")
+    assert trained_apart(_cluster(2, 1), older) is None
+    # A Trainer on CPU without use_cpu: a group across the nodes, only barriers through it.
+    unused = [{"exit_code": 0, "groups": {"ranks": 1, "largest": 2, "used": False}}] * 2
+    warning = trained_apart(_cluster(2, 1), unused)
+    assert warning and "none trained through it" in warning and "use_cpu=True" in warning
     assert trained_apart(_cluster(1, 1), alone[:1]) is None  # one node: nothing to span
     unknown = [{"groups": {"ranks": 0, "largest": 0}}, alone[0]]  # the hook did not run there
     assert trained_apart(_cluster(2, 1), unknown) is None

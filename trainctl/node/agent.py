@@ -943,7 +943,7 @@ class Agent:
             from trainctl.node.ranks import groups
 
             found = groups(self.ranks_dir)
-            result["groups"] = {"ranks": found.ranks, "largest": found.largest}
+            result["groups"] = {"ranks": found.ranks, "largest": found.largest, "used": found.used}
         # The log's last lines go up before the result: whoever reads the result from the
         # store (a controller that took over) then has the whole log.
         self.logs.close()

@@ -218,12 +218,14 @@ class Groups:
 
     ranks: int
     largest: int
+    used: bool = False  # a rank trained through a group (DDP, a tensor collective)
 
 
 def groups(directory: Path) -> Groups:
     """The registrations and process groups of the node's ranks, whether alive or not."""
     ranks = 0
     largest = 0
+    used = False
     for path in directory.glob("*.json"):
         try:
             data = json.loads(path.read_text())
@@ -233,11 +235,13 @@ def groups(directory: Path) -> Groups:
             ranks += 1
         for line in _lines(path.with_suffix(".groups")):
             try:
-                size = int(json.loads(line)["world_size"])
-            except (ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                used = used or entry.get("used") is True
+                size = int(entry["world_size"])
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
             largest = max(largest, size)
-    return Groups(ranks, largest)
+    return Groups(ranks, largest, used)
 
 
 def _lines(path: Path) -> list[str]:

@@ -11,7 +11,11 @@ torchrun's or the plain launcher's LOCAL_RANK, or Open MPI's rank) and only ther
   STACK_SIGNAL (a hung attempt's stacks, taken before it is stopped; nothing is stopped
   by the signal itself);
 - notes each process group `torch.distributed.init_process_group` forms, with its world
-  size, in <pid>.groups (whether a multi-node job's ranks ever trained together).
+  size, in <pid>.groups, and the first time the process trains through one (a
+  DistributedDataParallel made, or a tensor collective: all_reduce, all_gather,
+  reduce_scatter, broadcast...; not a barrier) (whether a multi-node job's ranks ever
+  trained together: a Hugging Face Trainer on CPU without use_cpu forms the group and
+  then trains each rank alone, only ever calling barrier).
 
 With TRAINCTL_PROFILE=START:COUNT (the job's `profile`), a rank also runs torch's profiler
 over its optimizer steps START to START+COUNT-1 (counted by a global optimizer step hook,
@@ -33,6 +37,15 @@ import sys
 STACK_SIGNAL_OFFSET = 6
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 C10D = "torch.distributed.distributed_c10d"
+DDP_MODULE = "torch.nn.parallel.distributed"
+# What trains through a process group (FSDP and DeepSpeed reach these too); a barrier or an
+# object collective only keeps ranks in step.
+TENSOR_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
+    "gather", "scatter",
+)  # fmt: skip
+_used = []  # [True] once this process trained through a group (noted once)
 
 
 def _rank():
@@ -63,8 +76,39 @@ def _note_group(c10d, directory):
         f.write(json.dumps(record) + "\n")
 
 
+def _note_used(directory):
+    if _used:
+        return
+    _used.append(True)
+    try:
+        with open(os.path.join(directory, f"{os.getpid()}.groups"), "a") as f:
+            f.write('{"used": true}\n')
+    except Exception:
+        pass
+
+
+def _wrap_used(owner, name, directory):
+    """`owner.name` notes, on its first call, that this process trains through a group."""
+    import functools
+
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        if not _used:
+            _note_used(directory)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapped)
+
+
 def _wrap_init(c10d, directory):
     import functools
+
+    for name in TENSOR_COLLECTIVES:  # (before torch.distributed imports their names)
+        _wrap_used(c10d, name, directory)
 
     original = c10d.init_process_group
 
@@ -136,6 +180,10 @@ def _install(directory):
     _write(os.path.join(directory, f"{pid}.json.tmp"), json.dumps(registration))
     os.replace(os.path.join(directory, f"{pid}.json.tmp"), os.path.join(directory, f"{pid}.json"))
     _after_import(C10D, lambda module: _wrap_init(module, directory))
+    _after_import(
+        DDP_MODULE,
+        lambda module: _wrap_used(module.DistributedDataParallel, "__init__", directory),
+    )
 
 
 def _after_import(name, then):
