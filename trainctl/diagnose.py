@@ -24,6 +24,7 @@ checkpoint location each), keep no warm capacity, and inject no faults.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -276,10 +277,18 @@ def _end_runs(store: Store, names: list[str]) -> None:
 
 
 def _remove_runs(store: Store, names: list[str]) -> None:
+    """Remove the runs, each once its controller has let go of it: a run stopped by a
+    SIGTERM may still hold its lease for a moment (or until it goes stale, where the
+    controller's release did not reach a busy store), and a held lease refuses the removal."""
+    from trainctl.controller.lease import lease_is_live
     from trainctl.controller.remove import remove_jobs
+    from trainctl.spec.settings import get_settings
 
     for name in names:
+        deadline = time.monotonic() + get_settings().lease_seconds + 5
         try:
+            while lease_is_live(JobStore(store, name)) and time.monotonic() < deadline:
+                time.sleep(0.25)
             remove_jobs(store, [name])
         except Exception:  # a run that could not be removed is listed by `jobs --all`
             pass
