@@ -279,6 +279,24 @@ def _int(entry: dict, name: str) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+def _superseded(own_manifest: dict[str, Any], plan: RestorePlan, rank: int) -> list[str]:
+    """This node's stored versions no manifest will name once it writes its own: its copies
+    that a newer one of another node's replaces, and its newer copies that never settled."""
+    own = own_manifest.get("files", {})
+    keys = []
+    for rel, (node, _) in plan.copies.items():
+        mine = own.get(rel)
+        if node != rank and isinstance(mine, dict) and isinstance(mine.get("key"), str):
+            keys.append(mine["key"])
+    named = {e.get("key") for e in own.values() if isinstance(e, dict)}
+    pending = own_manifest.get("pending", {})
+    for entry in pending.values() if isinstance(pending, dict) else []:
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if isinstance(key, str) and key.startswith(f"node-{rank}/") and key not in named:
+            keys.append(key)
+    return keys
+
+
 def _left_as_before(
     manifests: dict[int, dict[str, Any]], plan: RestorePlan, log: Callable[[str], None]
 ) -> list[str]:
@@ -351,19 +369,7 @@ def restore(
             continue
         targets[key] = (str(rel), path, node, entry)
     result = NodeRestore(left_out=len(plan.left_out), unsettled=unsettled)
-    own = manifests.get(rank, {}).get("files", {})
-    for rel, (node, _) in plan.copies.items():  # this node's copies that a newer one replaces
-        mine = own.get(rel)
-        if node != rank and isinstance(mine, dict) and isinstance(mine.get("key"), str):
-            result.superseded.append(mine["key"])
-    # The newer copies this node stored that never settled: no manifest will name them.
-    named = {e.get("key") for e in own.values() if isinstance(e, dict)}
-    pending = manifests.get(rank, {}).get("pending", {})
-    if isinstance(pending, dict):
-        for entry in pending.values():
-            key = entry.get("key") if isinstance(entry, dict) else None
-            if isinstance(key, str) and key.startswith(f"node-{rank}/") and key not in named:
-                result.superseded.append(key)
+    result.superseded = _superseded(manifests.get(rank, {}), plan, rank)
     if not targets:
         return result
     started = time.monotonic()
