@@ -148,9 +148,10 @@ def test_an_unchanged_tutorial_script_goes_back_to_spot_from_its_working_directo
     )
     tutorial = {"entry_point": "multinode.py", "source_dir": str(source("snapshot"))}
     job = rig.estimator(
-        # 40 epochs, 6 s of training: the snapshot stored (workdir sync, 2 s), the probe's
-        # 2 s and the lease's notice (within control_poll_seconds) all before the end
-        **tutorial, arguments=["40", "1"], hyperparameters={"epoch_delay": 0.15},
+        # 120 epochs, 18 s of training: the snapshot stored (workdir sync, 2 s), the probe's
+        # 2 s and the lease's notice (within control_poll_seconds) all before the end, on a
+        # loaded machine too (with 6 s a CI-like run once ended first: one attempt)
+        **tutorial, arguments=["120", "1"], hyperparameters={"epoch_delay": 0.15},
         use_spot_instances=True, on_demand_fallback=True,
     ).fit(logs=False)  # fmt: skip
     info = job.describe()
