@@ -52,6 +52,17 @@ def require_mpirun() -> None:
         require_part("mpirun", "mpirun not found (apt-get install openmpi-bin)")
 
 
+def wait_for(condition: Callable[[], object], timeout: float, job, what: str) -> None:
+    """Until `condition()` holds, failing at once if `job` ends first (and after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        assert job.describe()["state"] not in ("Completed", "Failed", "Stopped"), job.describe()
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never happened: {job.describe()}")
+
+
 def wait_for_log(job, text: str, timeout: float = 60.0) -> None:
     """Until `text` is in one of the job's node logs (failing early if the job ends)."""
     from trainctl.state import JobState

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.helpers import FIXTURES, log_lines
+from tests.helpers import FIXTURES, log_lines, wait_for
 from trainctl import Estimator
 
 pytestmark = pytest.mark.e2e
@@ -65,16 +64,6 @@ def stored(job) -> tuple[dict[str, Any], dict[str, Any]]:
     except (NotFoundError, ValueError):
         return {}, {}
     return manifest.get("files", {}), manifest.get("pending", {})
-
-
-def wait_for(condition, timeout: float, job, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        assert job.describe()["state"] not in ("Completed", "Failed", "Stopped"), job.describe()
-        time.sleep(0.2)
-    raise AssertionError(f"{what} never happened: {job.describe()}")
 
 
 @pytest.mark.timeout(300)

@@ -23,14 +23,13 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import FIXTURES, TORCHRUN, free_port, log_lines
+from tests.helpers import FIXTURES, TORCHRUN, free_port, log_lines, wait_for
 from tests.rigs.cloud import cloud
 from tests.rigs.providers import rig
 from trainctl import Estimator
@@ -208,16 +207,6 @@ def starts(job, attempt: int, pattern: Pattern) -> dict[int, int]:
         assert points, f"node {rank} of attempt {attempt} printed no start:\n{log[-3000:]}"
         found[rank] = points[0]
     return found
-
-
-def wait_for(condition, timeout: float, job, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        assert job.describe()["state"] not in ("Completed", "Failed", "Stopped"), job.describe()
-        time.sleep(0.3)
-    raise AssertionError(f"{what} never happened: {job.describe()}")
 
 
 # Every pattern on both rigs but the tutorial on local nodes: test_e2e_cli's tutorial test

@@ -211,15 +211,12 @@ class Agent:
         workdir = self.start_workdir_sync(members)
         self.start_tensorboard_sync()
         # Where this attempt starts from, for the record (controller: Attempt.restored).
-        ckpt_dir = "SM_CHECKPOINT_DIR/"
+        workdir["unsettled"] += [f"SM_CHECKPOINT_DIR/{folder}" for folder in half_written]
         self.say(
             "restored",
             checkpoint_files=len(checkpoints),
             checkpoint_bytes=sum(size for size, _ in checkpoints.values()),
-            **{
-                **workdir,
-                "unsettled": [*workdir.get("unsettled", []), *(ckpt_dir + f for f in half_written)],
-            },
+            **workdir,
         )
 
     def start_checkpoint_sync(self, half_written: list[str]) -> dict[str, tuple[int, int]]:

@@ -135,6 +135,8 @@ def restore(
 
     local.mkdir(parents=True, exist_ok=True)
     files = stored_files(store, log)
+    # ("./": incomplete_folders skips a working directory's roots, the first component;
+    # here every folder of the checkpoint dir counts, its top level included.)
     for folder, last in sorted(incomplete_folders(f"./{rel}" for rel in files).items()):
         inner = folder.removeprefix("./")
         files = {rel: size for rel, size in files.items() if not rel.startswith(inner + "/")}

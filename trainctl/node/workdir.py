@@ -54,7 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainctl.errors import NotFoundError
-from trainctl.node.settled import Settled, incomplete_folders
+from trainctl.node.settled import Settled, folder_kind, incomplete_folders, unit_of
 from trainctl.node.sync import (
     SAVED_STATE_SUFFIXES,
     PeriodicSync,
@@ -174,8 +174,6 @@ class NodeRestore:
         lies in one ('out/checkpoint-800/'), else the file ('snapshot.pt')."""
         if not self.state:
             return None
-        from trainctl.node.settled import folder_kind
-
         path = max(self.state, key=lambda p: (self.state[p]["written_ms"] or 0, p))
         folder = path.rpartition("/")[0]
         names = [p.rpartition("/")[2] for p in self.state if p.rpartition("/")[0] == folder]
@@ -305,8 +303,6 @@ def _left_as_before(
     not at all), and the folders the nodes' copies leave without the checkpoint's last
     file (taken out of `plan`: restoring part of a checkpoint has a script resume from one
     that is not there)."""
-    from trainctl.node.settled import unit_of
-
     said: dict[str, str] = {}
     for manifest in manifests.values():
         files, pending = manifest["files"], manifest.get("pending")
