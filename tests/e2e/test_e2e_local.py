@@ -532,6 +532,42 @@ def test_a_fault_at_the_nth_checkpoint_file_hits_a_script_that_reports_no_steps(
     assert second["started_from"].startswith("restored snapshot.pt"), second
 
 
+SLOW_START = """
+import sys, time
+import torch
+time.sleep(2)  # 40 s of imports and data loading, shortened
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(40):
+    opt.zero_grad()
+    model(torch.ones(8, 4)).sum().backward()
+    opt.step()
+    print(f"trained step {step}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_fault_after_the_first_step_waits_out_a_slow_start(home, tmp_path):
+    """`kill:0@first+1` on a script with a slow start that reports no steps: the worker
+    hook sees its first optimizer step, the fault fires a second after it (a plain `@1`
+    lands in the imports), and the start-up's stages are known without a reported step."""
+    from trainctl.record import JobStore
+
+    (tmp_path / "slow.py").write_text(SLOW_START)
+    job = Estimator(entry_point="slow.py", source_dir=str(tmp_path), faults=["kill:0@first+1"]).fit(
+        logs=False
+    )
+    info = job.describe()
+    assert info["state"] == "Completed" and len(info["attempts"]) == 2, info["attempts"]
+    assert info["attempts"][0]["cause"] == "algo-1 lost: killed by injected fault kill:0@first+1"
+    logs = job.store.list(f"jobs/{job.name}/logs/attempt-1")
+    lines = [ln for i in logs for ln in log_lines(job.store.get_text(i.key))]
+    trained = [ln for ln in lines if ln.startswith("trained step ")]
+    assert 5 <= len(trained) < 40, lines  # a second of steps: hit after training, not before
+    events = JobStore(job.store, job.name).events()
+    assert [e["attempt"] for e in events if e["type"] == "startup"][:1] == [1], events
+
+
 def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     """Lost capacity is retried, but nodes that cannot even start (here: an agent
     interpreter that exits at once) would fail the same way on new capacity: after three

@@ -55,3 +55,17 @@ def test_the_faults_the_record_says_fired_never_fire_again() -> None:
         fired=["kill:1@6", "nocapacity:0@1"],
     )
     assert [str(f) for f in schedule.pending] == ["kill:1@6", "notice:0@step30"]
+
+
+def test_a_first_step_fault_counts_from_the_first_step_not_from_the_launch() -> None:
+    """`first+N`: a script with 40 s of imports is not hit before it trained at all, and
+    one that reports no steps is hit N s into its training all the same."""
+    schedule = _schedule("kill:1@first+5", "nocapacity:0@first+2.5+30")
+    assert [str(f) for f in schedule.pending] == ["kill:1@first+5", "nocapacity:0@first+2.5+30"]
+    assert not any(f.timed for f in schedule.pending)
+    assert schedule.take_due({0, 1}, elapsed=3600.0, step=None, stepping=None) is None
+    assert schedule.take_due({0, 1}, elapsed=40.0, step=None, stepping=2.0) is None
+    fired = schedule.take_due({0, 1}, elapsed=41.0, step=None, stepping=3.0)
+    assert str(fired) == "nocapacity:0@first+2.5+30" and fired.duration == 30.0
+    assert schedule.take_due({0, 1}, elapsed=42.0, step=None, stepping=4.9) is None
+    assert str(schedule.take_due({0, 1}, elapsed=44.0, step=9, stepping=5.0)) == "kill:1@first+5"

@@ -422,3 +422,30 @@ def test_the_controller_is_told_each_time_saved_state_is_stored(store, tmp_path)
     (roots.dirs["code"] / "snapshot.pt").write_bytes(zip_bytes("t"))
     assert sync.sync_once() == 1 and told == ["state", "state"]
     assert sync.stored_files == 2  # two saves of it
+
+
+def test_a_file_caught_being_written_when_its_node_dies_is_said_on_the_relaunch(store, tmp_path):
+    """A kill leaves no last pass to say what was cut short: the manifest names what the
+    newest pass caught being written, and the relaunch says it put back the last whole copy
+    (`snapshot.pt`) or nothing (`fresh.ckpt`, never whole)."""
+    roots = roots_at(tmp_path / "n0")
+    snapshot = roots.dirs["code"] / "snapshot.pt"
+    snapshot.write_bytes(zip_bytes("epoch 6"))
+    sync = sync_for(store, 0, roots)
+    assert sync.sync_once() == 1
+    snapshot.write_bytes(zip_bytes("epoch 7 " * 100)[:50])  # torch.save under way
+    (roots.dirs["code"] / "fresh.ckpt").write_bytes(b"")
+    assert sync.sync_once() == 0  # nothing whole to store; the manifest says what it caught
+    manifest = json.loads(store.get_text(manifest_key(0)))
+    assert manifest["writing"] == ["code/fresh.ckpt", "code/snapshot.pt"]
+    # (the node dies here: no last pass)
+    logs: list[str] = []
+    restored = restore(store, 0, roots_at(tmp_path / "a2"), logs.append)
+    assert restored.files == 1 and restored.unsettled == ["fresh.ckpt", "snapshot.pt"]
+    assert (tmp_path / "a2" / "code" / "snapshot.pt").read_bytes() == zip_bytes("epoch 6")
+    assert [line for line in logs if "was being written" in line] == [
+        "working directory: fresh.ckpt was being written when its node last copied it: "
+        "not restored",
+        "working directory: snapshot.pt was being written when its node last copied it: "
+        "restored as it was before",
+    ], logs

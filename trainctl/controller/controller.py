@@ -483,7 +483,10 @@ class Controller:
             return AttemptEnd("interrupted", "controller lost")
         cluster, followers = adopted
         nodes = self._follow(cluster, dict(followers))
-        self._state_stored = any((f.status() or {}).get("state_stored") for f in followers.values())
+        said = [f.status() or {} for f in followers.values()]
+        self._state_stored = any(status.get("state_stored") for status in said)
+        if any(status.get("first_step") for status in said):  # (when, the status does not say)
+            self._first_step_at = clock().monotonic()
         end = self._watch(cluster, nodes)
         if end.outcome == "interrupted" and went_with_the_controller(followers):
             return AttemptEnd("interrupted", "controller lost")
@@ -859,7 +862,8 @@ class Controller:
         elapsed = now - self._training_started
         reached = self.record.attempts[-1].last_step
         stored = sum(self._stored_files.values())
-        fault = self._faults.take_due(set(nodes), elapsed, reached, stored)
+        stepping = None if self._first_step_at is None else now - self._first_step_at
+        fault = self._faults.take_due(set(nodes), elapsed, reached, stored, stepping)
         if fault is None:
             return
         # In the record before it fires: a controller that takes over never repeats it.
@@ -911,6 +915,12 @@ class Controller:
             self._resumed(attempt, int(msg["step"]))
             if self._first_step_at is None:  # training is under way, if only to resume
                 self._first_step_at = clock().monotonic()
+            self._started_up(attempt, nodes)
+        elif event == "first_step" and isinstance(ago := msg.get("ago", 0.0), (int, float)):
+            # A rank's optimizer stepped (the worker hook): a script reporting no steps too.
+            at = clock().monotonic() - min(max(float(ago), 0.0), 60.0)
+            if self._first_step_at is None or at < self._first_step_at:
+                self._first_step_at = at
             self._started_up(attempt, nodes)
         elif event == "notice":
             self._notices.setdefault(node.rank, clock().monotonic())

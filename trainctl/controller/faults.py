@@ -23,20 +23,26 @@ class FaultSchedule:
                 left.remove(match)
         self.pending = sorted(
             left,
-            key=lambda f: (f.step is not None or f.checkpoints is not None, f.at, f.step or 0),
+            key=lambda f: (not f.timed, f.at, f.step or 0),
         )
 
     def __bool__(self) -> bool:
         return bool(self.pending)
 
     def take_due(
-        self, ranks: set[int], elapsed: float, step: int | None, stored: int = 0
+        self,
+        ranks: set[int],
+        elapsed: float,
+        step: int | None,
+        stored: int = 0,
+        stepping: float | None = None,
     ) -> Fault | None:
         """The next fault due `elapsed` seconds into the attempt's training with the
-        script at `step` and `stored` checkpoint files in the store, on an attempt with
-        these node `ranks` (taken off the schedule)."""
+        script at `step`, `stored` checkpoint files in the store and `stepping` seconds
+        since its first step, on an attempt with these node `ranks` (taken off the
+        schedule)."""
         for fault in self.pending:
-            if set(fault.ranks) <= ranks and fault.due(elapsed, step, stored):
+            if set(fault.ranks) <= ranks and fault.due(elapsed, step, stored, stepping):
                 self.pending.remove(fault)
                 return fault
         return None

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 STRAY_OUTPUT_SECONDS = 2.0
 STRAY_GRACE_SECONDS = 2.0
 OUTPUT_DRAIN_SECONDS = 60.0
+# How often the agent looks for the ranks' first optimizer step (a few names in a folder).
+FIRST_STEP_LOOK_SECONDS = 0.5
 
 
 def become_subreaper() -> bool:
@@ -612,6 +614,19 @@ class Agent:
                 self.write_status()
                 due = time.time() + refresh
 
+    def watch_first_step(self) -> None:
+        """`first_step` once a rank's optimizer first steps (the worker hook notes it), with
+        how long ago: when training began, for a script that reports no steps of its own (a
+        fault aimed N s after it)."""
+        from trainctl.node.ranks import first_stepped
+
+        while not self.stopping and not self.finished:
+            time.sleep(FIRST_STEP_LOOK_SECONDS)
+            at = first_stepped(self.ranks_dir) if self.ranks_dir is not None else None
+            if at is not None:
+                self.say("first_step", ago=round(max(0.0, time.time() - at), 3))
+                return
+
     def run(self) -> int:
         from trainctl.launcher import build_node_command
         from trainctl.launcher.mpi import starts_remotely
@@ -630,6 +645,7 @@ class Agent:
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
         background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]
+        background.append((self.watch_first_step, "first-step"))
         for work, name in background:
             threading.Thread(target=yielding(work), name=name, daemon=True).start()
         emit("agent_started", rank=self.rank, pid=os.getpid())

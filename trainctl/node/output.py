@@ -59,7 +59,7 @@ class NodeStatus:
         event, step = msg.get("event"), msg.get("step")
         with self._lock:
             f = self.fields
-            if event in ("launched", "idle", "uploading", "notice", "state_stored"):
+            if event in ("launched", "idle", "uploading", "notice", "state_stored", "first_step"):
                 f[event] = True
             elif event == "resumed" and isinstance(step, int):
                 f.setdefault("resumed", step)

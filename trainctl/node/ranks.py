@@ -6,7 +6,8 @@ The agent launches its command with the hook's directory first on PYTHONPATH and
 TRAINCTL_RANKS_DIR pointing at a directory of its node; each rank process writes its
 registration there at start-up. `dump_stacks` has faulthandler write every thread's stack of
 each rank (a signal, nothing stopped), then reads them back and says where each rank's main
-thread is: the call it waits in. `groups` says which process groups the ranks formed.
+thread is: the call it waits in. `groups` says which process groups the ranks formed, and
+`first_stepped` when a rank's optimizer first stepped.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def prepare(directory: Path) -> None:
     """An empty registration directory (the node's root may be an earlier attempt's)."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
+
+
+def first_stepped(directory: Path) -> float | None:
+    """When a rank's optimizer first stepped (the hook's <pid>.stepped; epoch seconds), or
+    None: not yet."""
+    times = []
+    for path in directory.glob("*.stepped"):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return min(times, default=None)
 
 
 def hook_env(env: dict[str, str], directory: Path) -> dict[str, str]:

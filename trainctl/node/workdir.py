@@ -315,6 +315,11 @@ def _left_as_before(
             unit = unit_of(rel, lambda folder, listed=names: listed.get(folder, ()))
             kept = any(r.startswith(unit) for r in files) if unit.endswith("/") else rel in files
             said.setdefault(shown(unit), "restored as it was before" if kept else "not restored")
+        writing = manifest.get("writing")
+        for rel in writing if isinstance(writing, list) else []:  # caught torn
+            if isinstance(rel, str):
+                how = "restored as it was before" if rel in files else "not restored"
+                said.setdefault(shown(rel), how)
     for folder, last in sorted(incomplete_folders(plan.copies).items()):
         for rel in [r for r in plan.copies if r.startswith(folder + "/")]:
             del plan.copies[rel]
@@ -455,6 +460,7 @@ class WorkdirSync(PeriodicSync):
         self.settled = Settled(self.known)
         self._retired: list[str] = []  # replaced versions the settled state still names
         self.ended_cleanly = False  # the script ended by itself: the last pass waives the age
+        self.writing: set[str] = set()  # files the newest pass caught torn (being written)
 
     def _within_cap(self, current: dict[str, Signature]) -> dict[str, Signature]:
         """The newest files up to max_bytes; the ones left out are named once per change."""
@@ -489,11 +495,12 @@ class WorkdirSync(PeriodicSync):
             {rel: sig for rel, sig in scan.items() if self.borrowed.get(rel) != sig}
         )
         in_scope = {rel for rel in self.known if rel.split("/", 1)[0] in scanned}
-        changed = [rel for rel, sig in current.items() if self.known.get(rel, (None,))[0] != sig]
+        candidates = [r for r, sig in current.items() if self.known.get(r, (None,))[0] != sig]
         changed = self.whole_only(
-            changed, self.roots.path, current, shown=shown, kept=self.known.__contains__,
+            candidates, self.roots.path, current, shown=shown, kept=self.known.__contains__,
             what="working directory",
         )  # fmt: skip
+        self._caught_writing(scanned, set(candidates) - set(changed))
         removed = [rel for rel in in_scope if rel not in current]
         waiting = self.settled.published != self.known  # a unit not settled yet may be now
         if not (changed or removed or self._superseded or self._manifest_behind or waiting):
@@ -555,6 +562,15 @@ class WorkdirSync(PeriodicSync):
                 self.log(f"working directory: could not delete {key}: {exc}")
         return len(uploaded)
 
+    def _caught_writing(self, scanned: tuple[str, ...], torn: set[str]) -> None:
+        """The files of `scanned` this pass caught being written (a torn copy not stored:
+        see whole_only), in the manifest: a kill now restores each as it was before, or
+        not at all, and the relaunch says so."""
+        writing = {rel for rel in self.writing if rel.split("/", 1)[0] not in scanned} | torn
+        if writing != self.writing:
+            self.writing = writing
+            self._manifest_behind = True
+
     def _settle(
         self,
         scanned: tuple[str, ...],
@@ -592,7 +608,8 @@ class WorkdirSync(PeriodicSync):
 
     def _manifest(self) -> dict[str, Any]:
         """`files`: what a relaunch restores (the settled state); `pending`: the newer
-        copies stored meanwhile (their keys, for whoever cleans up after this node)."""
+        copies stored meanwhile (their keys, for whoever cleans up after this node);
+        `writing`: the files the newest pass caught being written (no copy stored)."""
 
         def entry(sig: Signature, key: str) -> dict[str, Any]:
             return {"key": key, "size": sig[0], "mtime_ns": sig[1]}
@@ -608,6 +625,7 @@ class WorkdirSync(PeriodicSync):
                 for rel, (sig, key) in sorted(self.known.items())
                 if published.get(rel) != (sig, key)
             },
+            "writing": sorted(self.writing),
         }
 
     def _freeze(

@@ -12,7 +12,7 @@ from trainctl.errors import SpecError
 
 FAULT_RE = re.compile(
     r"(kill|notice|nocapacity):((?:algo-[1-9][0-9]*|[0-9]+)(?:,(?:algo-[1-9][0-9]*|[0-9]+))*)"
-    r"@(step[0-9]+|ckpt[0-9]+|[0-9]+(?:\.[0-9]+)?)"
+    r"@(step[0-9]+|ckpt[0-9]+|first\+[0-9]+(?:\.[0-9]+)?|[0-9]+(?:\.[0-9]+)?)"
     r"(?:\+([0-9]+(?:\.[0-9]+)?))?"
 )
 
@@ -20,9 +20,10 @@ FAULT_RE = re.compile(
 FAULT_FORMAT = (
     "KIND:NODE@WHEN with KIND kill, notice or nocapacity, NODE a rank (0, 1, ...) or "
     "algo-N, or several joined by commas (hit at once), WHEN seconds into the attempt's "
-    "training, stepN (once the script has reported step N) or ckptN (once the attempt's "
-    "nodes have stored N checkpoint files: a script that reports no steps); nocapacity takes "
-    "+SECONDS too (how long no replacement can be had)"
+    "training, stepN (once the script has reported step N), first+N (N seconds after the "
+    "attempt's first training step, reported or not) or ckptN (once the attempt's nodes have "
+    "stored N checkpoint files); nocapacity takes +SECONDS too (how long no replacement can "
+    "be had)"
 )
 
 
@@ -44,12 +45,21 @@ class Fault(BaseModel):
     # checkpoint dirs' files and saved-state files of their working dirs): the point of
     # training a script that reports no steps reaches on any machine.
     checkpoints: int | None = None
+    # Instead of `at`: this many seconds after the attempt's first training step (the
+    # script's first reported step or resume, else its first optimizer step as the worker
+    # hook sees it): past a slow script's imports and data loading, on any machine.
+    after_first_step: float | None = None
     duration: float | None = None
     others: tuple[int, ...] = ()
 
     @property
     def ranks(self) -> tuple[int, ...]:
         return (self.rank, *self.others)
+
+    @property
+    def timed(self) -> bool:
+        """Aimed at a time into the attempt's training (`at`), not at a point it reaches."""
+        return self.step is None and self.checkpoints is None and self.after_first_step is None
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -71,7 +81,8 @@ class Fault(BaseModel):
         when = m.group(3)
         step = int(when[4:]) if when.startswith("step") else None
         checkpoints = int(when[4:]) if when.startswith("ckpt") else None
-        timed = step is None and checkpoints is None
+        after_first_step = float(when[6:]) if when.startswith("first+") else None
+        timed = step is None and checkpoints is None and after_first_step is None
         return cls(
             kind=m.group(1),
             rank=ranks[0],
@@ -79,6 +90,7 @@ class Fault(BaseModel):
             at=float(when) if timed else 0.0,
             step=step,
             checkpoints=checkpoints,
+            after_first_step=after_first_step,
             duration=duration,
         )
 
@@ -88,12 +100,23 @@ class Fault(BaseModel):
         when = f"step{self.step}" if self.step is not None else f"{self.at:g}"
         if self.checkpoints is not None:
             when = f"ckpt{self.checkpoints}"
+        if self.after_first_step is not None:
+            when = f"first+{self.after_first_step:g}"
         return f"{self.kind}:{nodes}@{when}{tail}"
 
-    def due(self, elapsed: float, step: int | None, stored: int = 0) -> bool:
+    def due(
+        self,
+        elapsed: float,
+        step: int | None,
+        stored: int = 0,
+        stepping: float | None = None,
+    ) -> bool:
         """Whether the fault fires now: `elapsed` seconds into the attempt's training, with
-        the script's latest reported `step` (None: none yet) and `stored` checkpoint files
-        stored by the attempt's nodes."""
+        the script's latest reported `step` (None: none yet), `stored` checkpoint files
+        stored by the attempt's nodes, `stepping` seconds since its first step (None: none
+        yet)."""
+        if self.after_first_step is not None:
+            return stepping is not None and stepping >= self.after_first_step
         if self.step is not None:
             return step is not None and step >= self.step
         if self.checkpoints is not None:

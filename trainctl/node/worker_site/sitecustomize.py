@@ -15,7 +15,10 @@ torchrun's or the plain launcher's LOCAL_RANK, or Open MPI's rank) and only ther
   DistributedDataParallel made, or a tensor collective: all_reduce, all_gather,
   reduce_scatter, broadcast...; not a barrier) (whether a multi-node job's ranks ever
   trained together: a Hugging Face Trainer on CPU without use_cpu forms the group and
-  then trains each rank alone, only ever calling barrier).
+  then trains each rank alone, only ever calling barrier);
+- writes <pid>.stepped at its first optimizer step (a global step hook installed as
+  torch.optim.optimizer loads): when training began, for a script that reports no steps
+  (a fault aimed N s after the first step, the start-up's stages).
 
 With TRAINCTL_PROFILE=START:COUNT (the job's `profile`), a rank also runs torch's profiler
 over its optimizer steps START to START+COUNT-1 (counted by a global optimizer step hook,
@@ -184,6 +187,7 @@ def _install(directory):
         DDP_MODULE,
         lambda module: _wrap_used(module.DistributedDataParallel, "__init__", directory),
     )
+    _after_import(OPTIMIZER, lambda module: _note_first_step(module, directory))
 
 
 def _after_import(name, then):
@@ -195,6 +199,23 @@ def _after_import(name, then):
 
 
 OPTIMIZER = "torch.optim.optimizer"
+
+
+def _note_first_step(optimizer_module, directory):
+    """<pid>.stepped once any optimizer of the process first steps. The hook stays (torch
+    iterates its hooks as it calls them: one cannot remove itself) and returns at once."""
+    stepped = []
+
+    def after_step(optimizer, args, kwargs):
+        if stepped:
+            return
+        stepped.append(True)
+        try:
+            _write(os.path.join(directory, f"{os.getpid()}.stepped"), "")
+        except Exception:
+            pass
+
+    optimizer_module.register_optimizer_step_post_hook(after_step)
 
 
 def _profile_steps(optimizer_module, start, count, directory, rank):
