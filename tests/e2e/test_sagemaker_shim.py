@@ -42,12 +42,13 @@ def spec_of(est: PyTorch):
 
 @cache
 def engine_here() -> bool:
-    """Whether a container engine answers on this machine. Without one, SageMaker's
-    framework_version (a container image) runs as processes, with one warning; the tests
-    that pass framework_version expect that warning there (tested on its own below)."""
-    from trainctl.image.engine import find_engine
+    """Whether SageMaker's framework image can be had on this machine (an engine answers,
+    AWS credentials for ECR's pull). Where it cannot, framework_version runs as processes,
+    with one warning; the tests that pass framework_version expect that warning there
+    (tested on its own below)."""
+    from trainctl.sagemaker.images import FrameworkImage, why_not_an_image
 
-    return find_engine() is not None
+    return why_not_an_image(FrameworkImage("2.5.1", "py311")) is None
 
 
 def others(caught, *, versioned: bool = True) -> list[str]:
@@ -57,7 +58,7 @@ def others(caught, *, versioned: bool = True) -> list[str]:
     messages = [str(w.message) for w in caught]
     about_engine = [m for m in messages if m.startswith("framework_version: ")]
     assert len(about_engine) == (0 if engine_here() or not versioned else 1), messages
-    assert all("no container engine" in m for m in about_engine), about_engine
+    assert all("cannot be had here" in m for m in about_engine), about_engine
     return [m for m in messages if m not in about_engine]
 
 
@@ -264,6 +265,7 @@ def test_a_sagemaker_data_parallel_script_runs_unchanged_on_two_nodes(home, caps
         assert f"LEGACY rank={rank} world=2 local_rank=0 local_size=1 sum=3 same=True" in lines, (
             lines
         )
+        assert re.search(rf"TOOLKIT rank={rank} smddp=True properties=\d+", lines), lines
     assert est.model_data.endswith("/output/model.tar.gz")
 
 
@@ -451,7 +453,7 @@ def test_framework_version_without_a_container_engine_runs_as_processes(home, mo
         est = pytorch(instance_type="local", role=None)
     (warning,) = [str(w.message) for w in caught]
     assert warning.startswith("framework_version: 2.5.1 (py_version py311)")
-    assert "no container engine" in warning and "PyTorch" in warning
+    assert "container engines are turned off here" in warning and "PyTorch" in warning
     spec = spec_of(est)
     assert spec.framework_version is None and spec.image_uri is None and not spec.builds_image
 
@@ -622,7 +624,7 @@ def test_a_sagemaker_notebook_runs_with_only_its_imports_changed(home, tmp_path,
     assert f"file://{bucket_dir}" in text(3)
     warned = text(4)
     assert warned.count("framework_version: 2.5.1 (py_version py311)") == 1, warned
-    assert "no container engine" in warned
+    assert "container engines are turned off here" in warned
     fit = text(5)
     assert "[algo-1]" in fit and "[algo-2]" in fit and "Completed" in fit, fit
     assert "Train Epoch: 2" in fit

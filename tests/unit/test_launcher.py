@@ -639,3 +639,25 @@ def test_a_thread_count_the_user_set_wins(src: Path) -> None:
     assert inherited == {}  # the agent's environment keeps the submitter's value
     own = _spec(src, environment={"OMP_NUM_THREADS": "3"})
     assert thread_env(own, cluster, 1, cpus=8, inherited={}) == {}  # the job's, applied last
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        ("RuntimeError: operator torchvision::nms does not exist",
+         "torchvision does not match the installed torch (a CUDA torchvision beside a CPU"),
+        ("AssertionError: Torch not compiled with CUDA enabled",
+         "the script needs CUDA and this node's torch has none: run it on a GPU instance"),
+        ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+         "NVIDIA GPU and installed a driver", "the script needs a GPU and this node has none"),
+        ("KeyError: 'x'", "KeyError: 'x'"),
+    ],
+)  # fmt: skip
+def test_an_error_whose_words_do_not_say_what_to_do_is_explained_in_one_line(error, said):
+    """A CUDA torchvision beside a CPU torch, a GPU-only script on a CPU node: the reason
+    says what it means and keeps the error's own words."""
+    from trainctl.node.output import failure_from_output
+
+    reason, _ = failure_from_output(["Traceback (most recent call last):", '  File "t.py"', error])
+    assert reason is not None and reason.startswith(said) and error in reason
+    assert "\n" not in reason

@@ -215,6 +215,7 @@ def sagemaker_env(
         "module_dir": source_uri,
         "checkpoint_dir": str(layout.checkpoints(spec)),
         "log_level": spec.container_log_level,
+        **toolkit_fields(spec, cluster, rank, layout),
     }
     env = {
         "SM_TRAINING_ENV": json.dumps(training_env),
@@ -247,9 +248,83 @@ def sagemaker_env(
         "SM_MODULE_NAME": Path(spec.entry_point).stem,
         "SM_LOG_LEVEL": str(spec.container_log_level),
         "SM_NETWORK_INTERFACE_NAME": resources["network_interface_name"],
+        **{f"SM_{k.upper()}": _env_value(training_env[k]) for k in TOOLKIT_ENV},
     }
     for channel in channels:
         env[f"SM_CHANNEL_{env_suffix(channel)}"] = str(layout.channel(channel))
     for key, value in spec.hyperparameters.items():
         env[f"SM_HP_{env_suffix(key)}"] = format_hp_value(value)
     return env
+
+
+# The training toolkit's fields (sagemaker_training.environment) beyond the ones above, each
+# in SM_TRAINING_ENV, and these also as SM_<NAME> (the toolkit's to_env_vars; framework
+# parameters as SM_FRAMEWORK_PARAMS).
+TOOLKIT_ENV = (
+    "framework_params", "current_instance_type", "current_instance_group",
+    "current_instance_group_hosts", "instance_groups", "instance_groups_dict",
+    "distribution_instance_groups", "is_hetero", "framework_module", "num_neurons",
+    "output_intermediate_dir",
+)  # fmt: skip
+
+
+def framework_params(spec: JobSpec, cluster: ClusterInfo) -> dict[str, Any]:
+    """What SageMaker passes as `sagemaker_*` hyperparameters and the toolkit gives as
+    `additional_framework_parameters`: the instance type and the distribution asked for."""
+    itype = cluster.instance_type
+    params: dict[str, Any] = {
+        "sagemaker_instance_type": itype if itype.startswith("local") else f"ml.{itype}"
+    }
+    distribution = spec.distribution
+    if distribution is not None and distribution.launcher == "torchrun":
+        params["sagemaker_torch_distributed_enabled"] = True
+    if distribution is not None and distribution.smdistributed is not None:
+        params["sagemaker_distributed_dataparallel_enabled"] = True
+        params["sagemaker_distributed_dataparallel_custom_mpi_options"] = ""
+    if distribution is not None and distribution.mpi is not None and distribution.mpi.enabled:
+        params["sagemaker_mpi_enabled"] = True
+        params["sagemaker_mpi_num_of_processes_per_host"] = spec.processes_per_host or 1
+        params["sagemaker_mpi_custom_mpi_options"] = distribution.mpi.custom_mpi_options
+    return params
+
+
+def toolkit_fields(
+    spec: JobSpec, cluster: ClusterInfo, rank: int, layout: Layout
+) -> dict[str, Any]:
+    """SM_TRAINING_ENV's fields as the toolkit names them that the ones above leave out:
+    one homogeneous instance group of every host, rank 0's host the master."""
+    group = {
+        "instance_group_name": "homogeneousCluster",
+        "instance_type": cluster.instance_type,
+        "hosts": cluster.hosts,
+    }
+    params = framework_params(spec, cluster)
+    return {
+        "additional_framework_parameters": params,
+        "framework_params": params,
+        "current_instance_type": cluster.instance_type,
+        "current_instance_group": "homogeneousCluster",
+        "current_instance_group_hosts": cluster.hosts,
+        "instance_groups": ["homogeneousCluster"],
+        "instance_groups_dict": {"homogeneousCluster": group},
+        "distribution_instance_groups": ["homogeneousCluster"],
+        "distribution_hosts": cluster.hosts,
+        "is_hetero": False,
+        "is_master": rank == 0,
+        "master_hostname": cluster.master.host,
+        "framework_module": None,
+        "num_neurons": 0,
+        "module_name": Path(spec.entry_point).stem,
+        "network_interface_name": cluster.network_env.get("GLOO_SOCKET_IFNAME", "eth0"),
+        "output_intermediate_dir": str(layout.output / "intermediate"),
+        "is_modelparallel_enabled": False,
+        "is_smddpmprun_installed": False,
+        "is_smddprun_installed": False,
+    }
+
+
+def _env_value(value: Any) -> str:
+    """A toolkit value as its SM_<NAME> variable holds it (JSON but for plain strings)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)

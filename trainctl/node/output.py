@@ -275,7 +275,42 @@ def failure_from_output(lines: list[str]) -> tuple[str | None, str | None]:
         if any(line.strip().endswith(TEARDOWN_ABORT) for line in tail):
             return TEARDOWN_ABORT_REASON, "\n".join(tail)
         return _mpirun_report(clean), "\n".join(tail) or None
-    return chosen[-1].strip()[:500], "\n".join(line.rstrip() for line in chosen[-12:])
+    reason = explained(chosen[-1].strip())[:500]
+    return reason, "\n".join(line.rstrip() for line in chosen[-12:])
+
+
+# Errors whose words do not say what to do, and what they mean on a trainctl node.
+EXPLAINED = (
+    (
+        ("operator torchvision::", "does not exist"),
+        "torchvision does not match the installed torch (a CUDA torchvision beside a CPU "
+        "torch, or another release): pin the torchvision made for that torch, from the same "
+        "wheel index, or leave torchvision to the environment",
+    ),
+    (
+        ("Torch not compiled with CUDA enabled",),
+        "the script needs CUDA and this node's torch has none: run it on a GPU instance type, "
+        "or let it fall back to the CPU (torch.cuda.is_available())",
+    ),
+    (
+        ("no NVIDIA driver",),
+        "the script needs a GPU and this node has none: run it on a GPU instance type, or let "
+        "it fall back to the CPU (torch.cuda.is_available())",
+    ),
+    (
+        ("No CUDA GPUs are available",),
+        "the script needs a GPU and this node has none: run it on a GPU instance type, or let "
+        "it fall back to the CPU (torch.cuda.is_available())",
+    ),
+)
+
+
+def explained(reason: str) -> str:
+    """`reason`, and what it means where its words do not say (EXPLAINED)."""
+    for words, meaning in EXPLAINED:
+        if all(word in reason for word in words):
+            return f"{meaning} ({reason})"
+    return reason
 
 
 _MPI_PROCESS = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")

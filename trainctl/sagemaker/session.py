@@ -29,7 +29,10 @@ LOCAL_BUCKET = "trainctl-local-bucket"
 LOCAL_BUCKET_DIR = "bucket"
 # What get_execution_role() returns when no instance profile is configured: the local
 # provider needs none; an EC2 job is told once that it has none.
-ROLE_PLACEHOLDER = "arn:aws:iam::000000000000:role/trainctl-no-instance-profile-configured"
+PLACEHOLDER_ACCOUNT = "000000000000"
+ROLE_PLACEHOLDER = (
+    f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/trainctl-no-instance-profile-configured"
+)
 
 
 class Session:
@@ -84,6 +87,14 @@ class Session:
             return configured_region() or "us-east-1"
         except ImportError:  # no boto3: nothing to configure a region with
             return "us-east-1"
+
+    def account_id(self) -> str:
+        """The AWS account (STS) of an S3 store; on a file store nothing is AWS's, and it is
+        ROLE_PLACEHOLDER's account, 000000000000 (what a notebook builds into an ARN or an
+        image URI stays well-formed)."""
+        if self.local_store:
+            return PLACEHOLDER_ACCOUNT
+        return str(self.boto_session.client("sts").get_caller_identity()["Account"])
 
     @property
     def boto_session(self) -> Any:

@@ -139,11 +139,26 @@ class MPIDistribution(StrictModel):
     custom_mpi_options: str = ""
 
 
+class SMDistributed(StrictModel):
+    """SageMaker's data-parallel library, asked for by name: torchrun runs it (its ranks
+    import a stand-in over torch.distributed), and its scripts' toolkit says it is on
+    (`sagemaker_distributed_dataparallel_enabled` in SM_FRAMEWORK_PARAMS)."""
+
+    dataparallel: TorchDistributed
+
+
 class Distribution(StrictModel):
     """Which launcher runs the entry point on each host. Absent: plain `python`, once per host."""
 
     torch_distributed: TorchDistributed | None = None
     mpi: MPIDistribution | None = None
+    smdistributed: SMDistributed | None = None
+
+    @model_validator(mode="after")
+    def _smdistributed_under_torchrun(self) -> Distribution:
+        if self.smdistributed and self.launcher != "torchrun":
+            raise ValueError("smdistributed runs under torchrun: enable torch_distributed too")
+        return self
 
     @model_validator(mode="after")
     def _one_launcher(self) -> Distribution:

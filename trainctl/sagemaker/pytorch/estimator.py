@@ -8,9 +8,11 @@ How SageMaker's arguments map (every one of them is listed in trainctl.sagemaker
   gives one warning: trainctl uses the instance profile of the role's name (the one the IAM
   console makes for an EC2 role). get_execution_role()'s placeholder (no instance profile
   configured) is fine on this machine and one warning on EC2. Anything else is an error.
-- `framework_version`/`py_version`: SageMaker's PyTorch image, built with the trainctl agent
-  added, where a container engine (docker, podman) is; without one the job runs as processes
-  with the installed PyTorch, and one warning names both versions.
+- `framework_version`/`py_version`, or an `image_uri` of SageMaker's PyTorch images:
+  SageMaker's PyTorch image, built with the trainctl agent added, where it can be had; where
+  it cannot (no engine, the engine turned off, a version with no image, no AWS credentials
+  for ECR) the job runs as processes with the installed PyTorch, and one warning says why
+  (trainctl.sagemaker.images).
 - `sagemaker_session`: a trainctl.sagemaker Session is the job's store; `s3://<its default
   bucket>/...` URIs are the store's on a file store (see trainctl.sagemaker.session).
 - `input_mode`: File (each channel a copy) or FastFile (file:// channels linked), for every
@@ -33,7 +35,6 @@ import copy
 import os
 import re
 import shutil
-import sys
 import tempfile
 import weakref
 from pathlib import Path
@@ -44,6 +45,7 @@ from trainctl.estimator import Estimator
 from trainctl.estimator.inputs import TrainingInput
 from trainctl.sagemaker._compat import PASSED, check_arguments, tags_of, warn
 from trainctl.sagemaker.debugger import profile_of, tensorboard_fields
+from trainctl.sagemaker.images import FrameworkImage, as_processes, framework_image_of
 from trainctl.sagemaker.job import SageMakerTrainingJob
 from trainctl.sagemaker.session import ROLE_PLACEHOLDER, Session, warn_placeholder_role
 from trainctl.spec.uris import as_uri
@@ -164,34 +166,23 @@ def _smdistributed(options: Any) -> dict[str, Any]:
             f"smdistributed dataparallel's {option!r} tunes SageMaker's own AllReduce; "
             "here the collectives are NCCL's or gloo's, so it has no effect",
         )
-    return {DISTRIBUTIONS["torch_distributed"]: {"enabled": True}}
+    return {
+        DISTRIBUTIONS["torch_distributed"]: {"enabled": True},
+        "smdistributed": {"dataparallel": {"enabled": True}},
+    }
 
 
-def framework_without_engine(
+def framework_as_processes(
     framework_version: str | None, py_version: str | None, image_uri: str | None
 ) -> bool:
-    """Whether SageMaker's framework image is asked for where no engine can run it: then the
-    job runs as processes with the installed PyTorch, with one warning naming both."""
-    if framework_version is None or image_uri is not None:
+    """Whether SageMaker's framework image, named by `framework_version` or by its URI, runs
+    as processes with the installed PyTorch here (trainctl.sagemaker.images: one warning)."""
+    if image_uri is not None:
+        image = framework_image_of(image_uri)
+        return image is not None and as_processes(image, "image_uri")
+    if framework_version is None:
         return False
-    from trainctl.image.engine import find_engine
-
-    if find_engine() is not None:
-        return False
-    try:
-        from importlib.metadata import version
-
-        installed = f"PyTorch {version('torch')}"
-    except Exception:
-        installed = "the installed PyTorch"
-    python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
-    warn(
-        "framework_version",
-        f"{framework_version} (py_version {py_version or '-'}) is SageMaker's container image, "
-        "and no container engine (docker or podman) is here: the job runs as processes with "
-        f"{installed} ({python} here; on EC2 nodes, the image's own)",
-    )
-    return True
+    return as_processes(FrameworkImage(framework_version, py_version), "framework_version")
 
 
 def _on_ec2(instance_type: str) -> bool:
@@ -250,8 +241,8 @@ class PyTorch:
         for name in ("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri"):
             if name in fields:
                 fields[name] = self.sagemaker_session.resolve(fields[name])
-        if framework_without_engine(framework_version, py_version, image_uri):
-            framework_version = py_version = None
+        if framework_as_processes(framework_version, py_version, image_uri):
+            framework_version = py_version = image_uri = None
         self._hyperparameters = dict(hyperparameters or {})
         self._clone = None
         if kwargs.get("git_config") is not None:

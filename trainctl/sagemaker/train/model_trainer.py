@@ -31,6 +31,8 @@ from typing import Any
 
 from trainctl.errors import SpecError
 from trainctl.sagemaker._compat import tags_of, warn
+from trainctl.sagemaker.images import as_processes, framework_image_of
+from trainctl.sagemaker.session import ROLE_PLACEHOLDER
 from trainctl.sagemaker.train.configs import (
     CheckpointConfig,
     Compute,
@@ -167,6 +169,11 @@ class ModelTrainer:
                 raise _refuse(name, why)
         if local_container_root is not None:
             warn("local_container_root", "ignored: a job's files are in trainctl's store")
+        # SageMaker's own PyTorch image, where it cannot be had: the installed PyTorch (once)
+        framework = framework_image_of(training_image)
+        self._image_as_processes = framework is not None and as_processes(
+            framework, "training_image"
+        )
         self._estimator()  # bad input fails here, at construction, as SageMaker's does
 
     # -- SageMaker's builders ------------------------------------------------------------
@@ -218,7 +225,7 @@ class ModelTrainer:
         """Run the job (SageMaker's train returns None; the job is `_latest_training_job`)."""
         if input_data_config is not None:
             self.input_data_config = list(input_data_config)
-        estimator = self._estimator()
+        estimator = self._estimator(to_run=True)
         inputs = self._inputs()
         job = estimator.fit(inputs or None, wait=wait, logs=logs)
         self._latest_training_job = LatestTrainingJob(job)
@@ -249,17 +256,21 @@ class ModelTrainer:
             )
         return channels
 
-    def _estimator(self) -> Any:
-        """The trainctl Estimator of the trainer as it is now (bad input: SpecError)."""
+    def _estimator(self, *, to_run: bool = False) -> Any:
+        """The trainctl Estimator of the trainer as it is now (bad input: SpecError);
+        `to_run`: the one a job runs now (see _compute_fields)."""
         from trainctl.estimator import Estimator
         from trainctl.sagemaker.pytorch.estimator import (
             distribution_of,
             instance_profile_of,
         )
 
-        fields: dict[str, Any] = {**self._source_fields(), **self._compute_fields()}
+        fields: dict[str, Any] = {**self._source_fields(), **self._compute_fields(to_run)}
         itype = fields["instance_type"]
-        fields["instance_profile"] = instance_profile_of(self.role, itype)
+        # (get_execution_role()'s placeholder is no EC2 role to warn about where the job
+        # runs on this machine: see _compute_fields)
+        placeholder = self.role == ROLE_PLACEHOLDER and self._here_instead(itype, say=False)
+        fields["instance_profile"] = None if placeholder else instance_profile_of(self.role, itype)
         fields.update(self._stopping_fields())
         fields.update(self._output_fields())
         if self.networking is not None:
@@ -277,7 +288,7 @@ class ModelTrainer:
             fields["distribution"] = distribution_of({"mpi": self.distributed.options()})
         elif self.distributed is not None:
             raise SpecError("distributed", "must be a Torchrun or an MPI")
-        if self.training_image is not None:
+        if self.training_image is not None and not self._image_as_processes:
             fields["image_uri"] = self.training_image
         if self.metric_definitions:
             fields["metric_definitions"] = [
@@ -331,7 +342,10 @@ class ModelTrainer:
             warn("source_code.ignore_patterns", "ignored: source_dir's .trainctlignore says")
         return fields
 
-    def _compute_fields(self) -> dict[str, Any]:
+    def _compute_fields(self, to_run: bool = False) -> dict[str, Any]:
+        """The job's capacity. An EC2 type that a job is run with (`to_run`) on a file
+        store, which no EC2 node reaches, runs on this machine instead, with one warning:
+        SageMaker's examples name an `ml.` type without a local mode of their own."""
         from trainctl.sagemaker.pytorch.estimator import instance_type_of
 
         compute = self.compute
@@ -347,6 +361,8 @@ class ModelTrainer:
             raise SpecError("compute.instance_type", "is required (e.g. 'ml.p4d.24xlarge')")
         else:
             itype = instance_type_of(compute.instance_type)
+            if to_run and self._here_instead(itype, say=True):
+                itype = "local"
         fields: dict[str, Any] = {
             "instance_type": itype,
             "instance_count": compute.instance_count or 1,
@@ -357,6 +373,22 @@ class ModelTrainer:
         if itype not in ("local", "local_gpu") and compute.volume_size_in_gb not in (None, 30):
             fields["volume_size"] = compute.volume_size_in_gb
         return fields
+
+    def _here_instead(self, itype: str, *, say: bool) -> bool:
+        from trainctl.spec.catalog import CATALOG
+
+        known = CATALOG.get(itype)
+        store = self.sagemaker_session.store.uri
+        if known is None or known.provider != "aws" or store.startswith("s3://"):
+            return False
+        if say:
+            warn(
+                "compute.instance_type",
+                f"{self.compute.instance_type} runs on this machine: trainctl's store ({store}) "
+                "is not reachable from EC2; set TRAINCTL_STORE=s3://BUCKET/PREFIX to run on EC2",
+                stacklevel=5,
+            )
+        return True
 
     def _stopping_fields(self) -> dict[str, Any]:
         stop = self.stopping_condition
