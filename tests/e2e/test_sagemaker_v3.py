@@ -180,3 +180,12 @@ def test_a_framework_image_runs_as_an_image_only_where_it_can_be_had(home, monke
     monkeypatch.setattr(images, "_aws_credentials", lambda: True)
     assert images.why_not_an_image(dlc) is None
     assert images.why_not_an_image(images.FrameworkImage("2.5.1", "py311")) is None
+
+
+@pytest.mark.timeout(30)
+def test_a_model_trainer_given_to_v2s_tuner_says_where_it_goes(home):
+    from trainctl.sagemaker.tuner import ContinuousParameter, HyperparameterTuner
+
+    with pytest.raises(SpecError) as raised:
+        HyperparameterTuner(trainer(), "loss", {"lr": ContinuousParameter(0.001, 0.1)})
+    assert raised.value.field == "estimator" and "model_trainer=" in str(raised.value)

@@ -177,7 +177,7 @@ BAD_ARGS: list[tuple[str, Any, tuple[str, ...]]] = [
             "-f",
             _write(t / "d.yaml", "entry_point: src/train.py\ndistribution: {horovod: {}}\n"),
         ],
-        ("distribution", "horovod", "allowed: mpi, torch_distributed"),
+        ("distribution", "horovod", "allowed: mpi, smdistributed, torch_distributed"),
     ),
     (
         "file-hyperparameters-not-a-mapping",

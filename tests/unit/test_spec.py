@@ -75,7 +75,7 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
         "distribution-unknown-key",
         {"distribution": {"pytorchddp": {"enabled": True}}},
         "distribution",
-        ("pytorchddp", "allowed: mpi, torch_distributed"),
+        ("pytorchddp", "allowed: mpi, smdistributed, torch_distributed"),
     ),
     (
         "distribution-both",
@@ -214,7 +214,7 @@ def test_estimator_raises_spec_error_at_construction(src: Path) -> None:
     assert str(info.value).startswith("instance_count")
     with pytest.raises(SpecError) as info:
         Estimator("train.py", str(src), distribution={"pytorchddp": {}})
-    assert "allowed: mpi, torch_distributed" in str(info.value)
+    assert "allowed: mpi, smdistributed, torch_distributed" in str(info.value)
     with pytest.raises(SpecError) as info:
         Estimator("train.py", str(src), hyperparameters={"lr": float("nan")})
     assert str(info.value).startswith("hyperparameters")

@@ -46,6 +46,19 @@ NOT_TUNING = {
 class HyperparameterTuner(_Tuner):
     """trainctl's HyperparameterTuner, describing itself as SageMaker's does."""
 
+    def __init__(self, estimator: Any, *args: Any, **kwargs: Any) -> None:
+        from trainctl.sagemaker.train.model_trainer import ModelTrainer
+
+        if isinstance(estimator, ModelTrainer):
+            from trainctl.errors import SpecError
+
+            raise SpecError(
+                "estimator",
+                "a ModelTrainer is tuned by v3's tuner: from trainctl.sagemaker.train.tuner "
+                "import HyperparameterTuner; HyperparameterTuner(model_trainer=...)",
+            )
+        super().__init__(estimator, *args, **kwargs)
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **tuning_job_keys(self._record())}
 
