@@ -13,6 +13,7 @@ image is not SageMaker's: it still needs an engine, and says so.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -88,13 +89,34 @@ def why_not_an_image(image: FrameworkImage) -> str | None:
     return None
 
 
+@functools.cache
 def _aws_credentials() -> bool:
+    """Whether AWS credentials are configured: the environment, the config files, SSO, a
+    container's role; an instance role only on EC2 (elsewhere botocore would ask
+    169.254.169.254, a network call, and wait for its timeout)."""
     try:
-        from trainctl.store.boto import new_session
+        import botocore.session
 
-        return new_session().get_credentials() is not None
-    except Exception:  # no boto3, a broken config: no credentials to pull with
+        session = botocore.session.Session()
+        if not _on_ec2():
+            session.get_component("credential_provider").remove("iam-role")
+        return session.get_credentials() is not None
+    except Exception:  # no botocore, a broken config: no credentials to pull with
         return False
+
+
+def _on_ec2() -> bool:
+    for path, mark in (
+        ("/sys/devices/virtual/dmi/id/sys_vendor", "Amazon EC2"),
+        ("/sys/hypervisor/uuid", "ec2"),
+    ):
+        try:
+            with open(path) as f:
+                if f.read().strip().startswith(mark):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def as_processes(image: FrameworkImage, field: str) -> bool:
