@@ -627,6 +627,17 @@ class Agent:
                 self.say("first_step", ago=round(max(0.0, time.time() - at), 3))
                 return
 
+    def start_watching(self) -> None:
+        """The agent's threads beside the job: the lease, spot notices (EC2), the
+        heartbeat, the node's status, the ranks' first step."""
+        background = [(self.watch_lease, "lease-watch")]
+        if self.settings.imds:
+            background.append((self.watch_spot_notices, "imds"))
+        background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]
+        background.append((self.watch_first_step, "first-step"))
+        for work, name in background:
+            threading.Thread(target=yielding(work), name=name, daemon=True).start()
+
     def run(self) -> int:
         from trainctl.launcher import build_node_command
         from trainctl.launcher.mpi import starts_remotely
@@ -641,13 +652,7 @@ class Agent:
             signal.signal(signal.SIGUSR2, self.on_sigterm)
         if not become_subreaper():
             self.log("not this node's subreaper: a daemon the script starts may outlive it")
-        background = [(self.watch_lease, "lease-watch")]
-        if self.settings.imds:
-            background.append((self.watch_spot_notices, "imds"))
-        background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]
-        background.append((self.watch_first_step, "first-step"))
-        for work, name in background:
-            threading.Thread(target=yielding(work), name=name, daemon=True).start()
+        self.start_watching()
         emit("agent_started", rank=self.rank, pid=os.getpid())
         try:
             started = time.monotonic()
