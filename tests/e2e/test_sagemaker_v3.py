@@ -53,6 +53,22 @@ def test_the_distributed_local_example_runs_with_its_imports_changed(home, tmp_p
     assert (home / "store" / "jobs" / job / "output" / "model.tar.gz").is_file()
 
 
+@pytest.mark.timeout(180)
+def test_the_custom_distributed_driver_example_runs_with_its_imports_changed(home, tmp_path):
+    """A DistributedConfig of the program's own: its driver runs on the node with SageMaker's
+    variables and paths (it asserts them), and runs the entry script itself."""
+    import tarfile
+
+    done = run_program(str(V3 / "custom_driver.py"), str(tmp_path / "work"), timeout=160)
+    (job,) = re.findall(r"JOB (\S+) Completed", done.stdout)
+    assert "driver: running entry_script.py" in done.stdout and "driver: done" in done.stdout
+    assert "worker 1 epoch 2" in done.stdout
+    (ran_here,) = warned(done, "compute.instance_type")  # SageMaker's default type
+    assert ran_here.startswith("ml.m5.xlarge runs on this machine")
+    with tarfile.open(home / "store" / "jobs" / job / "output" / "model.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["results-0.json", "results-1.json"]
+
+
 @pytest.mark.timeout(300)
 def test_the_tuning_example_runs_with_its_imports_changed_and_outlives_its_program(home, tmp_path):
     from trainctl.sagemaker.train.tuner import HyperparameterTuner

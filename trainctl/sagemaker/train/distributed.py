@@ -1,6 +1,7 @@
 """`sagemaker.train.distributed`: how a ModelTrainer's job launches its processes. Torchrun
-is trainctl's torchrun launcher, MPI its Open MPI launcher; SageMaker's model parallel
-library (`smp`) runs only on SageMaker and is refused when given."""
+is trainctl's torchrun launcher, MPI its Open MPI launcher, a DistributedConfig of one's own
+a driver script each node runs; SageMaker's model parallel library (`smp`) runs only on
+SageMaker and is refused when given."""
 
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ __all__ = ["MPI", "SMP", "DistributedConfig", "Torchrun"]
 
 
 class DistributedConfig(_Config):
+    """SageMaker's base of a launch. A subclass of one's own that names a driver (the
+    properties `driver_dir`, a folder, and `driver_script`, a file in it) has each node run
+    that driver in place of the entry script, as SageMaker's custom drivers do (see
+    model_trainer)."""
+
     process_count_per_node: int | None = None
+
+    @property
+    def driver_dir(self) -> str | None:
+        return None
+
+    @property
+    def driver_script(self) -> str | None:
+        return None
 
 
 class SMP(_Config):

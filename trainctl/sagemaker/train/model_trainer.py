@@ -48,7 +48,8 @@ from trainctl.sagemaker.train.configs import (
     Tag,
     TensorBoardOutputConfig,
 )
-from trainctl.sagemaker.train.distributed import MPI, Torchrun
+from trainctl.sagemaker.train.distributed import MPI, DistributedConfig, Torchrun
+from trainctl.sagemaker.train.drivers import CHANNELS, ENTRY_POINT, StagedDriver, stage_driver
 from trainctl.spec.uris import as_uri
 
 __all__ = ["Mode", "ModelTrainer"]
@@ -146,7 +147,8 @@ class ModelTrainer:
         self.base_job_name = base_job_name
         self.source_code = source_code
         self.distributed = distributed
-        self.compute = compute or Compute(instance_type=None, instance_count=1)
+        # (SageMaker's default: one ml.m5.xlarge)
+        self.compute = compute or Compute(instance_type="ml.m5.xlarge", instance_count=1)
         self.networking = networking
         self.stopping_condition = stopping_condition
         self.training_image = training_image
@@ -254,7 +256,30 @@ class ModelTrainer:
             channels[data.channel_name] = TrainingInput(
                 uri, distribution=distribution, input_mode=mode, content_type=data.content_type
             )
+        if isinstance(self.distributed, DistributedConfig) and self.distributed.driver_script:
+            driver = self._driver()
+            for name, folder in zip(CHANNELS, (driver.code, driver.drivers), strict=True):
+                if name in channels:
+                    raise SpecError(
+                        f"input_data_config.{name}",
+                        "is the source code's or the driver's channel with a driver of your own",
+                    )
+                channels[name] = TrainingInput(as_uri(str(folder)))
         return channels
+
+    def _driver(self) -> StagedDriver:
+        """The distributed driver of the user's own, staged once (see trainctl.sagemaker.
+        train.drivers)."""
+        if getattr(self, "_staged_driver", None) is None:
+            code = self.source_code
+            if code is None or not code.source_dir or not code.entry_script:
+                raise SpecError(
+                    "source_code", "a driver of your own needs source_dir and entry_script"
+                )
+            self._staged_driver = stage_driver(
+                self, self.distributed, code.source_dir, code.entry_script
+            )
+        return self._staged_driver
 
     def _estimator(self, *, to_run: bool = False) -> Any:
         """The trainctl Estimator of the trainer as it is now (bad input: SpecError);
@@ -286,8 +311,13 @@ class ModelTrainer:
             fields["processes_per_host"] = self.distributed.process_count_per_node
         elif isinstance(self.distributed, MPI):
             fields["distribution"] = distribution_of({"mpi": self.distributed.options()})
+        elif isinstance(self.distributed, DistributedConfig) and self.distributed.driver_script:
+            driver = self._driver()
+            fields.update(source_dir=str(driver.source_dir), entry_point=ENTRY_POINT)
         elif self.distributed is not None:
-            raise SpecError("distributed", "must be a Torchrun or an MPI")
+            raise SpecError(
+                "distributed", "must be a Torchrun, an MPI or a DistributedConfig with a driver"
+            )
         if self.training_image is not None and not self._image_as_processes:
             fields["image_uri"] = self.training_image
         if self.metric_definitions:
