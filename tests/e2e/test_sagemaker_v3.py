@@ -69,6 +69,15 @@ def test_the_custom_distributed_driver_example_runs_with_its_imports_changed(hom
         assert sorted(tar.getnames()) == ["results-0.json", "results-1.json"]
 
 
+@pytest.mark.timeout(180)
+def test_the_hyperparameter_example_runs_with_its_imports_changed(home, tmp_path):
+    """Hyperparameters from a JSON and a YAML file reach the script as v3's drivers spell
+    them (`--boolean true`, JSON lists and mappings) and typed in SM_HPS."""
+    done = run_program(str(V3 / "hyperparameters.py"), str(tmp_path / "work"), timeout=160)
+    assert len(re.findall(r"JOB (json|yaml) \S+ Completed", done.stdout)) == 2, done.stdout
+    assert done.stdout.count("All hyperparameter validations passed!") == 2
+
+
 @pytest.mark.timeout(300)
 def test_the_tuning_example_runs_with_its_imports_changed_and_outlives_its_program(home, tmp_path):
     from trainctl.sagemaker.train.tuner import HyperparameterTuner

@@ -127,22 +127,28 @@ def entry_argv(spec: JobSpec, *, module_flag: str = "-m") -> list[str]:
 def script_args(spec: JobSpec) -> list[str]:
     """What the entry point gets after its name: the job's `arguments`, then each
     hyperparameter as `--key value`."""
-    return [*spec.arguments, *hyperparameter_args(spec.hyperparameters)]
+    return [
+        *spec.arguments,
+        *hyperparameter_args(spec.hyperparameters, spec.hyperparameter_style),
+    ]
 
 
-def hyperparameter_args(hyperparameters: dict[str, Any]) -> list[str]:
+def hyperparameter_args(hyperparameters: dict[str, Any], style: str = "python") -> list[str]:
     """`--key value` pairs, keys verbatim (SageMaker semantics: 'batch-size' stays as is)."""
     args: list[str] = []
     for key, value in hyperparameters.items():
-        args += [f"--{key}", format_hp_value(value)]
+        args += [f"--{key}", format_hp_value(value, style)]
     return args
 
 
-def format_hp_value(value: Any) -> str:
+def format_hp_value(value: Any, style: str = "python") -> str:
+    """A hyperparameter as the script's command line gets it: strings as they are, lists
+    and mappings as JSON; a boolean `True` (`python`: SageMaker v2's toolkit) or `true`
+    (`json`: SageMaker v3's drivers)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (dict, list)) or value is None:
-        return json.dumps(value)
+    if isinstance(value, (dict, list)) or value is None or style == "json":
+        return json.dumps(value, default=str)
     return str(value)
 
 
@@ -253,7 +259,7 @@ def sagemaker_env(
     for channel in channels:
         env[f"SM_CHANNEL_{env_suffix(channel)}"] = str(layout.channel(channel))
     for key, value in spec.hyperparameters.items():
-        env[f"SM_HP_{env_suffix(key)}"] = format_hp_value(value)
+        env[f"SM_HP_{env_suffix(key)}"] = format_hp_value(value, spec.hyperparameter_style)
     return env
 
 

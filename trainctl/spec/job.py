@@ -10,7 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -216,6 +216,15 @@ class JobSpec(StrictModel):
             sagemaker="same",
         ),
     ] = Field(default_factory=dict)
+    hyperparameter_style: Annotated[
+        Literal["python", "json"],
+        Door(
+            "How --KEY VALUE spells a value that is not a string: python (True; SageMaker "
+            "v2's training toolkit) or json (true; SageMaker v3's ModelTrainer). Lists and "
+            "mappings are JSON either way.",
+            sagemaker="mapped: ModelTrainer's jobs are json",
+        ),
+    ] = "python"
     distribution: Annotated[
         Distribution | None,
         Door(

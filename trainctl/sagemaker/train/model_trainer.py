@@ -337,6 +337,7 @@ class ModelTrainer:
         fields = {k: v for k, v in fields.items() if v is not None}
         return Estimator(
             **fields,
+            hyperparameter_style="json",  # (v3's drivers: --flag true, not True)
             base_job_name=self.base_job_name,
             store_uri=self.sagemaker_session.store.uri,
             environment=self.environment,
