@@ -214,3 +214,43 @@ def test_a_model_trainer_given_to_v2s_tuner_says_where_it_goes(home):
     with pytest.raises(SpecError) as raised:
         HyperparameterTuner(trainer(), "loss", {"lr": ContinuousParameter(0.001, 0.1)})
     assert raised.value.field == "estimator" and "model_trainer=" in str(raised.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_framework_image_whose_pull_is_refused_runs_as_processes(home, tmp_path, monkeypatch):
+    """Only trying tells that ECR refuses the pull: the image's build fails before anything
+    of the job is made, one warning names the refusal, and the job runs as processes.
+    (ECR's answer is AWS's: stood in for, with an engine and credentials said to be here.)"""
+    from trainctl.image.engine import ImageBuildError
+    from trainctl.sagemaker import SageMakerCompatibilityWarning, images
+    from trainctl.sagemaker.pytorch import PyTorch
+
+    monkeypatch.setattr(images, "why_not_an_image", lambda image: None)
+    refused = "cannot pull 763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training: denied"
+
+    tried = []
+
+    def resolve_image(spec):
+        tried.append(spec.framework_version)
+        if spec.framework_version is not None:
+            raise ImageBuildError(refused)
+        return spec
+
+    monkeypatch.setattr("trainctl.controller.submit.resolve_image", resolve_image)
+    (tmp_path / "train.py").write_text("print('TRAINED as processes')\n")
+    est = PyTorch(
+        entry_point="train.py", source_dir=str(tmp_path), framework_version="2.5.1",
+        py_version="py311", instance_type="local", instance_count=1,
+    )  # fmt: skip
+    with pytest.warns(SageMakerCompatibilityWarning) as caught:
+        est.fit(logs=False)
+    (said,) = [str(w.message) for w in caught]
+    assert said.startswith("framework_version: 2.5.1 (py_version py311) is SageMaker's")
+    assert f"building on it failed: {refused}" in said
+    job = est.latest_training_job
+    assert job.describe()["state"] == "Completed"
+    assert "TRAINED as processes" in job.store.get_text(
+        f"jobs/{job.name}/logs/attempt-1/node-0.log"
+    )
+    assert tried == ["2.5.1", None], tried  # the image first, then processes
+    assert est._estimator.spec.framework_version is None

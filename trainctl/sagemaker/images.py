@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from trainctl.errors import SpecError
 
@@ -27,6 +29,7 @@ DLC_RE = re.compile(
     r"(?:[a-z0-9-]+-)?pytorch-training(?::(?P<tag>[A-Za-z0-9_.-]+))?$"
 )
 DLC_TAG_RE = re.compile(r"^(?P<version>\d+\.\d+(?:\.\d+)?)-(?P<device>cpu|gpu)-(?P<py>py\d+)")
+T = TypeVar("T")
 DLC_ACCOUNT = "763104351884"  # (trainctl.spec.frameworks builds on the same account's images)
 # retrieve()'s other arguments: they pick among SageMaker's variants of an image (a
 # distribution's, a compiler's, JumpStart's); the PyTorch training image is the same here.
@@ -121,11 +124,37 @@ def _on_ec2() -> bool:
 
 def as_processes(image: FrameworkImage, field: str) -> bool:
     """Whether `image` runs as processes here (one warning, under `field`, says why)."""
-    from trainctl.sagemaker._compat import warn
-
     why = why_not_an_image(image)
     if why is None:
         return False
+    _say(image, why, field, stacklevel=5)
+    return True
+
+
+def fit_or_processes(
+    image: FrameworkImage | None,
+    field: str,
+    fit: Callable[[], T],
+    without_image: Callable[[], T],
+) -> T:
+    """`fit()`; where SageMaker's framework `image` turns out not to be had as the job's
+    image is built (the registry refused the pull or ECR the login: what only trying
+    tells), one warning says so and `without_image()` runs the job as processes instead.
+    Nothing of the job is made before its image is built (controller.submit.create_job)."""
+    from trainctl.image.engine import ImageBuildError
+
+    try:
+        return fit()
+    except ImageBuildError as exc:
+        if image is None:
+            raise
+        _say(image, f"building on it failed: {exc.reason}", field, stacklevel=5)
+        return without_image()
+
+
+def _say(image: FrameworkImage, why: str, field: str, *, stacklevel: int) -> None:
+    from trainctl.sagemaker._compat import warn
+
     try:
         from importlib.metadata import version
 
@@ -137,9 +166,8 @@ def as_processes(image: FrameworkImage, field: str) -> bool:
         field,
         f"{image} is SageMaker's container image and cannot be had here ({why}): the job runs "
         f"as processes with the installed PyTorch ({installed}, {python} here)",
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
-    return True
 
 
 def retrieve(

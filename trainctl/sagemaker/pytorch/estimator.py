@@ -45,7 +45,12 @@ from trainctl.estimator import Estimator
 from trainctl.estimator.inputs import TrainingInput
 from trainctl.sagemaker._compat import PASSED, check_arguments, tags_of, warn
 from trainctl.sagemaker.debugger import profile_of, tensorboard_fields
-from trainctl.sagemaker.images import FrameworkImage, as_processes, framework_image_of
+from trainctl.sagemaker.images import (
+    FrameworkImage,
+    as_processes,
+    fit_or_processes,
+    framework_image_of,
+)
 from trainctl.sagemaker.job import SageMakerTrainingJob
 from trainctl.sagemaker.session import ROLE_PLACEHOLDER, Session, warn_placeholder_role
 from trainctl.spec.uris import as_uri
@@ -241,8 +246,14 @@ class PyTorch:
         for name in ("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri"):
             if name in fields:
                 fields[name] = self.sagemaker_session.resolve(fields[name])
+        # SageMaker's image this job is built on, while it may still turn out not to be had
+        self._framework: FrameworkImage | None = None
         if framework_as_processes(framework_version, py_version, image_uri):
             framework_version = py_version = image_uri = None
+        elif framework_version is not None and image_uri is None:
+            self._framework = FrameworkImage(framework_version, py_version)
+        else:
+            self._framework = framework_image_of(image_uri)
         self._hyperparameters = dict(hyperparameters or {})
         self._clone = None
         if kwargs.get("git_config") is not None:
@@ -306,7 +317,18 @@ class PyTorch:
         if experiment_config is not None:
             warn("experiment_config", "ignored: no SageMaker Experiments", stacklevel=3)
         show = logs not in (False, "None", "Rules")
-        self._estimator.fit(self._channels(inputs), wait=wait, logs=show, job_name=job_name)
+        channels = self._channels(inputs)
+
+        def fit() -> None:
+            self._estimator.fit(channels, wait=wait, logs=show, job_name=job_name)
+
+        def without_image() -> None:
+            self._fields.update(framework_version=None, py_version=None, image_uri=None)
+            self._framework, self._estimator = None, self._build()
+            fit()
+
+        field = "image_uri" if self._fields.get("image_uri") else "framework_version"
+        fit_or_processes(self._framework, field, fit, without_image)
 
     def _channels(self, inputs: Any) -> Any:
         """`fit`'s inputs with the session's bucket URIs resolved and the estimator's

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainctl.errors import SpecError
 from trainctl.sagemaker._compat import tags_of, warn
-from trainctl.sagemaker.images import as_processes, framework_image_of
+from trainctl.sagemaker.images import as_processes, fit_or_processes, framework_image_of
 from trainctl.sagemaker.session import ROLE_PLACEHOLDER
 from trainctl.sagemaker.train.configs import (
     CheckpointConfig,
@@ -227,9 +227,17 @@ class ModelTrainer:
         """Run the job (SageMaker's train returns None; the job is `_latest_training_job`)."""
         if input_data_config is not None:
             self.input_data_config = list(input_data_config)
-        estimator = self._estimator(to_run=True)
-        inputs = self._inputs()
-        job = estimator.fit(inputs or None, wait=wait, logs=logs)
+        inputs = self._inputs() or None
+
+        def fit() -> Any:
+            return self._estimator(to_run=True).fit(inputs, wait=wait, logs=logs)
+
+        def without_image() -> Any:
+            self._image_as_processes = True
+            return fit()
+
+        framework = None if self._image_as_processes else framework_image_of(self.training_image)
+        job = fit_or_processes(framework, "training_image", fit, without_image)
         self._latest_training_job = LatestTrainingJob(job)
 
     def _inputs(self) -> dict[str, Any]:
