@@ -110,6 +110,8 @@ def test_the_tuning_example_runs_with_its_imports_changed_and_outlives_its_progr
     frame = tuner.analytics().dataframe()
     assert len(frame) == 3 and set(frame["batch-size"]) <= {32, 64, 128}
     assert frame["FinalObjectiveValue"].notna().all()
+    with pytest.raises(SpecError, match="an attached tuner has none"):
+        tuner.tune()
 
 
 def trainer(**kwargs):

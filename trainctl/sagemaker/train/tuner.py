@@ -143,6 +143,11 @@ class HyperparameterTuner:
         if kwargs:
             raise TypeError(f"tune() got an unexpected keyword argument {next(iter(kwargs))!r}")
         trainer = self.model_trainer
+        if trainer is None:
+            raise SpecError(
+                "model_trainer",
+                "an attached tuner has none: tune with a HyperparameterTuner(model_trainer=...)",
+            )
         if inputs is not None:
             trainer.input_data_config = _input_data(inputs)
         tuner = self._trainctl_tuner(to_run=True)
