@@ -85,10 +85,10 @@ def uploaded_checkpoint_step(job_name: str) -> int | None:
     import json
     import re
 
-    from trainctl.controller.submit import default_store
     from trainctl.errors import NotFoundError
     from trainctl.node.checkpoints import stored_files
     from trainctl.record import JobStore, checkpoint_store
+    from trainctl.store import default_store
     from trainctl.train.checkpoint import META_FILE, step_dir_name
 
     try:

@@ -197,7 +197,7 @@ def diagnose(
     difference from the machine's noise. The measurement runs are hidden from job lists
     and removed at the end unless `keep`. `on_start(nodes)` is told once the input is
     checked, `on_run(label, job)` as each run starts, `on_result(run)` as it ends."""
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
 
     _check_positive("steps", steps)
     _check_positive("max_seconds", max_seconds)

@@ -573,9 +573,10 @@ def test_nodes_that_never_start_fail_the_job_after_three_attempts(home, source):
     interpreter that exits at once) would fail the same way on new capacity: after three
     attempts in a row that never trained, the job fails instead of relaunching forever."""
     from trainctl.controller.controller import MAX_ATTEMPTS_NEVER_STARTED, Controller
-    from trainctl.controller.submit import create_job, default_store
+    from trainctl.controller.submit import create_job
     from trainctl.provisioning.local import LocalProvider
     from trainctl.spec.build import build_spec
+    from trainctl.store import default_store
 
     class BrokenNodes(LocalProvider):
         def node_runner(self, cluster, rank):
@@ -595,11 +596,12 @@ def test_a_relaunch_goes_on_when_the_last_attempts_capacity_was_not_all_released
     """A teardown that fails between attempts (a container engine that hangs) is said, and
     the job relaunches all the same; the job's final teardown tries again."""
     from trainctl.controller.controller import MAX_ATTEMPTS_NEVER_STARTED, Controller
-    from trainctl.controller.submit import create_job, default_store
+    from trainctl.controller.submit import create_job
     from trainctl.image.container import ContainerCleanupError
     from trainctl.provisioning.local import LocalProvider
     from trainctl.record import JobStore
     from trainctl.spec.build import build_spec
+    from trainctl.store import default_store
 
     teardowns: list[str] = []
 

@@ -64,7 +64,7 @@ def test_fit_in_a_notebook_updates_one_output_and_renders_the_job(home, tmp_path
 def test_a_kernel_interrupt_during_fit_stops_the_job(home):
     from jupyter_client.manager import start_new_kernel
 
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
 
     manager, client = start_new_kernel(kernel_name="python3")
     try:

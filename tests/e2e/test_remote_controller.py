@@ -90,7 +90,7 @@ def remote(home, sshd, monkeypatch):
 
 
 def _store():
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
 
     return default_store()
 

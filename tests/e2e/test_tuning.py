@@ -202,7 +202,7 @@ def test_a_killed_submitter_and_supervisor_lose_and_repeat_no_trial(home, tmp_pa
     )  # fmt: skip
     name = submitter.stdout.readline().strip()
     assert name.startswith("killed-"), name
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
     from trainctl.tuning.record import TuningStore
 
     store = default_store()

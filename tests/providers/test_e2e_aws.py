@@ -126,8 +126,8 @@ def _run_in_background(est: Estimator) -> tuple[threading.Thread, dict]:
 def _wait_for_checkpoint(job_name: str, step: int, runner: threading.Thread) -> bool:
     """True once the current attempt of `job_name` has a checkpoint at `step` or later
     (under CI's load two EC2 stand-ins take up to two minutes to start training)."""
-    from trainctl.controller.submit import default_store
     from trainctl.errors import NotFoundError
+    from trainctl.store import default_store
 
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and runner.is_alive():

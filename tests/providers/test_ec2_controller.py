@@ -136,6 +136,6 @@ def test_ec2_controller_needs_its_instance_profile(cloud, controller_host, monke
     with pytest.raises(SpecError, match="controller: 'ec2': the controller's instance profile"):
         ec2_digits(cloud, controller="ec2").fit(wait=False)
     assert not _controller_instances(cloud.ec2, ["pending", "running"])
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
 
     assert not list(default_store().list("jobs/")), "a job was recorded"

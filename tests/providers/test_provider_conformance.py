@@ -27,8 +27,8 @@ from tests.rigs.cloud import cloud, refuse_capacity
 from tests.rigs.providers import PROVIDERS, rig
 from tests.rigs.slurm import slurm_cluster
 from tests.rigs.sshd import job_processes
-from trainctl.controller.submit import default_store
 from trainctl.record import JobStore
+from trainctl.store import default_store
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cloud", "rig", "slurm_cluster"]  # the fixtures behind the rigs

@@ -203,9 +203,10 @@ def _controller_in_attempt_2(probe, reached: int):
     has just begun, and that attempt's two nodes (no process is read here)."""
     from trainctl.controller.attempts import LiveNode
     from trainctl.controller.controller import Controller
-    from trainctl.controller.submit import create_job, default_store
+    from trainctl.controller.submit import create_job
     from trainctl.record import Attempt, now_iso
     from trainctl.spec.build import build_spec
+    from trainctl.store import default_store
 
     store = default_store()
     record = create_job(build_spec(entry_point="probe.py", source_dir=str(probe)), store)

@@ -41,7 +41,7 @@ def complete_job_names(incomplete: str) -> list[str]:
     """TAB after a command that takes a job: the job names in the default store (the shell
     sorts them). Completion must never fail or print: any error completes nothing."""
     try:
-        from trainctl.controller.submit import default_store
+        from trainctl.store import default_store
 
         names = default_store().list_dirs("jobs")
     except Exception:

@@ -167,9 +167,9 @@ def warm(
     for the next job with the same capacity spec; --release ends them now."""
     import time
 
-    from trainctl.controller.submit import default_store
     from trainctl.errors import SpecError
     from trainctl.provisioning import get_provider
+    from trainctl.store import default_store
 
     check_output(output)
     if release and release_all:
@@ -230,7 +230,8 @@ def gc(
     import time
 
     from trainctl.controller.remove import delete_local_leftovers, local_leftovers
-    from trainctl.controller.submit import default_store, job_is_live
+    from trainctl.controller.submit import job_is_live
+    from trainctl.store import default_store
 
     check_output(output)
     regions = _regions(region, required=False)
@@ -288,9 +289,9 @@ def controller_policy() -> None:
     """Print the IAM policy the EC2 controller's role needs (`--controller ec2`): trainctl's
     EC2 resources and the store's S3 prefix. Attach it to the role of the instance profile
     named by the controller_instance_profile setting."""
-    from trainctl.controller.submit import default_store
     from trainctl.errors import SpecError
     from trainctl.provisioning.aws.controller import controller_policy as policy
+    from trainctl.store import default_store
 
     store = default_store()
     if not store.uri.startswith("s3://"):

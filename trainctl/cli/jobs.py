@@ -46,8 +46,8 @@ def jobs(
     """List jobs, newest first: name, state, instances, created (UTC), duration, attempts,
     cost. Columns a narrow terminal has no room for are left out, the least needed first;
     `-o json` has every field."""
-    from trainctl.controller.submit import default_store
     from trainctl.record import find_jobs
+    from trainctl.store import default_store
 
     check_output(output)
     store = default_store()
@@ -270,9 +270,9 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
     """Show a job's state, attempts, failure reason and model."""
     from rich.table import Table
 
-    from trainctl.controller.submit import default_store
     from trainctl.controller.supervise import controller_view
     from trainctl.record import JobStore
+    from trainctl.store import default_store
 
     check_output(output)
     jobs = JobStore(default_store(), job)
@@ -546,11 +546,12 @@ def attach(job: str = JobArg, output: str = OutputOpt) -> None:
     from contextlib import redirect_stdout
 
     from trainctl.controller.logs import LogPrinter
-    from trainctl.controller.submit import default_store, print_summary
+    from trainctl.controller.submit import print_summary
     from trainctl.controller.supervise import supervise
     from trainctl.estimator import TrainingJob
     from trainctl.record import JobStore
     from trainctl.state import JobState
+    from trainctl.store import default_store
     from trainctl.tuning.record import MAX_TUNING_NAME, TuningStore
 
     check_output(output)
@@ -612,7 +613,7 @@ def rm(
     checkpoints kept there) and node directories. A job that has not ended is refused and
     nothing is deleted."""
     from trainctl.controller.remove import removable_jobs, remove_jobs
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
 
     check_output(output)
     store = default_store()
@@ -644,8 +645,8 @@ def prune(
     """Delete every ended job (with --older-than, --state: those that match), as `rm` does;
     running jobs are never touched."""
     from trainctl.controller.remove import prune_candidates, remove_jobs
-    from trainctl.controller.submit import default_store
     from trainctl.spec.durations import parse_duration
+    from trainctl.store import default_store
 
     check_output(output)
     store = default_store()
@@ -839,8 +840,8 @@ def artifacts(
     """Browse a job's files in the store (model, outputs, logs, checkpoints); `get` a file
     or a whole folder (a checkpoint step, `output/`)."""
     from trainctl.controller.artifacts import download_artifact, job_artifacts
-    from trainctl.controller.submit import default_store
     from trainctl.errors import SpecError
+    from trainctl.store import default_store
 
     check_output(output)
     store = default_store()

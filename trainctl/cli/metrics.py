@@ -168,7 +168,7 @@ def ui(
 ) -> None:
     """A read-only web dashboard over the store: jobs, attempts, live logs, metric charts,
     artifacts."""
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
     from trainctl.ui import check_bind, read_token_file, serve
 
     on_command_line = any(a == "--token" or a.startswith("--token=") for a in sys.argv)

@@ -306,9 +306,10 @@ def submit(ctx: typer.Context, entry_point: str | None = None, **options: Any) -
 
     Words after `--` are the script's own arguments, before its hyperparameters:
     `trainctl submit multinode.py --instance-count 2 -- 50 10`."""
-    from trainctl.controller.submit import create_job, default_store, run_job
+    from trainctl.controller.submit import create_job, run_job
     from trainctl.errors import SpecError
     from trainctl.spec.build import build_spec
+    from trainctl.store import default_store
 
     output = options.pop("output")
     file: Path | None = options.pop("file")

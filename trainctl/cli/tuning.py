@@ -58,7 +58,7 @@ def tuning(
 ) -> None:
     """List tuning jobs, or one's trials with their values (the best marked *)."""
     from trainctl.cli.jobs import _console, _fitted_table, _state_text, _width
-    from trainctl.controller.submit import default_store
+    from trainctl.store import default_store
     from trainctl.tuning import TuningAnalytics, tuning_jobs, tuning_summary
     from trainctl.tuning.record import TuningStore
 

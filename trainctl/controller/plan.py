@@ -77,11 +77,12 @@ def _agent_command(
 
 def plan_job(spec: JobSpec, store: Store | None = None) -> dict[str, Any]:
     """The dry run of submitting `spec` (see the module docstring)."""
-    from trainctl.controller.submit import default_store, generate_job_name, validate_offline
+    from trainctl.controller.submit import generate_job_name, validate_offline
     from trainctl.launcher import build_node_command
     from trainctl.provisioning import get_provider
     from trainctl.spec.request import CapacityRequest
     from trainctl.spec.settings import get_settings
+    from trainctl.store import default_store
 
     store = store or default_store()
     validate_offline(spec, store.uri)

@@ -23,12 +23,8 @@ from trainctl.spec.job import JobSpec, written_uris
 from trainctl.spec.settings import get_settings
 from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
-from trainctl.store import Store, open_store
+from trainctl.store import Store, default_store, open_store
 from trainctl.version import __version__
-
-
-def default_store() -> Store:
-    return open_store(get_settings().store_uri, field="TRAINCTL_STORE")
 
 
 def generate_job_name(entry_point: str) -> str:

@@ -31,7 +31,7 @@ class TrainingJob:
     """A handle to a job in the store: describe, wait, follow logs, stop."""
 
     def __init__(self, name: str, store: Any = None) -> None:
-        from trainctl.controller.submit import default_store
+        from trainctl.store import default_store
 
         self.name = name
         self.store = store or default_store()
@@ -366,8 +366,7 @@ class Estimator:
 
     def store(self) -> Any:
         """The store this estimator's jobs go to."""
-        from trainctl.controller.submit import default_store
-        from trainctl.store import open_store
+        from trainctl.store import default_store, open_store
 
         return open_store(self.store_uri) if self.store_uri else default_store()
 

@@ -220,7 +220,6 @@ def estimate(
     CPU each); `on_start` is given the estimate without its strategies (what is known before
     any replay: its head) and the number of replays; `on_replay` is told of each as it
     ends."""
-    from trainctl.controller.submit import default_store
     from trainctl.record import JobStore
     from trainctl.replay.strategies import (
         Replay,
@@ -230,6 +229,7 @@ def estimate(
         summarize,
     )
     from trainctl.spec.catalog import CATALOG
+    from trainctl.store import default_store
 
     for field, value in (("--hours", hours), ("--save-seconds", save_seconds)):
         if value is not None and not value > 0:

@@ -50,7 +50,7 @@ class Session:
         sagemaker_config: dict | None = None,
         default_bucket_prefix: str | None = None,
     ) -> None:
-        from trainctl.controller.submit import default_store
+        from trainctl.store import default_store
 
         self.store = default_store()
         self._boto_session = boto_session

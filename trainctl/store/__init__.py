@@ -18,6 +18,7 @@ __all__ = [
     "Store",
     "LocalStore",
     "S3Store",
+    "default_store",
     "open_store",
     "parse_uri",
     "validate_uri",
@@ -31,3 +32,11 @@ def open_store(uri: str, *, field: str = "uri", pinned: bool = False) -> Store:
     if scheme == "s3":
         return S3Store(f"s3://{rest}")
     return LocalStore(Path(rest), pinned=pinned)
+
+
+def default_store() -> Store:
+    """The store of this machine's configuration (TRAINCTL_STORE / config.yaml's `store`,
+    else the home's file store)."""
+    from trainctl.spec.settings import get_settings
+
+    return open_store(get_settings().store_uri, field="TRAINCTL_STORE")

@@ -154,7 +154,7 @@ class TensorBoard:
         port: int = DEFAULT_PORT,
         refresh_seconds: float = REFRESH_SECONDS,
     ) -> None:
-        from trainctl.controller.submit import default_store
+        from trainctl.store import default_store
 
         check_host(host)
         if not 0 <= port <= 65535:

@@ -259,9 +259,8 @@ class HyperparameterTuner:
         """The tuner of an existing tuning job. One still in progress whose supervisor is
         gone (its machine or process died) is taken over: a new supervisor continues the
         same study, losing and repeating no trial."""
-        from trainctl.controller.submit import default_store
         from trainctl.estimator import Estimator
-        from trainctl.store import open_store
+        from trainctl.store import default_store, open_store
         from trainctl.tuning.ranges import range_from_dict
         from trainctl.tuning.record import TuningStore
 
