@@ -221,7 +221,7 @@ def sagemaker_env(
         "module_dir": source_uri,
         "checkpoint_dir": str(layout.checkpoints(spec)),
         "log_level": spec.container_log_level,
-        **toolkit_fields(spec, cluster, rank, layout),
+        **toolkit_fields(spec, cluster, rank, layout, resources),
     }
     env = {
         "SM_TRAINING_ENV": json.dumps(training_env),
@@ -254,7 +254,7 @@ def sagemaker_env(
         "SM_MODULE_NAME": Path(spec.entry_point).stem,
         "SM_LOG_LEVEL": str(spec.container_log_level),
         "SM_NETWORK_INTERFACE_NAME": resources["network_interface_name"],
-        **{f"SM_{k.upper()}": _env_value(training_env[k]) for k in TOOLKIT_ENV},
+        **{f"SM_{name}": _env_value(training_env[key]) for name, key in TOOLKIT_ENV.items()},
     }
     for channel in channels:
         env[f"SM_CHANNEL_{env_suffix(channel)}"] = str(layout.channel(channel))
@@ -264,14 +264,19 @@ def sagemaker_env(
 
 
 # The training toolkit's fields (sagemaker_training.environment) beyond the ones above, each
-# in SM_TRAINING_ENV, and these also as SM_<NAME> (the toolkit's to_env_vars; framework
-# parameters as SM_FRAMEWORK_PARAMS).
-TOOLKIT_ENV = (
-    "framework_params", "current_instance_type", "current_instance_group",
-    "current_instance_group_hosts", "instance_groups", "instance_groups_dict",
-    "distribution_instance_groups", "is_hetero", "framework_module", "num_neurons",
-    "output_intermediate_dir",
-)  # fmt: skip
+# in SM_TRAINING_ENV, and these also as SM_<NAME> (the toolkit's to_env_vars): variable
+# name -> SM_TRAINING_ENV key.
+TOOLKIT_ENV = {
+    "FRAMEWORK_PARAMS": "additional_framework_parameters",
+    **{
+        key.upper(): key
+        for key in (
+            "current_instance_type", "current_instance_group", "current_instance_group_hosts",
+            "instance_groups", "instance_groups_dict", "distribution_instance_groups",
+            "is_hetero", "framework_module", "num_neurons", "output_intermediate_dir",
+        )
+    },
+}  # fmt: skip
 
 
 def framework_params(spec: JobSpec, cluster: ClusterInfo) -> dict[str, Any]:
@@ -282,12 +287,14 @@ def framework_params(spec: JobSpec, cluster: ClusterInfo) -> dict[str, Any]:
         "sagemaker_instance_type": itype if itype.startswith("local") else f"ml.{itype}"
     }
     distribution = spec.distribution
-    if distribution is not None and distribution.launcher == "torchrun":
+    if distribution is None:
+        return params
+    if distribution.launcher == "torchrun":
         params["sagemaker_torch_distributed_enabled"] = True
-    if distribution is not None and distribution.smdistributed is not None:
+    if distribution.smdistributed is not None:
         params["sagemaker_distributed_dataparallel_enabled"] = True
         params["sagemaker_distributed_dataparallel_custom_mpi_options"] = ""
-    if distribution is not None and distribution.mpi is not None and distribution.mpi.enabled:
+    if distribution.mpi is not None and distribution.launcher == "mpi":
         params["sagemaker_mpi_enabled"] = True
         params["sagemaker_mpi_num_of_processes_per_host"] = spec.processes_per_host or 1
         params["sagemaker_mpi_custom_mpi_options"] = distribution.mpi.custom_mpi_options
@@ -295,24 +302,19 @@ def framework_params(spec: JobSpec, cluster: ClusterInfo) -> dict[str, Any]:
 
 
 def toolkit_fields(
-    spec: JobSpec, cluster: ClusterInfo, rank: int, layout: Layout
+    spec: JobSpec, cluster: ClusterInfo, rank: int, layout: Layout, resources: dict[str, Any]
 ) -> dict[str, Any]:
     """SM_TRAINING_ENV's fields as the toolkit names them that the ones above leave out:
-    one homogeneous instance group of every host, rank 0's host the master."""
-    group = {
-        "instance_group_name": "homogeneousCluster",
-        "instance_type": cluster.instance_type,
-        "hosts": cluster.hosts,
-    }
-    params = framework_params(spec, cluster)
+    the one homogeneous instance group of `resources` (resource_config), rank 0's host the
+    master."""
+    (group,) = resources["instance_groups"]
     return {
-        "additional_framework_parameters": params,
-        "framework_params": params,
+        "additional_framework_parameters": framework_params(spec, cluster),
         "current_instance_type": cluster.instance_type,
         "current_instance_group": "homogeneousCluster",
         "current_instance_group_hosts": cluster.hosts,
         "instance_groups": ["homogeneousCluster"],
-        "instance_groups_dict": {"homogeneousCluster": group},
+        "instance_groups_dict": {group["instance_group_name"]: group},
         "distribution_instance_groups": ["homogeneousCluster"],
         "distribution_hosts": cluster.hosts,
         "is_hetero": False,
@@ -321,7 +323,7 @@ def toolkit_fields(
         "framework_module": None,
         "num_neurons": 0,
         "module_name": Path(spec.entry_point).stem,
-        "network_interface_name": cluster.network_env.get("GLOO_SOCKET_IFNAME", "eth0"),
+        "network_interface_name": resources["network_interface_name"],
         "output_intermediate_dir": str(layout.output / "intermediate"),
         "is_modelparallel_enabled": False,
         "is_smddpmprun_installed": False,

@@ -417,9 +417,9 @@ class ModelTrainer:
         from trainctl.spec.catalog import CATALOG
 
         known = CATALOG.get(itype)
-        store = self.sagemaker_session.store.uri
-        if known is None or known.provider != "aws" or store.startswith("s3://"):
+        if known is None or known.provider != "aws" or not self.sagemaker_session.local_store:
             return False
+        store = self.sagemaker_session.store.uri
         if say:
             warn(
                 "compute.instance_type",

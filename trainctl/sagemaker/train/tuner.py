@@ -87,15 +87,15 @@ class HyperparameterTuner:
         self.model_trainer = model_trainer
         self.objective_metric_name = objective_metric_name
         self.hyperparameter_ranges = dict(hyperparameter_ranges or {})
-        self.metric_definitions = list(metric_definitions or [])
-        self.strategy = strategy
-        self.objective_type = objective_type
-        self.max_jobs = max_jobs
-        self.max_parallel_jobs = max_parallel_jobs
-        self.early_stopping_type = early_stopping_type
         self.tags = tags
+        # trainctl's tuner's arguments, as given (its base_tuning_job_name: see below)
+        self._options: dict[str, Any] = {
+            "metric_definitions": metric_definitions, "strategy": strategy,
+            "objective_type": objective_type, "max_jobs": max_jobs,
+            "max_parallel_jobs": max_parallel_jobs, "early_stopping_type": early_stopping_type,
+            "random_seed": random_seed,
+        }  # fmt: skip
         self.base_tuning_job_name = base_tuning_job_name
-        self.random_seed = random_seed
         self.latest_tuning_job: TuningJob | None = None
         self._tuner = self._trainctl_tuner(to_run=False)  # bad input fails here
 
@@ -117,14 +117,8 @@ class HyperparameterTuner:
             estimator,
             objective_metric_name=self.objective_metric_name,
             hyperparameter_ranges=self.hyperparameter_ranges,
-            metric_definitions=self.metric_definitions,
-            strategy=self.strategy,
-            objective_type=self.objective_type,
-            max_jobs=self.max_jobs,
-            max_parallel_jobs=self.max_parallel_jobs,
-            early_stopping_type=self.early_stopping_type,
             base_tuning_job_name=self.base_tuning_job_name or trainer.base_job_name,
-            random_seed=self.random_seed,
+            **self._options,
         )
 
     # -- running ---------------------------------------------------------------------------
