@@ -47,7 +47,7 @@ test: venv
 	@# Bytecode for the package and the tests' scripts, written once: the suite starts ~1,500
 	@# Python processes, and where PYTHONDONTWRITEBYTECODE is set (CI) each one would compile
 	@# every trainctl module it imports again (0.02-0.05 CPU-s a process).
-	$(PY) -m compileall -q trainctl tests examples bench > /dev/null
+	$(PY) -m compileall -q src/trainctl tests examples bench > /dev/null
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 	@test -f .pytest_cache/session-finished || { echo "pytest did not finish its session"; exit 1; }
 

@@ -23,7 +23,7 @@ import boto3
 
 from trainctl.spec.ec2types import SNAPSHOT, describe_all
 
-OUT = Path(__file__).resolve().parents[1] / "trainctl" / "spec" / "data" / SNAPSHOT
+OUT = Path(__file__).resolve().parents[1] / "src" / "trainctl" / "spec" / "data" / SNAPSHOT
 
 
 def main() -> None:

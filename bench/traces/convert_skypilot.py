@@ -1,6 +1,6 @@
 """Convert SkyPilot's public spot traces into trainctl's trace format (trainctl.spec.trace).
 
-    python bench/traces/convert_skypilot.py SPOT_TRACES_CHECKOUT [--out trainctl/replay/traces]
+    python bench/traces/convert_skypilot.py SPOT_TRACES_CHECKOUT [--out src/trainctl/replay/traces]
 
 SPOT_TRACES_CHECKOUT is a copy of https://github.com/skypilot-org/spot-traces: spot
 availability and preemption of AWS p3.2xlarge (one V100) measured by asking EC2 for N
@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # where trainctl reads its named traces (trainctl estimate --trace NAME, bench/spot.py)
-OUT = HERE.parent.parent / "trainctl" / "replay" / "traces"
+OUT = HERE.parent.parent / "src" / "trainctl" / "replay" / "traces"
 REPO = "https://github.com/skypilot-org/spot-traces"
 PRICES = {
     "spot_usd_per_hour": 0.9731,

@@ -1,6 +1,6 @@
 """Two synthetic spot traces that bound the real ones: rare and frequent outages.
 
-    python bench/traces/synthetic.py [--out trainctl/replay/traces]
+    python bench/traces/synthetic.py [--out src/trainctl/replay/traces]
 
 Each is 3 zones of a 16-instance pool over 14 days, in trainctl's trace format
 (trainctl.spec.trace). In each zone, outages start as a Poisson process and last an
@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # where trainctl reads its named traces (trainctl estimate --trace NAME, bench/spot.py)
-OUT = HERE.parent.parent / "trainctl" / "replay" / "traces"
+OUT = HERE.parent.parent / "src" / "trainctl" / "replay" / "traces"
 POOL = 16
 DAYS = 14
 ZONES = ("zone-a", "zone-b", "zone-c")

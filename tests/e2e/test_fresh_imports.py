@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.helpers import REPO
 from tests.unit.test_architecture import CLIENT, _graph, _within
 
 
@@ -58,3 +59,17 @@ def test_node_side_imports_stay_small(module: str) -> None:
     loaded = json.loads(out.stdout)
     assert [m for m in loaded if m.split(".")[0] in heavy] == []
     assert [m for m in loaded if _within(m, CLIENT)] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_clone_named_trainctl_does_not_shadow_the_package(tmp_path):
+    """A newcomer who cloned into trainctl/ and ran a script from the folder above it got
+    "cannot import name 'Estimator' from 'trainctl' (unknown location)": the clone, a folder
+    named like the package, was taken for it. Under src/ it cannot be."""
+    (tmp_path / "trainctl").symlink_to(REPO, target_is_directory=True)
+    script = "import trainctl; from trainctl import Estimator; print(trainctl.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(REPO / "src" / "trainctl" / "__init__.py")

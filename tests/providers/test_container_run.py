@@ -284,7 +284,7 @@ def write_node_rootfs(out: io.BufferedIOBase, distributions: list[str]) -> None:
         site_skipped = {f"{SITE}/{part}" for part in SKIPPED_PARTS}
         for top in tops:
             tar.add(top, arcname=f"{SITE}/{top.name}", filter=keep(site_skipped))
-        tar.add(REPO / "trainctl", arcname=f"{SITE}/trainctl", filter=keep(set()))
+        tar.add(REPO / "src" / "trainctl", arcname=f"{SITE}/trainctl", filter=keep(set()))
 
 
 def _podman() -> Engine:

@@ -11,7 +11,7 @@ import ast
 import functools
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "trainctl"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "trainctl"
 
 # Every package and top-level module of trainctl, in layers from the bottom: each may import
 # its own layer's siblings only where listed in SAME_LAYER, and any layer below. A module
@@ -282,8 +282,8 @@ def test_the_documented_layout_matches_the_tree() -> None:
     that is not there."""
     import re
 
-    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    block = text.split("```\ntrainctl/\n", 1)[1].split("```", 1)[0]
+    text = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    block = text.split("```\nsrc/trainctl/\n", 1)[1].split("```", 1)[0]
     named: set[str] = set()
     for line in block.splitlines():
         if line.startswith("  ") and not line.startswith("   "):  # an entry of trainctl/

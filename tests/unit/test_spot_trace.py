@@ -1,4 +1,4 @@
-"""Spot traces (trainctl.spec.trace): the real ones in trainctl/replay/traces read back,
+"""Spot traces (trainctl.spec.trace): the real ones in src/trainctl/replay/traces read back,
 and bad input is one line naming the row, before anything is replayed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.helpers import REPO
 from trainctl.errors import SpecError
 from trainctl.spec.trace import load_trace, parse_trace
 
-TRACES = REPO / "trainctl" / "replay" / "traces"
+TRACES = REPO / "src" / "trainctl" / "replay" / "traces"
 REAL = ["aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08", "aws-p3-1node-2023-02"]
 
 
