@@ -49,6 +49,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainctl.node",),
     ("trainctl.transport", "trainctl.image"),
     ("trainctl.provisioning",),
+    # the names a provider plug-in may import (nothing in trainctl imports it)
+    ("trainctl.plugin",),
     ("trainctl.controller",),
     # the front doors, over the controller
     ("trainctl.notebook", "trainctl.diagnose", "trainctl.replay"),

@@ -733,12 +733,12 @@ def test_capacity_gives_up_at_max_wait_saying_what_was_tried(aws: Aws) -> None:
     aws.capacity.fail_all = "InsufficientInstanceCapacity"
     with pytest.raises(CapacityError) as info:
         aws.provider().provision(CapacityRequest.of(spec), "starved", 1)
-    # rounds at t=0, 10, 30, 70; the next backoff (40 s) would pass max_wait (100 s)
+    # rounds at t=0, 10, 30, 70; the next backoff (40 s) would pass 100 s (the job's max_wait)
     assert aws.clock.sleeps == [10.0, 20.0, 40.0]
     assert len(aws.capacity.launches) == 4 * 4
     message = str(info.value)
     assert "\n" not in message
-    assert "4 round(s)" in message and "max_wait 100 s" in message
+    assert "4 round(s)" in message and "retrying for 100 s" in message
     for t in ("g5.xlarge", "g5.2xlarge"):
         for s in (s1, s2):
             assert f"{t} spot in {s} (InsufficientInstanceCapacity)" in message

@@ -163,7 +163,8 @@ def _base_type(annotation: Any) -> Any:
 
 
 def test_a_capacity_request_is_a_view_of_job_fields() -> None:
-    """A provider's request declares no field of its own: each is a JobSpec field of the
+    """A provider's request declares no field of its own but those of one call (PER_CALL,
+    set by the controller, named unlike any job field): each other is a JobSpec field of the
     same name and type, the provider blocks' too (a property where JobSpec computes it)."""
     import typing
 
@@ -176,6 +177,9 @@ def test_a_capacity_request_is_a_view_of_job_fields() -> None:
         own = typing.get_type_hints(view)
         for name in view.model_fields:
             if name in BLOCKS:
+                continue
+            if name in CapacityRequest.PER_CALL:
+                assert name not in JobSpec.model_fields, f"{name} means one thing, not two"
                 continue
             assert name in JobSpec.model_fields, f"{view.__name__}.{name} is no job field"
             assert _base_type(own[name]) == _base_type(hints[name]), (
@@ -207,8 +211,9 @@ def test_a_capacity_request_carries_the_spec_and_resizes_without_touching_it() -
     assert request.aws.root_volume_gb == 50 == spec.root_volume_gb
     assert request.aws.instance_profile == "trainer"
     assert request.output_path == "s3://bucket/out"
-    smaller = request.with_count(2).with_max_wait(0.4)
-    assert (smaller.instance_count, smaller.max_wait) == (2, 1)
+    smaller = request.with_count(2).retrying_for(0.4)
+    assert (smaller.instance_count, smaller.retry_for) == (2, 1)
+    assert request.retry_for == spec.max_wait  # a call retries for the job's budget at most
     assert request.instance_count == spec.instance_count == 4  # the job keeps its full size
     # nothing of the job's script, hyperparameters or secrets reaches a provider
     dumped = request.model_dump()

@@ -126,4 +126,3 @@ def test_make_venv_says_its_steps_and_shows_pips_progress():
     installs = [line for line in recipe.splitlines() if "install" in line and "$(PIP)" in line]
     heavy = [line for line in installs if "torch==" in line or '-e ".[dev]"' in line]
     assert len(heavy) == 2 and not any("--quiet" in line for line in heavy), installs
-

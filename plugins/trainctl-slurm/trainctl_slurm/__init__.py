@@ -1,13 +1,12 @@
 """trainctl's Slurm provider, a plug-in as any third party would ship one: this package
-registers itself through the `trainctl.providers` entry point (pyproject.toml), with its
+registers itself through the `trainctl.providers` entry point (pyproject.toml) and imports
+from trainctl only its plug-in face, `trainctl.plugin`, with its
 instance type (`slurm`) and its job options (the `slurm:` block, `--slurm-*` flags,
 `Estimator(slurm={...})`)."""
 
 from __future__ import annotations
 
-from trainctl.provisioning import ProviderPlugin
-from trainctl.provisioning.base import Provider
-from trainctl.spec.catalog import InstanceType
+from trainctl.plugin import InstanceType, Provider, ProviderPlugin
 from trainctl_slurm.options import SlurmOptions
 
 

@@ -32,30 +32,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainctl.cluster import (
+from trainctl.plugin import (
+    ATTEMPT_TAG,
+    DEFAULT_MASTER_PORT,
+    HOME_TAG,
+    JOB_TAG,
+    LOOPBACK,
+    NODE_TAG,
+    CapacityRequest,
     ClusterInfo,
+    FaultInjection,
+    JobSpec,
+    LocalProcess,
+    NoCapacityError,
     NodeInfo,
+    NodeRunner,
+    Provider,
+    RunningProcess,
+    SpecError,
+    StoppedOutsideError,
+    free_port,
+    get_settings,
     is_loopback,
     loopback_name,
     loopback_network_env,
-)
-from trainctl.errors import SpecError
-from trainctl.procs import ATTEMPT_TAG, HOME_TAG, JOB_TAG, NODE_TAG
-from trainctl.provisioning.base import (
-    DEFAULT_MASTER_PORT,
-    FaultInjection,
-    NoCapacityError,
-    NodeRunner,
-    Provider,
-    StoppedOutsideError,
     make_cluster,
 )
-from trainctl.provisioning.ports import LOOPBACK, free_port
-from trainctl.spec.job import JobSpec
-from trainctl.spec.request import CapacityRequest
-from trainctl.spec.settings import get_settings
-from trainctl.transport import RunningProcess
-from trainctl.transport.local import LocalProcess
 from trainctl_slurm import slurm
 from trainctl_slurm.options import SlurmOptions
 

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from trainctl.errors import TrainctlError
+from trainctl.plugin import TrainctlError
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo", "scancel")
 # squeue's states of an allocation that still holds (or will hold) nodes

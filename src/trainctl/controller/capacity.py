@@ -164,7 +164,7 @@ class CapacitySizer:
         while True:  # the full size, for as long as elastic_wait_seconds allows
             try:
                 cluster = self._provision(
-                    self._market(request).with_max_wait(deadline - clock().monotonic()), attempt
+                    self._market(request).retrying_for(deadline - clock().monotonic()), attempt
                 )
                 return cluster, self._resized(full, before, "capacity is back")
             except NoCapacityError as exc:
@@ -174,7 +174,7 @@ class CapacitySizer:
             clock().sleep(min(RETRY_SECONDS, max(0.0, deadline - clock().monotonic())))
         why = f"no capacity for {full} node(s) within {wait:.0f} s ({last})"
         for size in range(full - 1, spec.min_nodes - 1, -1):
-            smaller = request.with_count(size).with_max_wait(1)
+            smaller = request.with_count(size).retrying_for(1)
             if smaller.use_spot_instances and smaller.on_demand_fallback:
                 smaller = smaller.spot_only()  # on demand, the full size is as easy
             try:
@@ -185,7 +185,7 @@ class CapacitySizer:
             return cluster, self._resized(size, before, why)
         # At its minimum an elastic job waits for capacity as any job does (and falls back
         # to on-demand, at its full size, once its deadline says so).
-        smallest = request.with_count(spec.min_nodes).with_max_wait(wait)
+        smallest = request.with_count(spec.min_nodes).retrying_for(wait)
         cluster = self._until_capacity(lambda: self._provision(self._market(smallest), attempt))
         return cluster, self._resized(len(cluster.nodes), before, why)
 

@@ -1,9 +1,11 @@
 """Capacity providers behind one small interface (base.Provider, with optional capabilities),
-found by name: the built-in ones (local, ssh, aws), and plug-ins that register themselves.
+found by name in the `trainctl.providers` entry point group: trainctl's own (local, ssh, aws:
+builtin.py, named by trainctl's pyproject.toml) and plug-ins, registered the same way.
 
-A plug-in is one installed package with an entry point in the `trainctl.providers` group
-naming a `ProviderPlugin`: its name, a factory (region -> Provider), its instance types and
-its job options. Nothing in trainctl is edited for it (plugins/trainctl-slurm is one):
+A plug-in is one installed package with an entry point in that group naming a
+`ProviderPlugin`: its name, a factory (region -> Provider), its instance types and its job
+options. It imports from trainctl only `trainctl.plugin` (the face, versioned by its
+API_VERSION), and nothing in trainctl is edited for it (plugins/trainctl-slurm is one):
 
     # pyproject.toml of the plug-in
     [project.entry-points."trainctl.providers"]
@@ -13,51 +15,14 @@ its job options. Nothing in trainctl is edited for it (plugins/trainctl-slurm is
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from pydantic import BaseModel
 
 from trainctl.errors import SpecError
-from trainctl.provisioning.base import Provider
-from trainctl.spec.catalog import CATALOG, InstanceType, installed_plugins
+from trainctl.provisioning.base import PLUGIN_API, Provider, ProviderPlugin
+from trainctl.provisioning.builtin import BUILT_IN
+from trainctl.spec.catalog import CATALOG, installed_plugins
 
+__all__ = ["ProviderPlugin", "get_provider", "provider_names", "register_provider"]
 
-@dataclass(frozen=True)
-class ProviderPlugin:
-    """A provider and the instance types that select it (each with `provider=name`)."""
-
-    name: str
-    factory: Callable[[str | None], Provider]  # the job's region (None: the default)
-    instance_types: tuple[InstanceType, ...] = field(default=())
-    # The plug-in's own job options (a pydantic model, extra="forbid"): the keys of a job's
-    # `<name>:` block, `--<name>-<option>` flags, `Estimator(<name>={...})`; a provider
-    # reads them as `options.model_validate(request.provider_options.get(name, {}))`.
-    options: type[BaseModel] | None = None
-
-
-def _local(region: str | None) -> Provider:
-    from trainctl.provisioning.local import LocalProvider
-
-    return LocalProvider()
-
-
-def _ssh(region: str | None) -> Provider:
-    from trainctl.provisioning.ssh import SshProvider
-
-    return SshProvider()
-
-
-def _aws(region: str | None) -> Provider:
-    from trainctl.provisioning.aws import AwsProvider
-
-    return AwsProvider(region=region)
-
-
-# The built-in providers (factories that import them only when asked), and the module each
-# needs installed (looked up without importing it).
-BUILT_IN: dict[str, Callable[[str | None], Provider]] = {"local": _local, "ssh": _ssh, "aws": _aws}
-NEEDS = {"aws": "boto3"}
 _plugins: dict[str, ProviderPlugin] = {}
 
 
@@ -70,15 +35,19 @@ def register_provider(plugin: ProviderPlugin) -> None:
     _plugins[plugin.name] = plugin
 
 
+def _load_plugins() -> None:
+    for plugin in installed_plugins().values():
+        if isinstance(plugin, ProviderPlugin) and plugin.name not in _plugins:
+            register_provider(plugin)
+    # A copy of the package without its metadata (what a node or a controller host runs
+    # from) has no entry points: its own providers are still these.
+    for plugin in BUILT_IN:
+        _plugins.setdefault(plugin.name, plugin)
+
+
 def provider_names() -> list[str]:
     _load_plugins()
-    return sorted({*BUILT_IN, *_plugins})
-
-
-def _load_plugins() -> None:
-    for name, plugin in installed_plugins().items():
-        if name not in _plugins and isinstance(plugin, ProviderPlugin):
-            register_provider(plugin)
+    return sorted(_plugins)
 
 
 def get_provider(instance_type: str, region: str | None = None) -> Provider:
@@ -88,21 +57,26 @@ def get_provider(instance_type: str, region: str | None = None) -> Provider:
     controller, `trainctl stop`) finds its resources where they are.
     """
     kind = CATALOG[instance_type].provider
-    if kind in BUILT_IN:
-        needs = NEEDS.get(kind)
-        if needs is not None and importlib.util.find_spec(needs) is None:
-            raise SpecError(
-                "instance_type",
-                f"{instance_type!r} runs on the {kind} provider, which needs {needs}: "
-                f"pip install 'trainctl[{kind}]'",
-            )
-        return BUILT_IN[kind](region)
     if kind not in _plugins:
         _load_plugins()
-    if kind in _plugins:
-        return _plugins[kind].factory(region)
-    raise SpecError(
-        "instance_type",
-        f"{instance_type!r} needs the {kind!r} provider, which is not installed (providers: "
-        f"{', '.join(provider_names())})",
-    )
+    plugin = _plugins.get(kind)
+    if plugin is None:
+        raise SpecError(
+            "instance_type",
+            f"{instance_type!r} needs the {kind!r} provider, which is not installed "
+            f"(providers: {', '.join(provider_names())})",
+        )
+    if plugin.api != PLUGIN_API:
+        raise SpecError(
+            "instance_type",
+            f"{instance_type!r} runs on the {kind} plug-in, written for trainctl's plug-in "
+            f"API {plugin.api}; this trainctl has API {PLUGIN_API}: install matching versions",
+        )
+    if plugin.needs is not None and importlib.util.find_spec(plugin.needs[0]) is None:
+        module, install = plugin.needs
+        raise SpecError(
+            "instance_type",
+            f"{instance_type!r} runs on the {kind} provider, which needs {module}: "
+            f"pip install '{install}'",
+        )
+    return plugin.factory(region)

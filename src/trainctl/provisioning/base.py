@@ -7,16 +7,23 @@ and what the agent runs is the launcher's (launcher/).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from trainctl.cluster import ClusterInfo, NodeInfo, host_name
 from trainctl.errors import TrainctlError
+from trainctl.spec.catalog import InstanceType
 from trainctl.spec.job import JobSpec
 from trainctl.spec.request import CapacityRequest
 from trainctl.transport import RunningProcess
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
+# The version of what a provider plug-in relies on (trainctl.plugin, this contract): a plug-in
+# says which it was written for, and one written for another is refused by name, not run.
+PLUGIN_API = 1
 
 
 class NoCapacityError(TrainctlError):
@@ -231,3 +238,22 @@ class FaultInjection(ABC):
         raise NotImplementedError(
             f"the {getattr(self, 'name', '?')} provider cannot withhold capacity"
         )
+
+
+@dataclass(frozen=True)
+class ProviderPlugin:
+    """A provider and the instance types that select it (each with `provider=name`), as the
+    `trainctl.providers` entry point group names it: trainctl's own (local, ssh, aws) and
+    those of plug-in packages alike."""
+
+    name: str
+    factory: Callable[[str | None], Provider]  # the job's region (None: the default)
+    instance_types: tuple[InstanceType, ...] = field(default=())
+    # The plug-in's own job options (a pydantic model, extra="forbid"): the keys of a job's
+    # `<name>:` block, `--<name>-<option>` flags, `Estimator(<name>={...})`; a provider
+    # reads them as `options.model_validate(request.provider_options.get(name, {}))`.
+    options: type[BaseModel] | None = None
+    # A module the provider needs installed (looked up without importing it), and what to
+    # install for it: ("boto3", "trainctl[aws]").
+    needs: tuple[str, str] | None = None
+    api: int = PLUGIN_API

@@ -132,15 +132,16 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
         return super().provision(request, job, attempt).model_copy(update={"market": market})
 
     def _no_capacity_round(self, request: Any) -> None:
-        """One EC2 capacity round without capacity, and its backoff (at most max_wait)."""
+        """One EC2 capacity round without capacity, and its backoff (at most the call's
+        retry_for)."""
         if not self.backoff:
             return
         from trainctl.provisioning.aws.capacity import Backoff  # EC2's own (no boto3 import)
 
         self._failed_rounds += 1
         delay = Backoff().delay(self._failed_rounds)
-        if request.max_wait is not None:
-            delay = min(delay, float(request.max_wait))
+        if request.retry_for is not None:
+            delay = min(delay, float(request.retry_for))
         clock().sleep(delay)
 
     def lost_nodes(self, cluster: ClusterInfo) -> dict[int, str]:

@@ -15,7 +15,7 @@ YAML does; `flatten_blocks` turns that into the flat fields.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainctl.errors import SpecError
 from trainctl.spec.options import AwsOptions, SshOptions, View
@@ -30,6 +30,9 @@ __all__ = ["BLOCKS", "AwsOptions", "CapacityRequest", "SshOptions", "flatten_blo
 class CapacityRequest(View):
     """One attempt's capacity: what a provider's plan, provision and price work on."""
 
+    # The fields of one provision call, not of the job: the controller sets them per call.
+    PER_CALL: ClassVar[frozenset[str]] = frozenset({"retry_for"})
+
     instance_type: str
     fallback_instance_types: list[str] = []
     instance_count: int
@@ -39,8 +42,10 @@ class CapacityRequest(View):
     on_demand_fallback: bool = False
     # Seconds of training asked for: what a scheduler's time limit follows (Slurm's --time).
     max_run: int = 86400
-    # How long the provider's own capacity retries may take (EC2's rounds); None: its default.
-    max_wait: int | None = None
+    # How long one provision call's own capacity retries may take (EC2's rounds), in seconds;
+    # None: the provider's default. (Not the job's max_wait, its whole budget: the controller
+    # bounds each call by what is left of that.)
+    retry_for: int | None = None
     # The image every node's agent runs in (None: plain processes on the node).
     image_uri: str | None = None
     # Data locations a node mounts when it runs in a container on a host path (file://).
@@ -56,8 +61,12 @@ class CapacityRequest(View):
     @classmethod
     def of(cls, spec: JobSpec) -> CapacityRequest:
         """The capacity `spec` asks for (its full size)."""
-        top = {name: getattr(spec, name) for name in cls.model_fields if name not in BLOCKS}
-        return cls(**top, aws=spec.aws, ssh=spec.ssh)
+        top = {
+            name: getattr(spec, name)
+            for name in cls.model_fields
+            if name not in BLOCKS and name not in cls.PER_CALL
+        }
+        return cls(**top, retry_for=spec.max_wait, aws=spec.aws, ssh=spec.ssh)
 
     @property
     def instance_types(self) -> list[str]:
@@ -76,9 +85,9 @@ class CapacityRequest(View):
         """The same capacity on demand, no spot asked for."""
         return self.model_copy(update={"use_spot_instances": False, "on_demand_fallback": False})
 
-    def with_max_wait(self, seconds: float) -> CapacityRequest:
+    def retrying_for(self, seconds: float) -> CapacityRequest:
         """The same capacity, the provider's own capacity retries bounded by `seconds`."""
-        return self.model_copy(update={"max_wait": max(1, int(seconds))})
+        return self.model_copy(update={"retry_for": max(1, int(seconds))})
 
 
 # The per-provider option blocks of a request, by the name a provider reads them under.

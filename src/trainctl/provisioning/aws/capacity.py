@@ -2,7 +2,8 @@
 
 One round tries every launch choice in order (each subnet/AZ, then the next instance type,
 then, with on_demand_fallback, on-demand in the same order). A capacity error moves on to
-the next choice; after a round without capacity, a backoff, until max_wait is spent.
+the next choice; after a round without capacity, a backoff, until the call's retry_for
+(the job's max_wait, or what is left of it, else aws_capacity_wait_seconds) is spent.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CAPACITY_ERRORS = frozenset(
 
 
 class CapacityError(NoCapacityError):
-    """No launch choice got capacity before max_wait; says what was tried."""
+    """No launch choice got capacity within the call's retry_for; says what was tried."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def launch(
     choices: list[rq.LaunchChoice],
     *,
     timing: Timing,
-    max_wait: float,
+    retry_for: float,
     boot_timeout: float,
     backoff: Backoff,
 ) -> Launched:
@@ -79,7 +80,7 @@ def launch(
 
     what = f"EC2 capacity for {request.instance_count} x {'/'.join(request.instance_types)}"
     with status(what) as update:
-        return _launch(ec2, ctx, request, choices, timing, max_wait, boot_timeout, backoff, update)
+        return _launch(ec2, ctx, request, choices, timing, retry_for, boot_timeout, backoff, update)
 
 
 def _launch(
@@ -88,13 +89,13 @@ def _launch(
     request: CapacityRequest,
     choices: list[rq.LaunchChoice],
     timing: Timing,
-    max_wait: float,
+    retry_for: float,
     boot_timeout: float,
     backoff: Backoff,
     update: Any,
 ) -> Launched:
     start = timing.clock()
-    deadline = start + max_wait
+    deadline = start + retry_for
     tried: dict[rq.LaunchChoice, str] = {}
     round_ = 1
     while True:
@@ -128,8 +129,8 @@ def _launch(
             raise CapacityError(
                 f"no EC2 capacity for {request.instance_count} x "
                 f"{'/'.join(request.instance_types)} "
-                f"in {ctx.region} after {round_} round(s) over {waited:.0f} s (max_wait "
-                f"{max_wait:.0f} s); tried: {summary}"
+                f"in {ctx.region} after {round_} round(s) over {waited:.0f} s (retrying "
+                f"for {retry_for:.0f} s); tried: {summary}"
             )
         last = ", ".join(f"{c.describe()}: {why}" for c, why in tried.items())
         update(f"round {round_} found none ({last}); next round in {delay:.0f} s")

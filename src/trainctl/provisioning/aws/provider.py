@@ -274,7 +274,7 @@ class AwsProvider(Provider, Billing, WarmPools, FaultInjection):
                 request,
                 rq.launch_choices(request, network.subnets),
                 timing=self.timing,
-                max_wait=float(request.max_wait or settings.aws_capacity_wait_seconds),
+                retry_for=float(request.retry_for or settings.aws_capacity_wait_seconds),
                 boot_timeout=settings.aws_boot_timeout_seconds,
                 backoff=self.backoff,
             )

@@ -1,0 +1,88 @@
+"""What a provider plug-in may import from trainctl: this module, and nothing else of it.
+
+A plug-in is a package of its own (plugins/trainctl-slurm is one) with an entry point in the
+`trainctl.providers` group naming a `ProviderPlugin`. Everything it needs from trainctl is
+here; every other module of trainctl may change between releases without notice, and
+`tests/unit/test_plugin_face.py` fails when a plug-in in this repository imports one.
+
+`API_VERSION` versions this face: a name here keeps its meaning within a version, a name is
+added without a new version, and a name removed or changed takes a new one. A plug-in says
+which version it was written for (`ProviderPlugin(api=...)`, this one by default), and a
+provider written for another is refused in one line naming both, before anything is made.
+
+The names, by what a provider does with them:
+
+- register: `ProviderPlugin`, `InstanceType`, `API_VERSION`
+- the contract: `Provider` (provision, start the agents, watch, terminate), `NodeRunner`,
+  `FaultInjection` (an optional capability), `make_cluster`, `ClusterInfo`, `NodeInfo`,
+  `DEFAULT_MASTER_PORT`
+- what provision reads: `JobSpec`, `CapacityRequest`, `get_settings` (the user's settings)
+- outcomes: `NoCapacityError` (the job waits or shrinks), `StoppedOutsideError` (the owner
+  ended the capacity outside trainctl), `SpecError` (bad input, exit 2), `TrainctlError`
+- processes: `RunningProcess` (what `start_agent` returns), `LocalProcess` (one on this
+  machine), and the tags that mark a job's processes as its own (`JOB_TAG`, `ATTEMPT_TAG`,
+  `NODE_TAG`, `HOME_TAG`)
+- loopback networks: `LOOPBACK`, `free_port`, `is_loopback`, `loopback_name`,
+  `loopback_network_env`
+"""
+
+from __future__ import annotations
+
+from trainctl.cluster import (
+    ClusterInfo,
+    NodeInfo,
+    is_loopback,
+    loopback_name,
+    loopback_network_env,
+)
+from trainctl.errors import SpecError, TrainctlError
+from trainctl.procs import ATTEMPT_TAG, HOME_TAG, JOB_TAG, NODE_TAG
+from trainctl.provisioning.base import (
+    DEFAULT_MASTER_PORT,
+    FaultInjection,
+    NoCapacityError,
+    NodeRunner,
+    Provider,
+    ProviderPlugin,
+    StoppedOutsideError,
+    make_cluster,
+)
+from trainctl.provisioning.base import PLUGIN_API as API_VERSION
+from trainctl.provisioning.ports import LOOPBACK, free_port
+from trainctl.spec.catalog import InstanceType
+from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
+from trainctl.spec.settings import get_settings
+from trainctl.transport import RunningProcess
+from trainctl.transport.local import LocalProcess
+
+__all__ = [
+    "API_VERSION",
+    "ATTEMPT_TAG",
+    "DEFAULT_MASTER_PORT",
+    "HOME_TAG",
+    "JOB_TAG",
+    "LOOPBACK",
+    "NODE_TAG",
+    "CapacityRequest",
+    "ClusterInfo",
+    "FaultInjection",
+    "InstanceType",
+    "JobSpec",
+    "LocalProcess",
+    "NoCapacityError",
+    "NodeInfo",
+    "NodeRunner",
+    "Provider",
+    "ProviderPlugin",
+    "RunningProcess",
+    "SpecError",
+    "StoppedOutsideError",
+    "TrainctlError",
+    "free_port",
+    "get_settings",
+    "is_loopback",
+    "loopback_name",
+    "loopback_network_env",
+    "make_cluster",
+]
