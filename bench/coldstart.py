@@ -67,7 +67,8 @@ def _host_python(workdir: Path) -> str:
 def _fit(source: Path, **fields: Any) -> tuple[float, dict[str, float]]:
     """(submit -> first step seconds, the attempt's start-up stages) of one job."""
     from trainctl import Estimator
-    from trainctl.record import JobStore, parse_iso
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.keys import parse_iso
 
     est = Estimator(
         entry_point="train.py",

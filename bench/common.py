@@ -404,7 +404,7 @@ class TrainctlRunner:
         `stop_when(describe())`: stop the job as soon as it says so (checked every 0.5 s);
         such a job counts as ok when it ends Stopped."""
         from trainctl import Estimator
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         t0 = time.time()
         est = Estimator(

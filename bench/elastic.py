@@ -55,7 +55,7 @@ def faults(trace: dict[str, Any]) -> list[str]:
 
 def run(mode: str, trace: dict[str, Any]) -> dict[str, Any]:
     from trainctl import Estimator
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     with tempfile.TemporaryDirectory(prefix=f"trainctl-bench-elastic-{mode}-") as home:
         os.environ["TRAINCTL_HOME"] = home

@@ -70,7 +70,7 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
 
 
 def _iso(value: str) -> float:
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     return parse_iso(value)
 

@@ -18,7 +18,7 @@ WRITE_WINDOW_STEPS = 2
 
 
 def _iso(value: str) -> float:
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     return parse_iso(value)
 

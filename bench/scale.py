@@ -47,7 +47,7 @@ from typing import Any
 from bench.common import BENCH_DIR, log
 from trainctl.clock import clock
 from trainctl.protocol import split_stamp, stamped_line
-from trainctl.record import S3_READ_USD, S3_WRITE_USD
+from trainctl.record.costs import S3_READ_USD, S3_WRITE_USD
 from trainctl.replay.fleet import (
     Fleet,
     FleetProvider,
@@ -170,7 +170,7 @@ class SimNode(StandInNode):
         heartbeat_seconds; its status written when it changes (launched, a checkpoint) and
         every status_seconds; the lease read every control_seconds, with the controller's
         notices in it; the log shipped every log_ship_seconds (the LogShipper's thread)."""
-        from trainctl.record import lease_notice
+        from trainctl.record.jobstore import lease_notice
         from trainctl.spec.settings import get_settings
 
         h = self.harness
@@ -428,7 +428,7 @@ def clean_run(harness: Harness, nodes: int) -> dict[str, Any]:
 def notice_run(harness: Harness, nodes: int) -> float | None:
     """Phase 2: a notice to the last node 3 s into training; seconds from the controller's
     fault event to the node's emergency checkpoint."""
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     harness.reset()
 
@@ -447,7 +447,7 @@ def silent_run(harness: Harness, nodes: int) -> dict[str, Any]:
     """Phase 3: a node goes silent 3 s into training (no line, no exit); seconds to the
     attempt's end, and its cause (detect_s None, and why, when the attempt ended before any
     node was silenced)."""
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     harness.reset()
     timing: dict[str, Any] = {}

@@ -65,7 +65,7 @@ def measure_k(k: int, workdir: Path, procs: Procs, window: float) -> dict[str, A
     """Start a service, give it `k` jobs, wait until all train, then measure it."""
     from trainctl.controller.service import assign
     from trainctl.controller.submit import create_job, stop_job
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.store import open_store
 

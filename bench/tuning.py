@@ -34,7 +34,8 @@ def run_one(
     strategy: str, early: bool, seed: int, trials: int, parallel: int, epochs: int, delay: float
 ) -> dict[str, Any]:
     from trainctl import Estimator
-    from trainctl.record import JobStore, parse_iso
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.keys import parse_iso
     from trainctl.tuning import (
         CategoricalParameter,
         ContinuousParameter,

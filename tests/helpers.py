@@ -87,7 +87,8 @@ def uploaded_checkpoint_step(job_name: str) -> int | None:
 
     from trainctl.errors import NotFoundError
     from trainctl.node.checkpoints import stored_files
-    from trainctl.record import JobStore, checkpoint_store
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.locations import checkpoint_store
     from trainctl.store import default_store
     from trainctl.train.checkpoint import META_FILE, step_dir_name
 

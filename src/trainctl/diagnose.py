@@ -33,7 +33,9 @@ from pydantic import BaseModel, ConfigDict
 
 from trainctl.errors import SpecError
 from trainctl.procs import sigterm_interrupts
-from trainctl.record import JobRecord, JobStore, parse_iso
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import parse_iso
+from trainctl.record.models import JobRecord
 from trainctl.state import JobState
 from trainctl.store import Store
 from trainctl.train.diagnosis import DIAGNOSE_STEPS, DIAGNOSE_WARMUP, SYNTHETIC_DATA

@@ -105,7 +105,7 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
     esc = html.escape
     state = info["state"]
     colour = STATE_COLOURS.get(state, "#0969da")
-    from trainctl.record import cost_text
+    from trainctl.record.costs import cost_text
 
     rows = [
         ("state", f"<b style='color:{colour}'>{esc(state)}</b>"),
@@ -115,7 +115,7 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
     ]
     rows.append(("cost", esc(cost_text(info.get("cost")))))
     if info.get("progress"):
-        from trainctl.record import progress_text
+        from trainctl.record.models import progress_text
 
         rows.append(("progress", esc(progress_text(info["progress"]))))
     if info.get("waiting") and state in ("Pending", "Provisioning"):

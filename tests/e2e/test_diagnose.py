@@ -23,7 +23,8 @@ from trainctl.diagnose import (
     _interruption_rate,
     _notice_unsaved,
 )
-from trainctl.record import Attempt, AttemptNode, JobRecord, JobStore
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import Attempt, AttemptNode, JobRecord
 from trainctl.train import diagnosis
 
 

@@ -307,7 +307,7 @@ def test_an_unchanged_torchrun_tutorial_script_resumes_from_its_working_director
     lines carries its rank."""
     from trainctl.cluster import ClusterInfo
     from trainctl.provisioning.local import LocalProvider
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     name = "tutorial"
     proc = subprocess.Popen(

@@ -189,7 +189,7 @@ def test_mpi_runs_every_process_from_the_first_host(home, source):
     both print at once (untagged, two processes' lines shared one: "SUM 1 3SUM 0 3").
     A remote-start endpoint an agent left (killed before it could remove it) goes with the
     attempt."""
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     job = _mpi_allreduce(source, hyperparameters={"lines": 400}).fit(wait=False)
     left = JobKeys(job.name).remote_start(1, 1)
@@ -500,7 +500,7 @@ def test_max_wait_stops_a_job_that_keeps_being_interrupted(home, source):
 def test_a_fault_the_job_ended_before_is_said_at_the_end(home, tmp_path):
     """`kill:0@600` on a job that trains for a second never fires: the test it was meant for
     tested nothing, and the job's end says so (an event, and the controller's warning)."""
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     (tmp_path / "quick.py").write_text("print('done')\n")
     job = Estimator(entry_point="quick.py", source_dir=str(tmp_path), faults=["kill:0@600"]).fit(
@@ -551,7 +551,7 @@ def test_a_fault_after_the_first_step_waits_out_a_slow_start(home, tmp_path):
     """`kill:0@first+1` on a script with a slow start that reports no steps: the worker
     hook sees its first optimizer step, the fault fires a second after it (a plain `@1`
     lands in the imports), and the start-up's stages are known without a reported step."""
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     (tmp_path / "slow.py").write_text(SLOW_START)
     job = Estimator(entry_point="slow.py", source_dir=str(tmp_path), faults=["kill:0@first+1"]).fit(
@@ -599,7 +599,7 @@ def test_a_relaunch_goes_on_when_the_last_attempts_capacity_was_not_all_released
     from trainctl.controller.submit import create_job
     from trainctl.image.container import ContainerCleanupError
     from trainctl.provisioning.local import LocalProvider
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.store import default_store
 

@@ -77,7 +77,7 @@ def stored(job) -> dict[str, Any]:
 def test_a_folder_half_written_when_its_node_dies_is_not_restored(home, tmp_path, name):
     from trainctl.cluster import ClusterInfo
     from trainctl.provisioning import get_provider
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     case = CASES[name]
     hold = tmp_path / "go-on"

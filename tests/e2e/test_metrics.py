@@ -76,7 +76,7 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     assert info["state"] == "Completed" and len(info["attempts"]) == 2
     resumed = info["attempts"][1]["resumed_from_step"]
     # The example counts its work from whole epochs, a resumed one too: one total throughout.
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     events = JobStore(job.store, job.name).events()
     assert "total_changed" not in [e["type"] for e in events]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.helpers import EXAMPLES, wait_no_leftovers
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kernel]
 

@@ -50,7 +50,7 @@ def test_a_split_resume_is_said_and_its_hang_is_named_within_the_jobs_pace(home,
     log and where it waits in the failure."""
     from trainctl.cluster import ClusterInfo
     from trainctl.provisioning.local import LocalProvider
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     monkeypatch.setenv("TRAINCTL_HANG_FLOOR_SECONDS", "10")
     monkeypatch.setenv("TRAINCTL_HANG_PACE_FACTOR", "2")

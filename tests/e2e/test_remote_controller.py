@@ -20,7 +20,9 @@ import pytest
 
 from tests.helpers import EXAMPLES, TRAINCTL, free_port, log_lines, point_aws_at
 from tests.rigs.sshd import _environ, job_processes, kill_all, processes_with_env
-from trainctl.record import JobKeys, JobStore, checkpoint_store
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import JobKeys
+from trainctl.record.locations import checkpoint_store
 
 pytestmark = pytest.mark.e2e
 

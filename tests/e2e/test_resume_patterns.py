@@ -220,7 +220,7 @@ CASES.remove(("tutorial", "local"))
 def test_rank_0s_state_resumes_every_rank_after_a_lost_node(rig, name, tmp_path_factory):
     from trainctl.cluster import ClusterInfo
     from trainctl.provisioning import get_provider
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     pattern = PATTERNS[name]
     expected = reference(name, tmp_path_factory)

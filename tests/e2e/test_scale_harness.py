@@ -53,7 +53,7 @@ def test_the_controller_lives_by_a_faster_clock(home, tmp_path, monkeypatch):
 
     from bench.scale import run_job
     from trainctl.clock import VirtualClock, clock, use_clock
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     monkeypatch.setenv("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS))
     monkeypatch.setenv("TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS", str(HEARTBEAT_TIMEOUT_SECONDS))
@@ -171,7 +171,7 @@ def test_the_machine_watcher_survives_a_store_error_and_ends_with_its_attempt(ha
     from bench.scale import run_job
     from trainctl.controller import controller as controller_module
     from trainctl.errors import StoreError
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.replay.fleet import FleetProvider
 
     class GoneAtTeardown(FleetProvider):

@@ -24,7 +24,8 @@ from tests.helpers import TRAINCTL
 from tests.rigs.sshd import job_processes, kill_all
 from tests.train.test_fault_tolerance import assert_bit_identical, digits, model_tensors
 from trainctl.procs import alive
-from trainctl.record import JobKeys, JobStore
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import JobKeys
 
 pytestmark = pytest.mark.e2e
 
@@ -159,7 +160,7 @@ def test_a_takeover_knows_the_faults_that_fired_and_a_node_gone_meanwhile(home, 
     The job resumes from its checkpoint and ends with the uninterrupted run's model."""
     from trainctl.cluster import ClusterInfo
     from trainctl.provisioning.local import LocalProvider
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     job = digits(epochs=EPOCHS, step_delay=STEP_DELAY, faults=["kill:1@step15"]).fit(wait=False)
     deadline = time.monotonic() + 150

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import FIXTURES, REPO
 from trainctl import Estimator
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 from trainctl.tuning import (
     CategoricalParameter,
     ContinuousParameter,

@@ -704,7 +704,7 @@ def test_ssh_job_with_build_image_pushes_to_the_repository_its_hosts_pull_from(
 ):
     """build_image=True for remote hosts: built here, pushed to image_repository, pulled
     by each host's engine; the job's record names the image it ran."""
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     repository = f"{module_registry.host}/trainctl/imagejob-ssh"
     monkeypatch.setenv("TRAINCTL_IMAGE_REPOSITORY", repository)
@@ -740,7 +740,7 @@ def test_build_image_for_remote_hosts_needs_a_repository(home, sshd, monkeypatch
 
 @pytest.mark.timeout(240)
 def test_local_job_with_build_image_runs_in_the_image_built_for_it(in_podman, node_image):
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     est = digits(None, build_image=True, base_image=node_image)
     image = None

@@ -26,7 +26,7 @@ from tests.rigs.cloud import HPS, INSTANCE_TYPE, USER_SECRET, cloud, ec2_digits,
 from tests.rigs.sshd import job_processes
 from trainctl import Estimator
 from trainctl.node.imds import SPOT_INSTANCE_ACTION_PATH
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cloud"]  # the fixture, used by every test here

@@ -20,7 +20,7 @@ from tests.helpers import TRAINCTL
 from tests.rigs.cloud import TRUST_EC2, USER_SECRET, cloud, ec2_digits, job_resources
 from tests.rigs.sshd import _environ, processes_with_env
 from trainctl.provisioning.aws.keys import default_key_path, ensure_key
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cloud"]

@@ -27,7 +27,7 @@ from tests.rigs.cloud import cloud, refuse_capacity
 from tests.rigs.providers import PROVIDERS, rig
 from tests.rigs.slurm import slurm_cluster
 from tests.rigs.sshd import job_processes
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 from trainctl.store import default_store
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +57,7 @@ def test_dry_run_shows_every_node_and_makes_nothing(rig):
 def _first_checkpoint(job, timeout: float = 120.0) -> tuple[Any, int]:
     """(the first attempt's cluster, its checkpoint step) once it has checkpointed."""
     from trainctl.cluster import ClusterInfo
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     deadline = time.monotonic() + timeout
     step = None
@@ -137,7 +137,7 @@ def test_an_unchanged_tutorial_script_goes_back_to_spot_from_its_working_directo
     spot_probe_seconds have passed, it relaunches, gets spot, and resumes from its working
     directory. On EC2 stand-ins here; the working directory after a lost node, on local
     nodes through the CLI in test_e2e_cli."""
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
 
     monkeypatch.setenv("TRAINCTL_SPOT_PROBE_SECONDS", "2")
     refused = refuse_capacity(

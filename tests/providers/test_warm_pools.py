@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.cloud import HPS, cloud, ec2_digits, job_resources
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cloud"]  # the fixture, used by every test here

@@ -51,7 +51,7 @@ def _create(home: Path, src: Path, name: str, **fields):
 
 
 def _end(home: Path, name: str) -> None:
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.state import JobState
 
     jobs = JobStore(_store(home), name)
@@ -255,7 +255,7 @@ def test_a_job_ends_even_if_its_claims_cannot_be_given_back(home, src, tmp_path,
     is stale once the record is terminal, and the next job takes it over."""
     from trainctl import claims
     from trainctl.errors import StoreError
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     uri = (tmp_path / "ck").as_uri()
     _create(home, src, "first", checkpoint_s3_uri=uri)

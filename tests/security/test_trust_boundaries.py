@@ -143,7 +143,7 @@ def test_a_node_refuses_a_record_that_reaches_outside_the_job(home, src):
     are neither restored onto the node nor overwritten or deleted."""
     from trainctl.controller.submit import create_job, start_detached
     from trainctl.controller.supervise import supervise
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.store import open_store
 
@@ -264,7 +264,7 @@ def test_of_two_submits_racing_for_one_name_exactly_one_wins(home, tmp_path, mon
     winner's record still runs the winner's code."""
     from trainctl.controller.submit import create_job
     from trainctl.errors import SpecError
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.store import open_store
 

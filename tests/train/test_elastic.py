@@ -230,7 +230,7 @@ def test_at_its_minimum_a_job_waits_for_capacity(home, monkeypatch):
 def test_a_job_without_a_minimum_waits_for_its_full_size(home):
     """Both nodes reclaimed at once (nocapacity:0,1) with no capacity for 4 s: a job without
     min_instance_count waits (an event says so) and relaunches at its full size."""
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     job = Estimator(
         "train.py",

@@ -204,7 +204,8 @@ def _controller_in_attempt_2(probe, reached: int):
     from trainctl.controller.attempts import LiveNode
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job
-    from trainctl.record import Attempt, now_iso
+    from trainctl.record.keys import now_iso
+    from trainctl.record.models import Attempt
     from trainctl.spec.build import build_spec
     from trainctl.store import default_store
 

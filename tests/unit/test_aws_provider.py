@@ -472,7 +472,8 @@ def test_outputs_are_encrypted_with_the_jobs_kms_key_and_tagged(aws: Aws) -> Non
     """SageMaker's output_kms_key and tags: the job's model and output data (every way the
     store writes them) are SSE-KMS with that key and carry the job's tags; everything else
     keeps S3's own keys."""
-    from trainctl.record import JobRecord, output_store
+    from trainctl.record.locations import output_store
+    from trainctl.record.models import JobRecord
     from trainctl.store import open_store
 
     s3 = aws.client("s3")
@@ -968,7 +969,9 @@ def test_an_unreadable_record_keeps_its_resources_and_stops_no_cleanup(
     """A job whose record cannot be read may be running: its resources are not leftovers,
     and the bad record does not stop gc judging the other jobs."""
     from trainctl.controller.submit import job_is_live
-    from trainctl.record import JobKeys, JobRecord, JobStore
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.keys import JobKeys
+    from trainctl.record.models import JobRecord
     from trainctl.state import JobState
     from trainctl.store import open_store
 

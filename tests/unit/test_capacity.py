@@ -244,7 +244,7 @@ def test_cli_dry_run_and_estimate(cap_home, script) -> None:
 
 
 def test_cost_summary_counts_spot_savings_and_unpriced_instances(monkeypatch) -> None:
-    from trainctl.record import InstanceCost, cost_summary, cost_text
+    from trainctl.record.costs import InstanceCost, cost_summary, cost_text
 
     spot = dict(instance_type="p3.2xlarge", market="spot", seconds=3600.0)
     instances = [

@@ -12,7 +12,7 @@ from trainctl.controller.groups import trained_apart
 from trainctl.controller.hangs import LOAD_BYTES_PER_SECOND, hung_failure, pace_bound
 from trainctl.controller.progress import ProgressWatch
 from trainctl.node.ranks import parse_stacks, short_path, waits_in
-from trainctl.record import Attempt, NodeRestored, Restored
+from trainctl.record.models import Attempt, NodeRestored, Restored
 
 T0 = "2026-12-01T00:00:00.000Z"  # (a record checks its times)
 

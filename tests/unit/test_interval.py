@@ -11,7 +11,7 @@ import pytest
 
 from trainctl.cluster import ClusterInfo, NodeInfo
 from trainctl.controller.checkpoint_policy import checkpoint_policy, interruption_history
-from trainctl.record import Attempt, AttemptNode, JobRecord
+from trainctl.record.models import Attempt, AttemptNode, JobRecord
 from trainctl.spec.job import JobSpec
 from trainctl.train.interval import (
     ASSUMED_SAVE_SECONDS,

@@ -155,7 +155,7 @@ def test_a_pin_of_an_installed_package_warns_before_it_downloads():
 def test_stopped_nodes_say_why(tmp_path):
     """The controller's reason, written before it stops the nodes, is what a node says."""
     from trainctl.node.agent import Agent
-    from trainctl.record import JobKeys
+    from trainctl.record.keys import JobKeys
     from trainctl.store import open_store
 
     store = open_store(f"file://{tmp_path}")

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import NotFoundError, UnreadableRecordError
-from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import JobKeys, parse_iso
+from trainctl.record.models import JobRecord
 from trainctl.spec.job import JobSpec
 from trainctl.store import open_store
 from trainctl.store.local import LocalStore
@@ -76,7 +78,7 @@ def test_a_missing_record_beside_files_is_unreadable_and_nothing_is_not_found(
 def test_progress_is_the_steps_done_of_the_work_known_and_the_time_left_at_the_latest_pace(
     tmp_path: Path,
 ) -> None:
-    from trainctl.record import Attempt
+    from trainctl.record.models import Attempt
     from trainctl.state import JobState
 
     record = _record(LocalStore(tmp_path / "store"), "paced", tmp_path / "src")
@@ -109,7 +111,7 @@ def test_progress_is_the_steps_done_of_the_work_known_and_the_time_left_at_the_l
 @pytest.mark.timeout(10)
 def test_a_step_message_with_its_total_sets_the_work_the_job_has(tmp_path: Path) -> None:
     from trainctl.controller.telemetry import Telemetry
-    from trainctl.record import Attempt
+    from trainctl.record.models import Attempt
 
     store = LocalStore(tmp_path / "store")
     record = _record(store, "told", tmp_path / "src")

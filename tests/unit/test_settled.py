@@ -229,7 +229,7 @@ def test_the_checkpoint_dir_restores_no_checkpoint_without_its_last_file(tmp_pat
 def test_where_a_relaunch_starts_is_named_by_the_newest_state_it_restored(store, tmp_path):
     """`status`'s FROM: the Trainer's newest checkpoint-<n>/ (not its largest file, nor a
     tfevents file), or the newest saved file itself (Lightning's last.ckpt)."""
-    from trainctl.record import NodeRestored, Restored
+    from trainctl.record.models import NodeRestored, Restored
 
     roots = roots_at(tmp_path / "n0")
     code = roots.dirs["code"]

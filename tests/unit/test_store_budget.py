@@ -15,7 +15,8 @@ import pytest
 from trainctl.controller.lease import Lease
 from trainctl.errors import StoreError
 from trainctl.node.output import NodeStatus
-from trainctl.record import EVERY_NODE, NOTICES, JobKeys, lease_notice
+from trainctl.record.jobstore import EVERY_NODE, NOTICES, lease_notice
+from trainctl.record.keys import JobKeys
 from trainctl.spec.settings import JOB_REQUESTS_PER_SECOND, Settings, paced
 from trainctl.store import LocalStore
 from trainctl.transport.store import StoreFollower

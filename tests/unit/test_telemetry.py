@@ -10,7 +10,7 @@ import pytest
 
 from trainctl.controller.telemetry import Telemetry
 from trainctl.errors import StoreError
-from trainctl.record import Attempt
+from trainctl.record.models import Attempt
 
 T0 = "2026-12-01T00:00:00.000Z"  # (a record checks its times)
 

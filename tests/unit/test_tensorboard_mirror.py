@@ -21,7 +21,7 @@ def _job(store, name: str, tuning: str | None = None):
     spec = build_spec(entry_point="train.py", source_dir=str(FIXTURES / "tunable"), job_name=name)
     record = create_job(spec, store)
     if tuning is not None:
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         record.tuning_job = tuning
         JobStore(store, name).save(record)

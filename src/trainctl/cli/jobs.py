@@ -46,7 +46,7 @@ def jobs(
     """List jobs, newest first: name, state, instances, created (UTC), duration, attempts,
     cost. Columns a narrow terminal has no room for are left out, the least needed first;
     `-o json` has every field."""
-    from trainctl.record import find_jobs
+    from trainctl.record.search import find_jobs
     from trainctl.store import default_store
 
     check_output(output)
@@ -54,7 +54,7 @@ def jobs(
 
     def listed() -> tuple[list[Any], list[Any], dict[str, Any]]:
         from trainctl.controller.supervise import controller_view
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         records, unreadable = find_jobs(
             store, every=every, states=state, pattern=pattern, limit=limit
@@ -205,7 +205,7 @@ def _plain(value: Any) -> str:
 
 def _cost_cell(record: Any) -> str:
     """What the job's instances cost ($), `-` where nothing is priced (this machine)."""
-    from trainctl.record import cost_summary
+    from trainctl.record.costs import cost_summary
 
     cost = cost_summary(record.instances)  # (describe()'s cost, without the rest of it)
     if not cost or cost["usd"] is None:
@@ -271,7 +271,7 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
     from rich.table import Table
 
     from trainctl.controller.supervise import controller_view
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.store import default_store
 
     check_output(output)
@@ -309,7 +309,7 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
             )
         )
     if (progress := info["progress"]) is not None:
-        from trainctl.record import progress_text
+        from trainctl.record.models import progress_text
 
         rows.append(("progress", progress_text(progress)))
     if record.waiting and not record.state.is_terminal():
@@ -322,7 +322,7 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
         rows.append(("failure", record.failure_reason))
     rows += [("warning", text) for text in record.warnings]
     if (cost := info["cost"]) is not None:
-        from trainctl.record import cost_text
+        from trainctl.record.costs import cost_text
 
         rows.append(("cost", cost_text(cost)))
     if record.attempts:
@@ -504,7 +504,7 @@ def events(
 def _event_line(event: dict[str, Any], first: str) -> str:
     """`16:36:23.703  +0.0s  state  Pending -> Provisioning  attempt=1`: its time (UTC),
     since the first event shown, its type and its fields."""
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     when = str(event.get("time", ""))
     try:
@@ -549,7 +549,7 @@ def attach(job: str = JobArg, output: str = OutputOpt) -> None:
     from trainctl.controller.submit import print_summary
     from trainctl.controller.supervise import supervise
     from trainctl.estimator import TrainingJob
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.state import JobState
     from trainctl.store import default_store
     from trainctl.tuning.record import MAX_TUNING_NAME, TuningStore

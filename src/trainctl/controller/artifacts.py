@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.errors import NotFoundError, SpecError
-from trainctl.record import JobKeys, JobStore, nodes_only, output_store
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import JobKeys, nodes_only
+from trainctl.record.locations import output_store
 from trainctl.store import ObjectInfo, Store, open_store
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainctl.record import Attempt
+from trainctl.record.models import Attempt
 from trainctl.transport import RunningProcess
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainctl.clock import clock
 from trainctl.controller.deadline import DEFAULT_RESTART_SECONDS, Pace
-from trainctl.record import JobRecord
+from trainctl.record.models import JobRecord
 from trainctl.spec.settings import get_settings
 
 
@@ -18,7 +18,7 @@ class TimeBudget:
         # The job's time before this controller (a takeover's): the deadline is the job's.
         self.waited_before = 0.0
         if record.started_at is not None:
-            from trainctl.record import parse_iso
+            from trainctl.record.keys import parse_iso
 
             self.waited_before = max(0.0, clock().time() - parse_iso(record.started_at))
         # Training of the attempts that ended (a wait for capacity after one is not training).
@@ -73,7 +73,7 @@ class TimeBudget:
     def trained(self) -> float:
         """Seconds of max_run spent: the attempts that ended, and the one under way since it
         had its nodes."""
-        from trainctl.record import parse_iso
+        from trainctl.record.keys import parse_iso
 
         spent = 0.0
         for attempt in self.record.attempts:

@@ -26,7 +26,8 @@ from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.deadline import Pace, decide, leave_on_demand
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
-from trainctl.record import Attempt, JobRecord, JobStore
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import Attempt, JobRecord
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import Settings
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from trainctl.cluster import ClusterInfo
-from trainctl.record import JobRecord
+from trainctl.record.models import JobRecord
 from trainctl.train.interval import CheckpointPolicy, policy_for
 
 

@@ -50,15 +50,10 @@ from trainctl.provisioning.base import (
     StoppedOutsideError,
     WarmPools,
 )
-from trainctl.record import (
-    Attempt,
-    AttemptNode,
-    JobRecord,
-    JobStore,
-    add_warning,
-    now_iso,
-    output_store,
-)
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import now_iso
+from trainctl.record.locations import output_store
+from trainctl.record.models import Attempt, AttemptNode, JobRecord, add_warning
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store
@@ -816,7 +811,7 @@ class Controller:
     def _relay_notices(self, attempt: int, ranks: Iterable[int], source: str) -> None:
         """Put a notice to these nodes of `attempt` in the lease (record.lease_notice): every
         node of the attempt, one entry, however many there are."""
-        from trainctl.record import EVERY_NODE, NOTICES
+        from trainctl.record.jobstore import EVERY_NODE, NOTICES
 
         board = self._notice_board
         if board.get("attempt") != attempt:

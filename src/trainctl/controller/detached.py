@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from trainctl.procs import CONTROLLER_TAG
-from trainctl.record import JobStore
+from trainctl.record.jobstore import JobStore
 from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.controller.progress import ProgressWatch
-from trainctl.record import Attempt, JobRecord
+from trainctl.record.models import Attempt, JobRecord
 
 # What a node reads back of what it restored, per second, as the bound allows it (a torch.load
 # of a large checkpoint is slower than its download; a conservative rate).

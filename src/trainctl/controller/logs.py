@@ -204,7 +204,7 @@ class LogFollower:
     def __init__(
         self, store, name: str, printer: LogPrinter, selection: LogSelection | None = None
     ) -> None:
-        from trainctl.record import JobKeys
+        from trainctl.record.keys import JobKeys
 
         self.store, self.printer = store, printer
         self.selection = selection or LogSelection()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def _source_request(spec: JobSpec, store: Store, max_bytes: int, name: str) -> dict[str, Any]:
     from trainctl.packaging import package_source
-    from trainctl.record import source_target
+    from trainctl.record.locations import source_target
 
     with tempfile.TemporaryDirectory(prefix="trainctl-plan-") as tmp:
         packaged = package_source(

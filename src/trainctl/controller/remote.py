@@ -17,7 +17,7 @@ from typing import Any
 
 from trainctl.controller.service import assign, service_is_live
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.record import JobStore, owner_id
+from trainctl.record.jobstore import JobStore, owner_id
 from trainctl.spec.capacity import SshHost
 from trainctl.spec.controller import ControllerTarget
 from trainctl.spec.settings import Settings, get_settings

@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 
 from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
-from trainctl.record import JobKeys, JobRecord, JobStore, parse_iso, scan_jobs, state_names
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import JobKeys, parse_iso
+from trainctl.record.models import JobRecord
+from trainctl.record.search import scan_jobs, state_names
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store

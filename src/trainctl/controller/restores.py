@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainctl.record import STATE_FILES_RECORDED, Attempt, NodeRestored, Restored, StateCopy
+from trainctl.record.models import STATE_FILES_RECORDED, Attempt, NodeRestored, Restored, StateCopy
 
 # A relaunch that restores nothing after an attempt that trained this long (or reported a
 # step) starts over: worth a warning.

@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainctl.record import JobStore, now_iso
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import now_iso
 from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 

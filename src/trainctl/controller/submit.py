@@ -17,7 +17,10 @@ from trainctl.controller.lease import lease_is_live
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.progress import progress_task
 from trainctl.progress import status as progress_status
-from trainctl.record import JobRecord, JobStore, now_iso, owner_id, source_target
+from trainctl.record.jobstore import JobStore, owner_id
+from trainctl.record.keys import now_iso
+from trainctl.record.locations import source_target
+from trainctl.record.models import JobRecord
 from trainctl.spec.controller import ControllerTarget, controller_target
 from trainctl.spec.job import JobSpec, written_uris
 from trainctl.spec.settings import get_settings
@@ -78,13 +81,13 @@ def check_locations_apart(spec: JobSpec, name: str, store: Store) -> None:
     as an input channel (`--inputs model=<its output>`), or its checkpoint URI continued
     as is (SageMaker's pattern of resuming from a prefix). Racing submits are kept apart
     by the claims their records take (JobStore.claim_locations)."""
-    from trainctl.record import (
+    from trainctl.record.locations import (
         checkpoint_store,
-        list_jobs,
         output_store,
         tensorboard_store,
         written_locations,
     )
+    from trainctl.record.search import list_jobs
     from trainctl.spec.confine import location, overlaps
 
     writes = written_locations(spec, name)

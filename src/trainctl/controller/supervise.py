@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainctl.record import JobRecord, JobStore, parse_iso
+from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import parse_iso
+from trainctl.record.models import JobRecord
 from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 

@@ -18,7 +18,8 @@ from trainctl.cluster import ClusterInfo
 from trainctl.controller.attempts import count_step
 from trainctl.errors import NotFoundError
 from trainctl.provisioning.base import FaultInjection, Provider
-from trainctl.record import Attempt, JobStore
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import Attempt
 from trainctl.spec.settings import Settings
 from trainctl.store import Store
 from trainctl.transport.store import StoreFollower

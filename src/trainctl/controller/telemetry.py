@@ -12,7 +12,8 @@ from typing import Any
 from trainctl.controller.attempts import count_step
 from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
-from trainctl.record import Attempt, JobRecord, JobStore, add_warning
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import Attempt, JobRecord, add_warning
 
 # Step messages that carry a step number (and may carry metric values).
 PROGRESS_EVENTS = ("step", "checkpoint", "preempted")

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from trainctl.clock import clock
 from trainctl.errors import NotFoundError, UnreadableRecordError
 from trainctl.provisioning.base import Billing, InstanceUsage, Provider, WarmStart
-from trainctl.record import InstanceCost, JobRecord, JobStore
+from trainctl.record.costs import InstanceCost
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import JobRecord
 from trainctl.store import Store
 
 

@@ -38,7 +38,7 @@ class TrainingJob:
 
     @classmethod
     def attach(cls, name: str, store_uri: str | None = None) -> TrainingJob:
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
         from trainctl.store import open_store
 
         job = cls(name, open_store(store_uri) if store_uri else None)
@@ -46,7 +46,7 @@ class TrainingJob:
         return job
 
     def _record(self):
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         return JobStore(self.store, self.name).load()
 
@@ -54,7 +54,7 @@ class TrainingJob:
         """The job's record; for a job that has not ended, `controller` says whether its
         controller is live or lost (and for how long it has been silent)."""
         from trainctl.controller.supervise import controller_view
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         jobs = JobStore(self.store, self.name)
         record = jobs.load()
@@ -84,7 +84,7 @@ class TrainingJob:
     def events(self, types: list[str] | None = None) -> list[dict[str, Any]]:
         """The job's timeline (events.jsonl), oldest first: dicts with `time`, `type` and
         the event's fields; `types`: only events of these types."""
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         found = JobStore(self.store, self.name).events()
         return found if not types else [e for e in found if e.get("type") in types]
@@ -117,7 +117,7 @@ class TrainingJob:
         """Every metric value in time order, as dicts: time (epoch seconds), name, value,
         step, attempt, rank, redone (a step a later attempt redid; see trainctl.metrics).
         `names`: only these metrics (an unknown name is an error naming the known ones)."""
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         points = JobStore(self.store, self.name).metric_history()
         if names:
@@ -226,7 +226,7 @@ class TrainingJob:
     def _ended_or_unwatched(self) -> bool:
         """Following logs ends with the job, or when nobody controls it any more."""
         from trainctl.controller.supervise import controller_view
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         jobs = JobStore(self.store, self.name)
         record = jobs.load()

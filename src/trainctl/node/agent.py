@@ -90,7 +90,7 @@ class Agent:
     def __init__(self, store_uri: str, job: str, attempt: int, rank: int) -> None:
         from trainctl.cluster import ClusterInfo
         from trainctl.launcher.layout import Layout
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
         from trainctl.spec.settings import get_settings
         from trainctl.store import open_store
 
@@ -166,7 +166,7 @@ class Agent:
             claim_checkpoint_dir,
             verify_source,
         )
-        from trainctl.record import output_store
+        from trainctl.record.locations import output_store
         from trainctl.store import open_store
 
         check_job_uris(self.record)
@@ -225,7 +225,7 @@ class Agent:
         """Restore the checkpoints and start uploading new ones; returns what was restored
         (and adds to `half_written` the folders it left out: see checkpoints.restore)."""
         from trainctl.node.checkpoints import CheckpointSync, restore
-        from trainctl.record import checkpoint_store
+        from trainctl.record.locations import checkpoint_store
 
         store = checkpoint_store(self.record, pinned=True)
         local = self.layout.checkpoints(self.spec)
@@ -246,7 +246,7 @@ class Agent:
         """Copy what the script writes to its TensorBoard dir to the job's TensorBoard
         location while it runs (node.tensorboard); SageMaker's config file names the dir."""
         from trainctl.node.tensorboard import TensorBoardSync
-        from trainctl.record import tensorboard_store
+        from trainctl.record.locations import tensorboard_store
 
         store = tensorboard_store(self.record)
         local = self.layout.tensorboard(self.spec)
@@ -478,7 +478,7 @@ class Agent:
         A dead controller is not a dead job: `trainctl stop` (and later `attach`) take over
         through the store, so nodes wait `orphan_timeout_seconds` before giving up.
         """
-        from trainctl.record import lease_notice
+        from trainctl.record.jobstore import lease_notice
 
         timeout = self.settings.orphan_timeout_seconds
         check = min(self.settings.control_seconds(len(self.cluster.nodes)), max(0.5, timeout / 4))
@@ -896,7 +896,7 @@ class Agent:
         return self.finish(0, None, None)
 
     def upload_outputs(self) -> None:
-        from trainctl.record import output_store
+        from trainctl.record.locations import output_store
 
         out = self.outputs or output_store(self.record, pinned=True)
         if self.spec.disable_output_compression:  # SageMaker's: the files as they are

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from trainctl.errors import RefusedError, SpecError
-from trainctl.record import JobRecord
+from trainctl.record.models import JobRecord
 from trainctl.store import Store
 from trainctl.store.local import file_sha256
 
@@ -50,7 +50,7 @@ def check_claimed_locations(record: JobRecord) -> None:
     resolved (trainctl.claims), so one that resolves elsewhere now (a folder swapped for a
     link to a running job's checkpoints, or a user's `latest` link moved to another run)
     has no claim of this job's, and nothing is restored, written or pruned there."""
-    from trainctl.record import written_locations
+    from trainctl.record.locations import written_locations
 
     for field, uri in written_locations(record.spec, record.name):
         _check_claimed(record, field, uri)
@@ -60,7 +60,7 @@ def claimed_output_store(record: JobRecord) -> Store:
     """The job's output location (pinned: see LocalStore), checked as above: for what the
     controller writes there at the end (SageMaker's `failure` file), hours after the node
     checked it."""
-    from trainctl.record import output_store, per_job_store
+    from trainctl.record.locations import output_store, per_job_store
 
     out = output_store(record, pinned=True)
     if record.spec.output_path:

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from trainctl.errors import SpecError
-from trainctl.record import JobRecord
+from trainctl.record.models import JobRecord
 from trainctl.replay.training import Workload
 from trainctl.spec.trace import SpotTrace, load_trace
 from trainctl.store import Store
@@ -220,7 +220,7 @@ def estimate(
     CPU each); `on_start` is given the estimate without its strategies (what is known before
     any replay: its head) and the number of replays; `on_replay` is told of each as it
     ends."""
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.replay.strategies import (
         Replay,
         recommended_interval,

@@ -74,7 +74,7 @@ class StandInNode:
     does, in a thread of its own."""
 
     def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
-        from trainctl.record import JobStore
+        from trainctl.record.jobstore import JobStore
 
         self.fleet, self.rank, self.attempt = fleet, rank, attempt
         self.jobs = JobStore(fleet.node_store, job)
@@ -237,7 +237,7 @@ def run_job(
     events."""
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
     from trainctl.spec.job import RECORDED, JobSpec
 

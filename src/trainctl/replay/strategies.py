@@ -278,7 +278,7 @@ def replay_all(
 
 
 def attempt_node_seconds(record: Any) -> float:
-    from trainctl.record import parse_iso
+    from trainctl.record.keys import parse_iso
 
     return sum(
         len(a.nodes) * (parse_iso(a.ended_at) - parse_iso(a.started_at)) for a in record.attempts

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trainctl.clock import clock
-from trainctl.record import lease_notice
+from trainctl.record.jobstore import lease_notice
 from trainctl.replay.fleet import Fleet, StandInNode
 
 # A replay's heartbeat, in simulated seconds: the agent's setting (heartbeat_seconds), which

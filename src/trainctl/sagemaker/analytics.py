@@ -33,7 +33,7 @@ class TrainingJobAnalytics:
             import pandas as pd
         except ImportError:
             raise SpecError("training_job_analytics", "needs pandas (pip install pandas)") from None
-        from trainctl.record import parse_iso
+        from trainctl.record.keys import parse_iso
 
         info = self.job.describe()
         started = info.get("training_started_at") or info.get("created_at")

@@ -41,7 +41,8 @@ READY_TIMEOUT_SECONDS = 90.0
 def log_sources(store: Store, names: list[str]) -> list[tuple[str, Store]]:
     """(run name, TensorBoard location) of each job named; a tuning job's name gives each of
     its trials. NotFoundError naming the first name that is neither."""
-    from trainctl.record import JobStore, tensorboard_store
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.locations import tensorboard_store
     from trainctl.tuning.record import MAX_TUNING_NAME, TuningStore
 
     if not names:

@@ -21,7 +21,7 @@ from typing import Any
 
 from trainctl.errors import NotFoundError, StoreError
 from trainctl.protocol import EXIT_INFRA, message
-from trainctl.record import JobKeys
+from trainctl.record.keys import JobKeys
 from trainctl.store import Store
 from trainctl.transport import RunningProcess
 

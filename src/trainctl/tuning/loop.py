@@ -23,7 +23,8 @@ from typing import Any
 
 from trainctl.controller.lease import Lease, LeaseHeld, view_lease
 from trainctl.errors import NotFoundError
-from trainctl.record import JobRecord, JobStore
+from trainctl.record.jobstore import JobStore
+from trainctl.record.models import JobRecord
 from trainctl.spec.settings import get_settings
 from trainctl.state import JobState
 from trainctl.store import Store

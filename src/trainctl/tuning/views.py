@@ -14,7 +14,7 @@ def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
     training step (None: not that far yet), and whether it started on warm capacity another
     trial left."""
     from trainctl.errors import TrainctlError
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     try:
         return start_of(JobStore(store, job).load())
@@ -118,7 +118,7 @@ def tuning_view(record: Any, store: Any) -> dict[str, Any]:
     its objective's curve (from the trial job's metric history, redone points left out), the
     best trial's number. Not the job spec: its environment may hold secrets."""
     from trainctl.errors import TrainctlError
-    from trainctl.record import JobStore
+    from trainctl.record.jobstore import JobStore
 
     metric = record.spec.objective_metric_name
     best = record.best()

@@ -52,7 +52,9 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
 
     from trainctl.controller.supervise import controller_view
     from trainctl.errors import NotFoundError, SpecError, TrainctlError, UnreadableRecordError
-    from trainctl.record import JobKeys, JobStore, scan_jobs
+    from trainctl.record.jobstore import JobStore
+    from trainctl.record.keys import JobKeys
+    from trainctl.record.search import scan_jobs
     from trainctl.tensorboard import TensorBoard
 
     boards: dict[str, TensorBoard] = {}  # job -> the TensorBoard started for it
@@ -137,7 +139,7 @@ def make_app(store: Store, *, token: str | None = None, hosts: list[str] | None 
             redacted_record,
             shown,
         )
-        from trainctl.record import output_store
+        from trainctl.record.locations import output_store
 
         jobs = job_store(request)
         # Decoded once (by the router), then one spelling and one allow-list, shared with
