@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH_DIR, log
+from trainctl.controller.recovery import TIME_GOAL
 from trainctl.replay.estimate import open_trace
 from trainctl.replay.market import PoolProvider
 from trainctl.replay.strategies import (
     FIXED_INTERVAL_SECONDS,
-    TIME_GOAL,
     Replay,
     Strategy,
     attempt_node_seconds,

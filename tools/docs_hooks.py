@@ -9,6 +9,7 @@ MARKER = "<!-- the commands: written by tools/docs_hooks.py -->"
 SETTINGS_MARKER = "<!-- the settings: written by tools/docs_hooks.py -->"
 ERRORS_MARKER = "<!-- the errors: written by tools/docs_hooks.py -->"
 FIELDS_MARKER = "<!-- the job fields: written by tools/docs_hooks.py -->"
+LAYERS_MARKER = "<!-- the layers: written by tools/docs_hooks.py -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
@@ -20,7 +21,41 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         markdown = markdown.replace(FIELDS_MARKER, fields_reference())
     if ERRORS_MARKER in markdown:
         markdown = markdown.replace(ERRORS_MARKER, error_index())
+    if LAYERS_MARKER in markdown:
+        markdown = markdown.replace(LAYERS_MARKER, layer_table())
     return markdown
+
+
+def layer_table() -> str:
+    """The layers from the bottom, as tests/unit/test_architecture.py enforces them (its
+    DESCRIBED, SAME_LAYER and ONLY), so the page cannot drift from the test."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "unit" / "test_architecture.py"
+    found = importlib.util.spec_from_file_location("_architecture_for_docs", path)
+    assert found is not None and found.loader is not None
+    arch = importlib.util.module_from_spec(found)
+    found.loader.exec_module(arch)
+
+    def short(name: str) -> str:
+        return "trainctl" if name == "trainctl" else name.removeprefix("trainctl.")
+
+    rows = ["| layer | modules | what | may also import |", "|---|---|---|---|"]
+    for name, what, packages in arch.DESCRIBED:
+        modules = ", ".join(f"`{short(p)}`" for p in packages)
+        also = [
+            f"`{short(p)}` -> {', '.join(f'`{short(d)}`' for d in arch.SAME_LAYER[p])}"
+            for p in packages
+            if p in arch.SAME_LAYER
+        ]
+        also += [
+            f"`{short(p)}`: only {', '.join(f'`{short(d)}`' for d in arch.ONLY[p])} below"
+            for p in packages
+            if p in arch.ONLY and p not in arch.SAME_LAYER
+        ]
+        rows.append(f"| {name} | {modules} | {what} | {'; '.join(also)} |")
+    return "\n".join(rows)
 
 
 # Raised for a user to read (a one-line `error:`); internal errors are left out.

@@ -169,7 +169,7 @@ def test_the_machine_watcher_survives_a_store_error_and_ends_with_its_attempt(ha
     at teardown are not lost machines (a stray event, and a thread that outlived its job and
     died on a store that had gone)."""
     from bench.scale import run_job
-    from trainctl.controller import controller as controller_module
+    from trainctl.controller import watch as watch_module
     from trainctl.errors import StoreError
     from trainctl.record.jobstore import JobStore
     from trainctl.replay.fleet import FleetProvider
@@ -203,7 +203,7 @@ def test_the_machine_watcher_survives_a_store_error_and_ends_with_its_attempt(ha
             return {0: "spot reclaim"} if reclaimed else {}
 
     MACHINE_CHECK_SECONDS = 0.5
-    monkeypatch.setattr(controller_module, "MACHINE_CHECK_SECONDS", MACHINE_CHECK_SECONDS)
+    monkeypatch.setattr(watch_module, "MACHINE_CHECK_SECONDS", MACHINE_CHECK_SECONDS)
     thread_errors: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(args.exc_value))
     losses: list[tuple[int, int]] = []  # (attempt, rank) of each machine_lost written

@@ -39,7 +39,7 @@ from trainctl.train import (
     scaled_lr,
     warmup_lr,
 )
-from trainctl.train import progress as progress_mod
+from trainctl.train import report as progress_mod
 from trainctl.train.checkpoint import is_complete, step_dir_name
 from trainctl.train.interval import DEFAULT_INTERVAL_SECONDS, POLICY_ENV, CheckpointPolicy
 

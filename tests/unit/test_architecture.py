@@ -16,53 +16,47 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "trainctl"
 # Every package and top-level module of trainctl, in layers from the bottom: each may import
 # its own layer's siblings only where listed in SAME_LAYER, and any layer below. A module
 # that is in no layer fails test_every_package_has_a_layer: place it before it lands.
-LAYERS: list[tuple[str, ...]] = [
-    # the time the controller lives by (trainctl.clock): below everything that reads it
-    ("trainctl.clock",),
-    # shared small modules: no trainctl imports but each other's
-    (
-        "trainctl.errors",
-        "trainctl.version",
-        "trainctl.protocol",
-        "trainctl.state",
-        "trainctl.redact",
-        "trainctl.procs",
-        "trainctl.cluster",
-        "trainctl.gpus",
-        "trainctl.terminal",
-        "trainctl.metrics",
-        "trainctl.toolkit",
-        "trainctl.train",
-    ),
-    # the user's validated input: the job spec and the settings (config.yaml, TRAINCTL_*)
-    ("trainctl.spec",),
-    ("trainctl.store",),
-    # a job's record, and the claims on the locations it writes to (trainctl.claims)
-    (
-        "trainctl.record",
-        "trainctl.claims",
-        "trainctl.launcher",
-        "trainctl.packaging",
+# (name, what, its packages): docs/architecture.md's layer table is written from this
+# (tools/docs_hooks.py), so the two cannot drift.
+DESCRIBED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("clock", "the time the controller lives by (the wall clock, or a faster one for a replay)",
+     ("trainctl.clock",)),
+    ("foundation", "shared small modules: no trainctl imports but each other's", (
+        "trainctl.errors", "trainctl.version", "trainctl.protocol", "trainctl.state",
+        "trainctl.redact", "trainctl.procs", "trainctl.cluster", "trainctl.gpus",
+        "trainctl.terminal", "trainctl.metrics", "trainctl.toolkit", "trainctl.train",
+    )),
+    ("spec", "the user's validated input: the job spec, its fields' doors and the settings",
+     ("trainctl.spec",)),
+    ("store", "file:// and s3:// stores behind one interface", ("trainctl.store",)),
+    ("records and launch", "a job's record, the claims on the locations it writes to, a "
+     "node's command, the source's packaging, progress bars", (
+        "trainctl.record", "trainctl.claims", "trainctl.launcher", "trainctl.packaging",
         "trainctl.progress",
-    ),
-    # what runs on a node (imports no client package: everything above is client side)
-    ("trainctl.node",),
-    ("trainctl.transport", "trainctl.image"),
-    ("trainctl.provisioning",),
-    # the names a provider plug-in may import (nothing in trainctl imports it)
-    ("trainctl.plugin",),
-    ("trainctl.controller",),
-    # the front doors, over the controller
-    ("trainctl.notebook", "trainctl.diagnose", "trainctl.replay"),
-    ("trainctl.estimator",),
-    ("trainctl.tuning",),
-    # TensorBoard over jobs' logs (a tuning job's trials too), for the CLI and the dashboard
-    ("trainctl.tensorboard",),
-    # the dashboard shows tuning jobs too
-    ("trainctl.sagemaker", "trainctl.ui"),
-    ("trainctl.cli",),
-    ("trainctl",),  # the package's __init__: the public names
-]
+    )),
+    ("node", "what runs on a node: imports no client package (everything above is client "
+     "side)", ("trainctl.node",)),
+    ("reach", "reaching a node's agent, and container images", (
+        "trainctl.transport", "trainctl.image",
+    )),
+    ("provisioning", "where nodes come from: the provider contract and the providers",
+     ("trainctl.provisioning",)),
+    ("plug-in face", "the names a provider plug-in may import (nothing in trainctl imports it)",
+     ("trainctl.plugin",)),
+    ("controller", "one job's life", ("trainctl.controller",)),
+    ("front doors", "over the controller: notebooks, diagnose runs, replays", (
+        "trainctl.notebook", "trainctl.diagnose", "trainctl.replay",
+    )),
+    ("estimator", "the Python API", ("trainctl.estimator",)),
+    ("tuning", "hyperparameter tuning", ("trainctl.tuning",)),
+    ("tensorboard", "TensorBoard over jobs' logs (a tuning job's trials too)",
+     ("trainctl.tensorboard",)),
+    ("sagemaker and dashboard", "SageMaker's SDK on trainctl; the dashboard (it shows tuning "
+     "jobs too)", ("trainctl.sagemaker", "trainctl.ui")),
+    ("cli", "the `trainctl` command", ("trainctl.cli",)),
+    ("package", "the package's `__init__`: the public names", ("trainctl",)),
+]  # fmt: skip
+LAYERS: list[tuple[str, ...]] = [packages for _, _, packages in DESCRIBED]
 # Imports within one layer that are allowed (one way).
 SAME_LAYER: dict[str, tuple[str, ...]] = {
     "trainctl.toolkit": ("trainctl.version",),

@@ -1,4 +1,4 @@
-"""Telling a hang from progress, and naming it (trainctl.controller.progress, .hangs,
+"""Telling a hang from progress, and naming it (trainctl.controller.progress_watch, .hangs,
 .groups, trainctl.node.ranks): which lines are progress, the longest quiet stretch, a
 relaunch's bound from the job's pace, faulthandler's dumps read back, where a rank waits, and
 nodes that never trained together."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.groups import trained_apart
 from trainctl.controller.hangs import LOAD_BYTES_PER_SECOND, hung_failure, pace_bound
-from trainctl.controller.progress import ProgressWatch
+from trainctl.controller.progress_watch import ProgressWatch
 from trainctl.node.ranks import parse_stacks, short_path, waits_in
 from trainctl.record.models import Attempt, NodeRestored, Restored
 

@@ -5,17 +5,8 @@ A job asks for its full size and waits while there is none. An elastic job
 down to its minimum; while it runs below its full size, `growth` says when to checkpoint and
 relaunch at a larger one. The provider only ever sees a `CapacityRequest` of one size.
 
-A spot job with `on_demand_fallback` and a `max_wait` waits for spot capacity for as long as
-its deadline allows, and only then lets the provider fall back to on-demand: while the time
-left before max_wait exceeds what is left of max_run (the most training it can still need)
-and a start-up, it asks for spot alone. Without a max_wait, the provider falls back at once.
-
-A job that fell back does not stay on demand for good: after `spot_probe_seconds` of
-training there (`back_to_spot`), it checkpoints and relaunches, and the provider, asked as
-it was (spot first, then on-demand), gives it spot if spot is back. A try that finds none
-doubles the wait before the next. EC2 cannot be asked for capacity without launching, so a
-try costs a relaunch either way: only a job that saves state tries, and one with a deadline
-only while it can afford two start-ups.
+Which market each attempt asks for, and when a job on on-demand capacity tries spot again,
+is the job's recovery strategy's (trainctl.controller.recovery).
 """
 
 from __future__ import annotations
@@ -24,7 +15,8 @@ from collections.abc import Callable
 
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
-from trainctl.controller.deadline import Pace, decide, leave_on_demand
+from trainctl.controller.deadline import Pace
+from trainctl.controller.recovery import RecoveryContext, for_job
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
 from trainctl.record.jobstore import JobStore
 from trainctl.record.models import Attempt, JobRecord
@@ -34,13 +26,8 @@ from trainctl.spec.settings import Settings
 # How long to wait between asks while a provider has no capacity (EC2 waits in its own
 # capacity rounds before it says so; this machine and SSH hosts answer at once).
 RETRY_SECONDS = 2.0
-# What a relaunch takes before it trains (an EC2 GPU instance's boot, the rendezvous, the
-# restore), kept in hand when deciding that the deadline leaves no more time to wait for spot.
-STARTUP_ALLOWANCE_SECONDS = 600.0
 # A wait's reason is saved to the record at most this often while it changes (a store PUT).
 WAITING_SAVE_SECONDS = 30.0
-# Tries back to spot that find none double the wait before the next, up to this many times.
-SPOT_PROBE_DOUBLINGS = 3
 
 
 class StoppedWaiting(Exception):
@@ -71,62 +58,14 @@ class CapacitySizer:
         self.settings = settings
         self.should_stop = should_stop
         self.info = info
-        self.deadline_slack = deadline_slack
-        self.pace = pace
-        self._policy: str | None = None  # Uniform Progress's last word (deadline.decide)
         self._waiting_saved = 0.0  # when the record last took a new `waiting`
-        self._fell_back = False
-        self._trying_spot = False  # the next attempt is a try back to spot (back_to_spot)
-        self._spot_misses = 0  # tries back to spot in a row that found none
+        self.recovery = RecoveryContext(
+            provider, jobs, record, settings, info, deadline_slack=deadline_slack, pace=pace
+        )
 
     def _market(self, request: CapacityRequest) -> CapacityRequest:
-        """`request`, asking for spot alone while the deadline leaves time to wait for it;
-        once it does not, the job's full size with the on-demand fallback."""
-        if not (request.use_spot_instances and request.on_demand_fallback):
-            return request
-        if self._trying_spot:
-            return request  # spot if it is back, else on-demand at once (see back_to_spot)
-        if (pace := self.pace()) is not None:
-            return self._uniform_progress(request, pace)
-        slack = self.deadline_slack()
-        if slack is None:
-            return request  # no deadline: the provider falls back at once
-        if slack > STARTUP_ALLOWANCE_SECONDS:
-            return request.spot_only()
-        if not self._fell_back:
-            self._fell_back = True
-            self.jobs.event("on_demand_fallback", slack_seconds=round(slack))
-            self.info(
-                f"falling back to on-demand capacity if spot is short: {max(0.0, slack):.0f} s "
-                "of slack left before max_wait"
-            )
-        return self.request
-
-    def _uniform_progress(self, request: CapacityRequest, pace: Pace) -> CapacityRequest:
-        """The job's work and pace are known: spot while it is ahead of the straight line to
-        its deadline, spot or else on-demand once behind, on-demand alone once only that
-        finishes in time (trainctl.controller.deadline)."""
-        market = decide(pace)
-        if market != self._policy:
-            self._policy = market
-            behind = pace.expected(pace.elapsed) - pace.done
-            self.jobs.event(
-                "deadline_policy",
-                market=market,
-                behind_seconds=round(behind),
-                left_seconds=round(pace.left),
-                deadline_in_seconds=round(pace.deadline - pace.elapsed),
-            )
-            where = f"{abs(behind) / 60:.0f} min {'behind' if behind > 0 else 'ahead of'}"
-            self.info(
-                f"deadline policy: {market} ({where} the line to the deadline, "
-                f"{pace.left / 60:.0f} min of training left)"
-            )
-        if market == "spot":
-            return request.spot_only()
-        if market == "on-demand":
-            return request.on_demand_only()
-        return request
+        """`request` as the job's recovery strategy asks for it now."""
+        return for_job(self.record).market(self.recovery, request)
 
     @property
     def request(self) -> CapacityRequest:
@@ -136,19 +75,7 @@ class CapacitySizer:
     def provision(self, attempt: int) -> tuple[ClusterInfo, str | None]:
         """The attempt's nodes, and how its size changed (None: it did not)."""
         cluster, resized = self._provision_sized(attempt)
-        if self._trying_spot:
-            self._trying_spot = False
-            back = cluster.market != "on-demand"
-            self._spot_misses = 0 if back else self._spot_misses + 1
-            self.jobs.event("spot_probe", attempt=attempt, found=back, misses=self._spot_misses)
-            if back:
-                self.info(f"attempt {attempt}: back on spot capacity")
-            else:
-                wait = self._spot_probe_wait()
-                self.info(
-                    f"attempt {attempt}: spot is still short; on demand again, trying spot "
-                    f"after {wait / 60:.0f} min more training"
-                )
+        self.recovery.after_provision(cluster, attempt)
         return cluster, resized
 
     def _provision_sized(self, attempt: int) -> tuple[ClusterInfo, str | None]:
@@ -265,10 +192,6 @@ class CapacitySizer:
             return None
         return f"growing: capacity for {min(available, spec.instance_count)} node(s) is back"
 
-    def _spot_probe_wait(self) -> float:
-        doublings = min(self._spot_misses, SPOT_PROBE_DOUBLINGS)
-        return self.settings.spot_probe_seconds * 2**doublings
-
     def better_relaunch(
         self, cluster: ClusterInfo, trained_for: float, *, state_stored: bool
     ) -> tuple[str, str] | None:
@@ -286,48 +209,8 @@ class CapacitySizer:
             or attempts[-1].last_checkpoint_step is not None
             or resumes_where_stopped(attempts[:-1])
         )
-        spot = self.back_to_spot(cluster, trained_for, saved)
+        spot = for_job(self.record).leave_for_spot(self.recovery, cluster, trained_for, saved)
         return ("trying_spot", spot) if spot else None
-
-    def back_to_spot(self, cluster: ClusterInfo, trained_for: float, saved: bool) -> str | None:
-        """Why a spot job running on on-demand nodes (its fallback), `trained_for` seconds
-        into this attempt's training, should checkpoint now and relaunch to try spot again;
-        None while it should not. `saved`: a relaunch resumes from state in the store (the
-        attempt saved some, or the script saves when told to stop), not from scratch."""
-        spec = self.record.spec
-        if not (spec.use_spot_instances and spec.on_demand_fallback):
-            return None
-        if cluster.market != "on-demand" or not self.settings.spot_probe_seconds:
-            return None
-        if not saved:
-            return None
-        if (pace := self.pace()) is not None:
-            # Uniform Progress's hysteresis: ahead of the line two restarts on; after a try
-            # that found no spot, the probe's wait too.
-            if not leave_on_demand(pace):
-                return None
-            if self._spot_misses and trained_for < self._spot_probe_wait():
-                return None
-        elif trained_for < self._spot_probe_wait():
-            return None
-        slack = self.deadline_slack() if pace is None else None
-        if slack is not None and slack < 2 * STARTUP_ALLOWANCE_SECONDS:
-            return None  # a try that finds no spot would cost the deadline its start-up
-        if isinstance(self.provider, CapacityProbe):
-            try:
-                spot = self.provider.available_nodes(self.request.spot_only(), self.record.name)
-            except Exception:  # asking is best effort: the next check asks again
-                return None
-            if spot is not None and spot < len(cluster.nodes):
-                return None
-        self._trying_spot = True
-        if pace is not None:
-            ahead = (pace.done - pace.expected(pace.elapsed)) / 60
-            return (
-                f"trying spot again after {trained_for / 60:.0f} min on demand: "
-                f"{ahead:.0f} min ahead of the deadline's line"
-            )
-        return f"trying spot again after {trained_for / 60:.0f} min on demand"
 
 
 def resumes_where_stopped(earlier: list[Attempt]) -> bool:

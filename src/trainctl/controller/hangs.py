@@ -5,7 +5,7 @@ A relaunch that stops making progress (ranks that resumed from different points,
 a collective while a peer ended or sits in another one) would otherwise wait out
 `progress_timeout_seconds` (30 minutes by default). Its earlier attempts showed how the job
 progresses: the longest quiet stretch between two signs of progress (a step, a new line;
-controller.progress) of any of them, `hang_pace_factor` times, never under
+controller.progress_watch) of any of them, `hang_pace_factor` times, never under
 `hang_floor_seconds`, plus the time to load what its nodes restored, bounds it. When it
 runs out, each node's agent writes every rank's Python stack to its log (faulthandler, in
 the rank: node.ranks) and says where the rank waits; the failure names them.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainctl.controller.progress import ProgressWatch
+from trainctl.controller.progress_watch import ProgressWatch
 from trainctl.record.models import Attempt, JobRecord
 
 # What a node reads back of what it restored, per second, as the bound allows it (a torch.load

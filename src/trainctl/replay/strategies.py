@@ -11,7 +11,6 @@ relaunches; `summarize` sets each against on-demand over the starts; `table` pri
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.clock import VirtualClock, use_clock
+from trainctl.controller.recovery import replayed
 from trainctl.replay.fleet import Fleet, run_job, settings_in_effect
 from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
 from trainctl.spec.trace import SpotTrace
@@ -36,7 +36,6 @@ REPLAY_SETTINGS = {
 # the controller's 0.25 s poll is one wake per quantum, and hours replay in seconds.
 QUANTUM_SECONDS = 10.0
 FIXED_INTERVAL_SECONDS = 1800.0  # "save every 30 minutes"
-TIME_GOAL = 1.15  # the deadline strategies' max_wait, in multiples of the on-demand time
 
 
 @dataclass(frozen=True)
@@ -54,39 +53,10 @@ class Strategy:
 
 
 def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
-    """The strategies, as job fields. Two fallbacks have a deadline: max_wait 1.15x the
-    training on demand (the goal's time), max_run 1.05x (what the training needs, saves
-    included, with room: the sizer keeps the rest of max_run in hand). The other falls back
-    at once and tries spot again after spot_probe_seconds on demand."""
-    spot = {"use_spot_instances": True, "max_run": 14 * 86400, "max_wait": 28 * 86400}
-    elastic = {"min_instance_count": max(1, nodes // 2)}
-    deadline = {
-        "use_spot_instances": True,
-        "on_demand_fallback": True,
-        "max_run": math.ceil(1.05 * hours * 3600),
-        "max_wait": math.ceil(TIME_GOAL * hours * 3600),
-    }
+    """The strategies, as job fields: the controller's recovery strategies, each under the
+    name and fields it declares (trainctl.controller.recovery.replayed)."""
     return [
-        Strategy("on-demand", "on-demand only", {"max_run": 14 * 86400}),
-        Strategy("spot", "spot, relaunch at full size", spot),
-        Strategy("elastic", "spot + elastic (down to half)", {**spot, **elastic}),
-        Strategy("fallback", "spot + on-demand fallback at the deadline", deadline),
-        Strategy(
-            "fallback-now",
-            "spot + on-demand fallback at once, back to spot",
-            {"use_spot_instances": True, "on_demand_fallback": True, "max_run": 14 * 86400},
-        ),
-        Strategy(
-            "elastic-fallback",
-            "spot + elastic + on-demand fallback at the deadline",
-            {**deadline, **elastic},
-        ),
-        Strategy(
-            "uniform-progress",
-            "spot + on-demand by Uniform Progress (work known)",
-            deadline,
-            knows_work=True,
-        ),
+        Strategy(r.name, r.title, r.fields, knows_work=r.knows_work) for r in replayed(nodes, hours)
     ]
 
 

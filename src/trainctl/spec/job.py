@@ -439,7 +439,8 @@ class JobSpec(StrictModel):
             metavar="KIND:NODE@WHEN",
         ),
     ] = Field(default_factory=list)
-    # Capacity (EC2 and SSH providers; see trainctl.spec.capacity). A pool fills those unset.
+    # Capacity (the EC2 and SSH providers'; see trainctl.spec.capacity; a plug-in's own are
+    # its options block, provider_options). A pool fills those unset.
     pool: Annotated[
         str | None, Door("A resource pool from config.yaml (fills the capacity fields not given).")
     ] = None
@@ -527,7 +528,7 @@ class JobSpec(StrictModel):
             metavar="[USER@]ADDRESS[:PORT]",
         ),
     ] = Field(default_factory=list)
-    # The options of a provider plug-in (trainctl.provisioning.ProviderPlugin.options), by
+    # The options of a provider plug-in (trainctl.plugin.ProviderPlugin.options), by
     # plug-in name: a plug-in declares its own fields once, in its own package.
     provider_options: Annotated[
         dict[str, dict[str, Any]],
@@ -660,7 +661,7 @@ class JobSpec(StrictModel):
 
     @property
     def provider(self) -> str:
-        """'local', 'ssh' or 'aws' (from the instance type)."""
+        """The provider's name, from the instance type: 'local', 'ssh', 'aws' or a plug-in's."""
         from trainctl.spec.catalog import CATALOG
 
         return CATALOG[self.instance_type].provider

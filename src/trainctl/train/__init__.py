@@ -52,7 +52,7 @@ What is where:
   resume (trainctl.train.sampler).
 - `PreemptionFlag`: SIGTERM flag all-reduced across ranks, emergency exit with code 85
   (trainctl.train.preemption).
-- `report_step`: throttled progress messages for the controller (trainctl.train.progress).
+- `report_step`: throttled progress messages for the controller (trainctl.train.report).
 - `batches`: a loader's batches, timed for `trainctl diagnose`, which can also substitute
   synthetic data through it (trainctl.train.diagnosis).
 - `finish`: end the process without process-group destructors, which can deadlock at exit
@@ -78,7 +78,7 @@ from trainctl.train.diagnosis import batches
 from trainctl.train.elastic import GlobalBatchSampler
 from trainctl.train.finish import finish
 from trainctl.train.preemption import PreemptionFlag
-from trainctl.train.progress import report_step
+from trainctl.train.report import report_step
 from trainctl.train.sampler import ResumableDistributedSampler
 from trainctl.train.scaling import (
     linear_warmup_scheduler,

@@ -76,7 +76,7 @@ from trainctl.train.context import (
     context,
 )
 from trainctl.train.preemption import saves_at_notice
-from trainctl.train.progress import _report_now
+from trainctl.train.report import _report_now
 
 __all__ = [
     "Checkpointer",

@@ -63,7 +63,8 @@ def _int_env(env: dict[str, str] | os._Environ[str], *names: str, default: int) 
 
 
 def _env_suffix(name: str) -> str:
-    # Same rule as trainctl.launcher.layout.env_suffix (not imported: no agent code here).
+    # Same rule as trainctl.spec.job.env_suffix (not imported: a training script loads no
+    # trainctl code beyond trainctl.train).
     return re.sub(r"[^A-Z0-9_]", "_", name.upper())
 
 

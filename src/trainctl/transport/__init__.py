@@ -1,6 +1,7 @@
 """How the controller runs a node agent and reads its output: a handful of primitives.
 
-`RunningProcess` is what every transport returns (subprocess here; SSH later): merged
+`RunningProcess` is what every transport returns (local.py a child process, ssh/ one over
+SSH, store.py a node followed through the store alone): merged
 stdout/stderr lines, poll/wait for the exit code, terminate/kill.
 """
 

@@ -1,0 +1,158 @@
+"""The recovery strategies (trainctl.controller.recovery): each replayed strategy is the class
+the controller selects for the same job fields, so a strategy is defined once; and each
+class's decisions, one rule at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainctl.cluster import ClusterInfo, NodeInfo
+from trainctl.controller.deadline import Pace
+from trainctl.controller.recovery import (
+    FAMILY,
+    STARTUP_ALLOWANCE_SECONDS,
+    AsAsked,
+    FallBackAtDeadline,
+    FallBackNow,
+    RecoveryContext,
+    UniformProgress,
+    for_job,
+    replayed,
+)
+from trainctl.record.models import JobRecord
+from trainctl.replay.strategies import strategies
+from trainctl.spec.job import JobSpec
+from trainctl.spec.request import CapacityRequest
+from trainctl.spec.settings import Settings
+
+
+def _record(tmp_path: Path, **fields: Any) -> JobRecord:
+    (tmp_path / "train.py").write_text("pass\n")
+    spec = JobSpec(
+        entry_point="train.py", source_dir=str(tmp_path), instance_type="p3.2xlarge", **fields
+    )
+    return JobRecord(
+        name="j", spec=spec, store_uri="file:///s", source_uri="file:///s",
+        source_sha256="0" * 64, owner="u", trainctl_version="0",
+        created_at="2026-12-03T00:00:00Z", updated_at="2026-12-03T00:00:00Z",
+    )  # fmt: skip
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.said: list[tuple[str, dict[str, Any]]] = []
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.said.append((kind, fields))
+
+
+def _ctx(record: JobRecord, *, slack: float | None = None, pace: Pace | None = None):
+    events, lines = _Events(), []
+    ctx = RecoveryContext(
+        provider=object(),  # type: ignore[arg-type]  (no CapacityProbe: cannot be asked)
+        jobs=events,  # type: ignore[arg-type]
+        record=record,
+        settings=Settings(spot_probe_seconds=600),
+        info=lines.append,
+        deadline_slack=lambda: slack,
+        pace=lambda: pace,
+    )
+    return ctx, events, lines
+
+
+def _cluster(market: str) -> ClusterInfo:
+    nodes = [NodeInfo(rank=r, host=f"h{r}", address="127.0.0.1", root="/") for r in range(2)]
+    return ClusterInfo(
+        job="j", attempt=1, provider="aws", instance_type="p3.2xlarge", nodes=nodes,
+        master_port=29500, processes_per_host=1, market=market,
+    )  # fmt: skip
+
+
+def test_every_replayed_strategy_is_the_class_its_fields_select(tmp_path: Path) -> None:
+    rows = replayed(64, 6.0)
+    assert [s.name for s in strategies(64, 6.0)] == [r.name for r in rows]
+    assert len({r.name for r in rows}) == len(rows) == 7
+    for row in rows:
+        extra = {"total_steps": 10_000} if row.knows_work else {}
+        chosen = type(for_job(_record(tmp_path, instance_count=64, **row.fields, **extra)))
+        declared = [kind for kind in FAMILY if row in kind.replayed(64, 6.0)]
+        assert declared == [chosen], (row.name, chosen, declared)
+
+
+def test_fields_select_the_strategy(tmp_path: Path) -> None:
+    spot = {"use_spot_instances": True, "on_demand_fallback": True}
+    assert type(for_job(_record(tmp_path))) is AsAsked
+    assert type(for_job(_record(tmp_path, use_spot_instances=True))) is AsAsked
+    assert type(for_job(_record(tmp_path, **spot))) is FallBackNow
+    deadline = _record(tmp_path, **spot, max_run=3600, max_wait=7200)
+    assert type(for_job(deadline)) is FallBackAtDeadline
+    deadline.total_steps_reported = 500  # the script said its work
+    assert type(for_job(deadline)) is UniformProgress
+
+
+def test_back_to_spot_waits_longer_after_each_try_that_found_none(tmp_path: Path) -> None:
+    record = _record(tmp_path, use_spot_instances=True, on_demand_fallback=True)
+    ctx, events, _ = _ctx(record)
+    now = FallBackNow()
+    on_demand = _cluster("on-demand")
+    assert now.leave_for_spot(ctx, on_demand, 599, saved=True) is None
+    assert now.leave_for_spot(ctx, on_demand, 600, saved=False) is None  # would start over
+    assert now.leave_for_spot(ctx, _cluster("spot"), 9999, saved=True) is None
+    assert now.leave_for_spot(ctx, on_demand, 600, saved=True) == (
+        "trying spot again after 10 min on demand"
+    )
+    assert ctx.trying_spot
+    request = CapacityRequest.of(record.spec)
+    assert now.market(ctx, request) == request  # spot if it is back, else on-demand at once
+    ctx.after_provision(on_demand, 2)  # none found
+    assert (ctx.trying_spot, ctx.spot_misses) == (False, 1)
+    assert events.said[-1] == ("spot_probe", {"attempt": 2, "found": False, "misses": 1})
+    assert now.leave_for_spot(ctx, on_demand, 1199, saved=True) is None
+    assert now.leave_for_spot(ctx, on_demand, 1200, saved=True) is not None
+    ctx.after_provision(_cluster("spot"), 3)
+    assert ctx.spot_misses == 0
+
+
+def test_the_deadline_asks_for_spot_alone_while_its_slack_allows(tmp_path: Path) -> None:
+    record = _record(
+        tmp_path, use_spot_instances=True, on_demand_fallback=True, max_run=3600, max_wait=7200
+    )
+    request = CapacityRequest.of(record.spec)
+    roomy, events, _ = _ctx(record, slack=STARTUP_ALLOWANCE_SECONDS + 1)
+    assert FallBackAtDeadline().market(roomy, request) == request.spot_only()
+    tight, events, _ = _ctx(record, slack=STARTUP_ALLOWANCE_SECONDS)
+    assert FallBackAtDeadline().market(tight, request) == request
+    FallBackAtDeadline().market(tight, request)
+    assert [kind for kind, _ in events.said] == ["on_demand_fallback"]  # said once
+    # a try back to spot only while the deadline can afford two start-ups
+    short, _, _ = _ctx(record, slack=2 * STARTUP_ALLOWANCE_SECONDS - 1)
+    assert FallBackAtDeadline().leave_for_spot(short, _cluster("on-demand"), 9999, True) is None
+
+
+@pytest.mark.parametrize(
+    ("done", "elapsed", "asked"),
+    [
+        (2000.0, 1000.0, "spot"),  # ahead of the line: wait for spot
+        (400.0, 1000.0, "either"),  # behind: spot if there is some, else on-demand
+        (500.0, 9000.0, "on-demand"),  # the safety net: on demand to the end
+    ],
+)
+def test_uniform_progress_asks_by_where_the_job_stands(tmp_path, done, elapsed, asked) -> None:
+    record = _record(
+        tmp_path, use_spot_instances=True, on_demand_fallback=True, max_run=9000,
+        max_wait=10000, total_steps=100,
+    )  # fmt: skip
+    pace = Pace(elapsed=elapsed, deadline=10000, work=5000, done=done, restart=300)
+    ctx, events, _ = _ctx(record, pace=pace)
+    request = CapacityRequest.of(record.spec)
+    expected = {
+        "spot": request.spot_only(),
+        "either": request,
+        "on-demand": request.on_demand_only(),
+    }[asked]
+    assert UniformProgress().market(ctx, request) == expected
+    UniformProgress().market(ctx, request)
+    assert [kind for kind, _ in events.said] == ["deadline_policy"]  # once per change
