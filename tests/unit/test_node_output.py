@@ -172,7 +172,7 @@ def test_stopped_nodes_say_why(tmp_path):
 def test_nodes_wait_for_a_controller_that_handed_the_job_on() -> None:
     """A lease released by a hand-off (SIGHUP) counts from its release, so nodes are there
     when the next controller takes the job a moment later; no lease at all is long gone."""
-    from trainctl.node.agent import controller_silence
+    from trainctl.node.stopping import controller_silence
 
     now = 1_000_000.0
     assert controller_silence({"renewed_at": now - 3}, now) == 3

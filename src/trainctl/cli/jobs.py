@@ -268,8 +268,6 @@ def _duration(seconds: float | None) -> str:
 @handle_errors
 def status(job: str = JobArg, output: str = OutputOpt) -> None:
     """Show a job's state, attempts, failure reason and model."""
-    from rich.table import Table
-
     from trainctl.controller.supervise import controller_view
     from trainctl.record.jobstore import JobStore
     from trainctl.store import default_store
@@ -283,6 +281,16 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
         print_json(info)
         return
     console = _console()
+    _print_fields(console, _status_rows(jobs, record, info))
+    if record.failure_detail:
+        console.print(record.failure_detail, markup=False)
+    if record.attempts:
+        console.print(_attempts_table(record))
+
+
+def _status_rows(jobs: Any, record: Any, info: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`status`' fields of a job (its record and describe())."""
+    controller = info["controller"]
     rows = [
         ("name", record.name),
         ("state", _state_text(record.state.value, controller)),
@@ -335,41 +343,44 @@ def status(job: str = JobArg, output: str = OutputOpt) -> None:
             rows.append(("split resume", latest.restored.split))
     if record.attempts and (startup := record.attempts[-1].startup):
         rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
-    _print_fields(console, rows)
-    if record.failure_detail:
-        console.print(record.failure_detail, markup=False)
-    if record.attempts:
-        attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
-        for col in ("#", "NODES", "STARTED", "ENDED", "OUTCOME"):
-            attempts.add_column(col, no_wrap=True)
-        # where it started ('step 120', 'snapshot.pt +1', 'scratch'; in full above)
-        attempts.add_column("FROM", no_wrap=True, overflow="ellipsis", max_width=16)
-        for col in ("STEP", "LOST"):
-            attempts.add_column(col, no_wrap=True)
-        ids = any(a.capacity_id for a in record.attempts)  # the provider's (Slurm job ids)
-        if ids:
-            attempts.add_column("ID", no_wrap=True)
-        attempts.add_column("CAUSE")  # one line: the full reason is above the table
+    return rows
 
-        def num(value: int | None) -> str:
-            return "-" if value is None else str(value)
 
-        for a in record.attempts:
-            # an elastic job's size change is where the attempt began: shown before its end
-            cause = "; ".join(text for text in (a.resized, a.cause) if text) or "-"
-            attempts.add_row(
-                str(a.number),
-                str(len(a.nodes)) if a.nodes else "-",
-                a.started_at[11:19],
-                (a.ended_at or "")[11:19] or "-",
-                a.outcome or "running",
-                a.started_from(short=True),
-                num(a.last_step),
-                num(a.steps_lost),
-                *([a.capacity_id or "-"] if ids else []),
-                _one_line(cause),
-            )
-        console.print(attempts)
+def _attempts_table(record: Any) -> Any:
+    """`status`' table of a job's attempts, one line each."""
+    from rich.table import Table
+
+    attempts = Table(title="attempts", title_justify="left", box=None, header_style="bold")
+    for col in ("#", "NODES", "STARTED", "ENDED", "OUTCOME"):
+        attempts.add_column(col, no_wrap=True)
+    # where it started ('step 120', 'snapshot.pt +1', 'scratch'; in full above)
+    attempts.add_column("FROM", no_wrap=True, overflow="ellipsis", max_width=16)
+    for col in ("STEP", "LOST"):
+        attempts.add_column(col, no_wrap=True)
+    ids = any(a.capacity_id for a in record.attempts)  # the provider's (Slurm job ids)
+    if ids:
+        attempts.add_column("ID", no_wrap=True)
+    attempts.add_column("CAUSE")  # one line: the full reason is above the table
+
+    def num(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    for a in record.attempts:
+        # an elastic job's size change is where the attempt began: shown before its end
+        cause = "; ".join(text for text in (a.resized, a.cause) if text) or "-"
+        attempts.add_row(
+            str(a.number),
+            str(len(a.nodes)) if a.nodes else "-",
+            a.started_at[11:19],
+            (a.ended_at or "")[11:19] or "-",
+            a.outcome or "running",
+            a.started_from(short=True),
+            num(a.last_step),
+            num(a.steps_lost),
+            *([a.capacity_id or "-"] if ids else []),
+            _one_line(cause),
+        )
+    return attempts
 
 
 def _print_fields(console: Any, rows: list[tuple[str, Any]]) -> None:

@@ -15,7 +15,6 @@ import argparse
 import functools
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -39,28 +38,22 @@ from trainctl.node.output import (
     failure_from_output,
     yielding,
 )
-from trainctl.node.remote_start import ENDPOINTS_VARIABLE, RemoteStartServer, read_endpoint
+from trainctl.node.remote_start import ENDPOINTS_VARIABLE, RemoteStartServer
 from trainctl.node.staging import pack_directory, stage_channel, write_json
-from trainctl.procs import children, descendants, signal_all
-from trainctl.protocol import (
-    CONTROL_PREFIX,
-    EXIT_INFRA,
-    EXIT_PREEMPTED,
-    EXIT_REFUSED,
-    ranked_line,
-)
+from trainctl.protocol import CONTROL_PREFIX, EXIT_INFRA, EXIT_PREEMPTED, EXIT_REFUSED, ranked_line
 from trainctl.protocol import split as split_control
 
 if TYPE_CHECKING:
     from trainctl.store import Store
 
-# After the launcher exits: how long its output may still drain, and how long a process it
-# left behind has between SIGTERM and SIGKILL.
+from trainctl.node.remote_starts import STRAY_GRACE_SECONDS, RemoteStarts
+from trainctl.node.reports import NodeReports
+from trainctl.node.stopping import NodeStopping
+
+# After the launcher exits: how long its output may still drain (then a process it left
+# behind has STRAY_GRACE_SECONDS between SIGTERM and SIGKILL).
 STRAY_OUTPUT_SECONDS = 2.0
-STRAY_GRACE_SECONDS = 2.0
 OUTPUT_DRAIN_SECONDS = 60.0
-# How often the agent looks for the ranks' first optimizer step (a few names in a folder).
-FIRST_STEP_LOOK_SECONDS = 0.5
 
 
 def become_subreaper() -> bool:
@@ -77,16 +70,7 @@ def become_subreaper() -> bool:
         return False
 
 
-def controller_silence(lease: dict[str, Any] | None, now: float) -> float:
-    """Seconds since the job's controller last showed itself in its lease. A released lease
-    counts from its release: a controller that hands the job on (a closed terminal's, to a
-    detached one) lets go a moment before the next one takes it, and the nodes must still
-    be there then. No lease at all: gone since ever."""
-    last = (lease.get("renewed_at") or lease.get("released_at")) if lease else None
-    return now - float(last or 0.0)
-
-
-class Agent:
+class Agent(NodeStopping, NodeReports, RemoteStarts):
     def __init__(self, store_uri: str, job: str, attempt: int, rank: int) -> None:
         from trainctl.cluster import ClusterInfo
         from trainctl.launcher.layout import Layout
@@ -410,246 +394,11 @@ class Agent:
         return sandbox.command(sys.executable, view, argv)
 
     # -- running ------------------------------------------------------------------------
-    def on_sigterm(self, signum: int, frame: Any) -> None:
-        first = not self.stopping
-        self.stopping = True
-        if self.proc and self.proc.poll() is None:
-            if first:  # (off the signal handler: it reads the store)
-                threading.Thread(target=self.stop_launcher, name="stop", daemon=True).start()
-        elif not self.idle:  # (an idle node's loop sees `stopping` and ends it in order)
-            raise SystemExit(128 + signum)
-
-    @property
-    def stop_signal(self) -> int:
-        """What stops this agent: SIGTERM, or SIGUSR2 where SIGTERM is a notice."""
-        return signal.SIGUSR2 if self.settings.notice_signals else signal.SIGTERM
-
-    def on_notice_signal(self, signum: int, frame: Any) -> None:
-        detail = f"{signal.Signals(signum).name} from the scheduler (preemption or time limit)"
-        # (off the signal handler: on_notice waits for the workers)
-        threading.Thread(target=self.on_notice, args=(detail,), name="notice", daemon=True).start()
-
-    def stop_launcher(self) -> None:
-        """SIGTERM to the launcher (torchrun forwards it to the workers); first, where the
-        controller asks (a hung attempt), every rank's stacks into the node log."""
-        self.log_stacks_if_asked()
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def stop_request(self) -> dict[str, Any]:
-        """What the controller said as it stopped this attempt's nodes ({} if nothing)."""
-        try:
-            said = json.loads(self.store.get_text(self.jobs.keys.stopping(self.attempt)))
-        except Exception:  # not said (a stop from elsewhere), or unreadable: nothing asked
-            return {}
-        return said if isinstance(said, dict) else {}
-
-    def log_stacks_if_asked(self) -> None:
-        """The controller found the attempt hung: each rank's Python stack (faulthandler, in
-        the rank itself: see node.ranks) goes to the node log, and where each waits to the
-        controller, before anything is stopped."""
-        from trainctl.node.ranks import dump_stacks
-
-        if self.ranks_dir is None or not self.stop_request().get("stacks"):
-            return
-        try:
-            dumps = dump_stacks(self.ranks_dir, str(self.layout.code))
-        except Exception as exc:  # a diagnosis, never a reason not to stop
-            self.log(f"could not take the ranks' stacks: {exc}")
-            return
-        if not dumps:
-            self.log("no rank's stack to show (no rank registered, or none answered)")
-        for dump in dumps:
-            self.log(f"rank {dump.rank} (pid {dump.pid}) is in {dump.waits_in}; its stacks:")
-            for line in dump.text.splitlines():
-                self.logs.write(line, shown=False)
-        self.say("stacks", ranks={str(d.rank): d.waits_in for d in dumps})
-
-    def watch_lease(self) -> None:
-        """Read the job's lease every control_poll_seconds: an interruption notice that the
-        controller relays there (a relaunch by choice, an injected fault, the stop of an
-        adopted node) is this node's notice; a controller gone past the orphan timeout shuts
-        the node down.
-
-        A dead controller is not a dead job: `trainctl stop` (and later `attach`) take over
-        through the store, so nodes wait `orphan_timeout_seconds` before giving up.
-        """
-        from trainctl.record.jobstore import lease_notice
-
-        timeout = self.settings.orphan_timeout_seconds
-        check = min(self.settings.control_seconds(len(self.cluster.nodes)), max(0.5, timeout / 4))
-        wait = random.uniform(0.0, check)  # (spread over the interval: see LogShipper._run)
-        while not self.stopping:
-            time.sleep(wait)
-            wait = check
-            try:
-                lease = self.jobs.read_lease()
-            except Exception:
-                continue  # store trouble is not evidence of a dead controller
-            notice = lease_notice(lease, self.attempt, self.rank)
-            if notice is not None and self.notice is None:
-                # (its own thread: on_notice waits for the workers, and the lease is still
-                # watched meanwhile)
-                threading.Thread(
-                    target=self.on_notice, args=(notice,), name="notice", daemon=True
-                ).start()
-            if controller_silence(lease, time.time()) > timeout:
-                self.log(f"controller gone (no lease renewal for {timeout:.0f} s); shutting down")
-                self.orphaned = True
-                os.kill(os.getpid(), self.stop_signal)
-                return
-
-    def watch_spot_notices(self) -> None:
-        """EC2's own notice, IMDSv2 spot/instance-action, polled when the node is on EC2."""
-        from trainctl.node.imds import ImdsClient
-
-        interval = self.settings.imds_poll_seconds
-        try:
-            imds = ImdsClient()
-        except ValueError as exc:
-            self.log(f"spot interruption notices not watched: {exc}")
-            return
-        self.log(f"watching spot interruption notices at {imds.endpoint} every {interval:g} s")
-        reported_error: str | None = None
-        rebalance_logged = False
-        while not self.stopping and self.notice is None:
-            action = imds.spot_instance_action()
-            if action is not None:
-                self.on_notice(f"spot interruption notice: {action['action']} at {action['time']}")
-                return
-            if imds.last_error != reported_error:  # once when IMDS fails, once when it is back
-                reported_error = imds.last_error
-                self.log(f"IMDS: {reported_error or 'answering again'}")
-            if not rebalance_logged and (advice := imds.rebalance_recommendation()):
-                rebalance_logged = True  # advice only: the notice is what ends the attempt
-                self.log(f"EC2 rebalance recommendation at {advice['noticeTime']}")
-            time.sleep(interval)
-
-    def on_notice(self, detail: str) -> None:
-        """SIGTERM the workers so they save an emergency checkpoint, then end them."""
-        with self._notice_lock:  # two sources (store relay, IMDS) may report one interruption
-            if self.notice is not None:
-                return
-            self.notice = detail or "interruption notice"
-        self.say("notice")
-        proc = self.proc
-        if proc is None:  # still staging: nothing to save
-            self.log(f"interruption notice ({self.notice}); nothing to save yet")
-            os.kill(os.getpid(), self.stop_signal)
-            return
-        self.log_stacks_if_asked()  # (an adopted node is stopped through a notice)
-        self.log(f"interruption notice; asking the workers to checkpoint ({self.notice})")
-        grace = self.settings.notice_grace_seconds
-        signal_all(self.worker_pids(proc), signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.log(f"workers did not stop within {grace:.0f} s; ending them")
-            signal_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
-
-    def worker_pids(self, proc: subprocess.Popen[str]) -> list[int]:
-        """The processes running the user's code: torchrun's children, else the launcher.
-
-        Signalling torchrun itself would make it kill its workers after its own 30 s
-        timeout; signalling the workers leaves the grace period to us.
-        """
-        if self.spec.launcher == "torchrun":
-            workers = children(proc.pid)
-            if workers:
-                return workers
-        return [proc.pid]
-
-    def stored_state(self) -> None:
-        """A sync put more of this attempt's saved state in the store: a relaunch now
-        resumes from it, so the controller may relaunch by choice (back to spot), and a
-        `ckptN` fault counts the files. The first time in the node's status too, for a
-        controller that takes the attempt over; then only told."""
-        files = sum(s.stored_files for s in (self.sync, self.workdir) if s is not None)
-        if not self.status.snapshot().get("state_stored"):
-            self.say("state_stored", files=files)
-        else:
-            emit("state_stored", rank=self.rank, files=files)
-
-    def say(self, event: str, **fields: Any) -> None:
-        """A control message of the agent's own, for the controller and the node's status."""
-        self.status.observe({"event": event})
-        emit(event, rank=self.rank, **fields)
-        if event != "heartbeat":
-            self.write_status()
-
-    def write_status(self) -> None:
-        if self.finished:
-            return
-        try:
-            key = self.jobs.keys.node_status(self.attempt, self.rank)
-            snapshot = self.status.snapshot()
-            self.prompt_store.put_text(key, json.dumps(snapshot))
-            self.status.written(snapshot)
-        except Exception as exc:  # the store retries; a missed beat is not a lost node
-            self.log(f"could not record the node's status: {exc}")
-
-    def heartbeat(self) -> None:
-        """On the controller's pipe, every heartbeat_seconds whatever the store is doing: a
-        status write that the store's retries hold up must not look like a lost node."""
-        while not self.stopping and not self.finished:
-            time.sleep(self.settings.heartbeat_seconds)
-            emit("heartbeat", rank=self.rank)
-
-    def keep_status(self) -> None:
-        """The node's status in the store, for a controller that takes over (its own thread:
-        see heartbeat): written when it changes (`say` writes its events at once; steps
-        wait for the next look), else every status_seconds, which keeps it fresh for a
-        follower (a third of the time after which one counts the node lost)."""
-        refresh = self.settings.status_seconds(len(self.cluster.nodes))
-        look = min(refresh, self.settings.heartbeat_seconds)
-        self.write_status()
-        due = time.time() + random.uniform(0.0, refresh)  # (spread: see LogShipper._run)
-        while not self.stopping and not self.finished:
-            time.sleep(look)
-            if self.status.changed() or time.time() >= due:
-                self.write_status()
-                due = time.time() + refresh
-
-    def watch_first_step(self) -> None:
-        """`first_step` once a rank's optimizer first steps (the worker hook notes it), with
-        how long ago: when training began, for a script that reports no steps of its own (a
-        fault aimed N s after it)."""
-        from trainctl.node.ranks import first_stepped
-
-        while not self.stopping and not self.finished:
-            time.sleep(FIRST_STEP_LOOK_SECONDS)
-            at = first_stepped(self.ranks_dir) if self.ranks_dir is not None else None
-            if at is not None:
-                self.say("first_step", ago=round(max(0.0, time.time() - at), 3))
-                return
-
-    def start_watching(self) -> None:
-        """The agent's threads beside the job: the lease, spot notices (EC2), the
-        heartbeat, the node's status, the ranks' first step."""
-        background = [(self.watch_lease, "lease-watch")]
-        if self.settings.imds:
-            background.append((self.watch_spot_notices, "imds"))
-        background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]
-        background.append((self.watch_first_step, "first-step"))
-        for work, name in background:
-            threading.Thread(target=yielding(work), name=name, daemon=True).start()
-
     def run(self) -> int:
         from trainctl.launcher import build_node_command
         from trainctl.launcher.mpi import starts_remotely
 
-        signal.signal(signal.SIGTERM, self.on_sigterm)
-        signal.signal(signal.SIGINT, self.on_sigterm)
-        if self.settings.notice_signals:
-            # A scheduler's own warning (Slurm: SIGTERM at preemption, SIGUSR1 before the
-            # time limit) is a notice; the controller's stop comes as SIGUSR2 instead.
-            for name in self.settings.notice_signals.split(","):
-                signal.signal(getattr(signal, f"SIG{name}"), self.on_notice_signal)
-            signal.signal(signal.SIGUSR2, self.on_sigterm)
+        self.install_signals()
         if not become_subreaper():
             self.log("not this node's subreaper: a daemon the script starts may outlive it")
         self.start_watching()
@@ -713,10 +462,21 @@ class Agent:
         self.say(
             "launched", pid=self.proc.pid, startup={k: round(v, 3) for k, v in startup.items()}
         )
-        # A thread forwards the workers' output, at the agent's lower priority (the
-        # launcher, already started, keeps its own). The job's end is the launcher's exit,
-        # not the end of its output: a process the script left behind may hold the pipe.
-        read = functools.partial(self.read_output, mpirun=command.mpirun_output)
+        code = self.follow_launcher(mpirun_output=command.mpirun_output)
+        if code == 0 and self.notice is None:
+            return self.succeed()
+        if self.notice is not None or self.preempted_at is not None:
+            return self.finish(EXIT_PREEMPTED, f"preempted: {self.notice or 'peer notice'}", None)
+        reason, detail = self.failure_reason(code)
+        return self.finish(code, reason, detail)
+
+    def follow_launcher(self, *, mpirun_output: bool) -> int:
+        """The launcher's exit code, its output forwarded by a thread at the agent's lower
+        priority (the launcher, already started, keeps its own). The job's end is the
+        launcher's exit, not the end of its output: a process the script left behind may
+        hold the pipe."""
+        assert self.proc is not None
+        read = functools.partial(self.read_output, mpirun=mpirun_output)
         reader = threading.Thread(target=yielding(read), name="output", daemon=True)
         reader.start()
         code = self.proc.wait()
@@ -731,73 +491,7 @@ class Agent:
             self.keep_line(rank, started)
         for line in self.noise.flush():
             self.keep_line(None, line)
-        if code == 0 and self.notice is None:
-            return self.succeed()
-        if self.notice is not None or self.preempted_at is not None:
-            return self.finish(EXIT_PREEMPTED, f"preempted: {self.notice or 'peer notice'}", None)
-        reason, detail = self.failure_reason(code)
-        return self.finish(code, reason, detail)
-
-    def take_remote_starts(self, python: str) -> None:
-        """Start `orted` here when rank 0's mpirun asks (trainctl.node.remote_start), and say
-        where in the store for rank 0."""
-        from trainctl.launcher.mpi import daemon_env
-
-        extra = daemon_env(self.cluster, python, str(self.layout.code))
-        self.remote_starts = RemoteStartServer(
-            self.node.address,
-            lambda: self.environment(extra),
-            self.layout.code,
-            self.log,
-            in_view=lambda argv: self.in_own_view(argv, python),
-        )
-        self.store.put_text(
-            self.jobs.keys.remote_start(self.attempt, self.rank),
-            json.dumps(self.remote_starts.endpoint()),
-        )
-        self.log(f"taking mpirun's remote starts at {self.node.address}:{self.remote_starts.port}")
-
-    def remote_start_table(self) -> Path:
-        """Rank 0: every node's remote-start endpoint, in a file only mpirun's remote shell
-        reads, once every node's agent has said where (they start in any order)."""
-        from trainctl.node.remote_start import write_endpoints
-
-        endpoints: dict[int, dict[str, Any]] = {}
-        waited = time.monotonic()
-        said = False
-        while len(endpoints) < len(self.cluster.nodes):
-            for node in self.cluster.nodes:
-                if node.rank in endpoints:
-                    continue
-                try:
-                    key = self.jobs.keys.remote_start(self.attempt, node.rank)
-                    endpoints[node.rank] = read_endpoint(self.store.get_text(key), node.host)
-                except NotFoundError:
-                    pass
-            if len(endpoints) < len(self.cluster.nodes):
-                if not said and time.monotonic() - waited > 5:
-                    missing = [n.host for n in self.cluster.nodes if n.rank not in endpoints]
-                    self.log(f"waiting for the agents of {', '.join(missing)} to start")
-                    said = True
-                time.sleep(0.2)
-        path = self.layout.root / "remote-starts.json"
-        write_endpoints(path, list(endpoints.values()))
-        return path
-
-    def end_remote_starts(self) -> None:
-        """Take no more starts and end what they started (an orted daemonizes itself: it is
-        a descendant of this agent still, as the node's subreaper)."""
-        from trainctl.procs import end_descendants
-
-        if self.remote_starts is None:
-            return
-        self.remote_starts.close()
-        self.remote_starts = None
-        try:
-            self.store.delete(self.jobs.keys.remote_start(self.attempt, self.rank))
-        except Exception as exc:  # a stale token opens nothing: its listener is gone
-            self.log(f"could not remove the node's remote-start endpoint: {exc}")
-        end_descendants(os.getpid(), grace=STRAY_GRACE_SECONDS)
+        return code
 
     def read_output(self, mpirun: bool = False) -> None:
         """Forward the launcher's output (`mpirun`: its processes' on stdout, tagged, and its

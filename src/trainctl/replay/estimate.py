@@ -225,43 +225,17 @@ def estimate(
         Replay,
         recommended_interval,
         replay_all,
-        strategies,
         summarize,
     )
-    from trainctl.spec.catalog import CATALOG
     from trainctl.store import default_store
 
-    for field, value in (("--hours", hours), ("--save-seconds", save_seconds)):
-        if value is not None and not value > 0:
-            raise SpecError(field, f"must be positive, not {value}")
-    if nodes is not None and nodes < 1:
-        raise SpecError("--nodes", f"must be at least 1, not {nodes}")
-    if not 1 <= starts <= 50:
-        raise SpecError("--starts", f"must be 1 to 50, not {starts}")
-    if workers is not None and workers < 1:
-        raise SpecError("--workers", f"must be at least 1, not {workers}")
+    _check_numbers(hours, nodes, starts, workers, save_seconds)
     market = open_trace(trace)
     record = JobStore(store or default_store(), job).load()
-    kind = instance_type or record.spec.instance_type
-    if kind not in CATALOG or not CATALOG[kind].on_demand_usd_per_hour:
-        raise SpecError(
-            "--instance-type",
-            f"{kind!r} is not an EC2 instance type with a price in trainctl's catalog (a spot "
-            f"estimate needs one): pass one, e.g. --instance-type {market.instance_type}",
-        )
+    kind = _priced_type(instance_type or record.spec.instance_type, market)
     step_seconds, startup = measured_speed(record)
     size = nodes or record.spec.instance_count
-    if hours is None:
-        trained = sum(a.training_seconds or 0.0 for a in record.attempts)
-        if record.state.value != "Completed" or trained <= 0:
-            raise SpecError("--hours", f"{record.name} has not completed: say how long it trains")
-        hours = trained / 3600
-    if hours * 3600 < MIN_TRAINING_SECONDS:
-        raise SpecError(
-            "--hours",
-            f"{hours * 60:.1f} minutes of training is too short to replay against a trace (at "
-            f"least {MIN_TRAINING_SECONDS / 60:.0f}): say how long the job trains on demand",
-        )
+    hours = _training_hours(record, hours)
     workload = Workload(
         name=record.name,
         nodes=size,
@@ -275,14 +249,7 @@ def estimate(
         boot_seconds=EC2_BOOT_SECONDS,
     )
     interval = recommended_interval(workload)
-    span = market.duration_s
-    offsets = [round(i * span / starts) for i in range(starts)]
-    tried = strategies(size, hours)
-    jobs = [
-        Replay(market, workload, strategy, interval, start, quantum=ESTIMATE_QUANTUM_SECONDS)
-        for strategy in tried
-        for start in (offsets if strategy.name != "on-demand" else offsets[:1])
-    ]
+    jobs = _replays(market, workload, interval, starts)
     ended = itertools.count(1)
     known = {
         "job": record.name,
@@ -308,6 +275,62 @@ def estimate(
         row["cost_usd"] *= scale
     strategies_rows = [_strategy_row(r) for r in summarize(rows)]
     return Estimate(**known, **_prices(market, kind), strategies=strategies_rows)
+
+
+def _replays(market: SpotTrace, workload: Workload, interval: float, starts: int) -> list[Any]:
+    """Every strategy from `starts` points spread over the trace (on-demand, which does not
+    meet the market, from its start only)."""
+    from trainctl.replay.strategies import Replay, strategies
+
+    offsets = [round(i * market.duration_s / starts) for i in range(starts)]
+    return [
+        Replay(market, workload, strategy, interval, start, quantum=ESTIMATE_QUANTUM_SECONDS)
+        for strategy in strategies(workload.nodes, workload.on_demand_hours)
+        for start in (offsets if strategy.name != "on-demand" else offsets[:1])
+    ]
+
+
+def _check_numbers(
+    hours: float | None, nodes: int | None, starts: int, workers: int | None, save_seconds: float
+) -> None:
+    for field, value in (("--hours", hours), ("--save-seconds", save_seconds)):
+        if value is not None and not value > 0:
+            raise SpecError(field, f"must be positive, not {value}")
+    if nodes is not None and nodes < 1:
+        raise SpecError("--nodes", f"must be at least 1, not {nodes}")
+    if not 1 <= starts <= 50:
+        raise SpecError("--starts", f"must be 1 to 50, not {starts}")
+    if workers is not None and workers < 1:
+        raise SpecError("--workers", f"must be at least 1, not {workers}")
+
+
+def _priced_type(kind: str, market: SpotTrace) -> str:
+    """`kind`, an EC2 type with an on-demand price (a spot estimate needs one)."""
+    from trainctl.spec.catalog import CATALOG
+
+    if kind not in CATALOG or not CATALOG[kind].on_demand_usd_per_hour:
+        raise SpecError(
+            "--instance-type",
+            f"{kind!r} is not an EC2 instance type with a price in trainctl's catalog (a spot "
+            f"estimate needs one): pass one, e.g. --instance-type {market.instance_type}",
+        )
+    return kind
+
+
+def _training_hours(record: JobRecord, hours: float | None) -> float:
+    """The hours the job trains on demand: `hours`, else the completed job's own."""
+    if hours is None:
+        trained = sum(a.training_seconds or 0.0 for a in record.attempts)
+        if record.state.value != "Completed" or trained <= 0:
+            raise SpecError("--hours", f"{record.name} has not completed: say how long it trains")
+        hours = trained / 3600
+    if hours * 3600 < MIN_TRAINING_SECONDS:
+        raise SpecError(
+            "--hours",
+            f"{hours * 60:.1f} minutes of training is too short to replay against a trace (at "
+            f"least {MIN_TRAINING_SECONDS / 60:.0f}): say how long the job trains on demand",
+        )
+    return hours
 
 
 def _price_scale(market: SpotTrace, kind: str) -> float:
