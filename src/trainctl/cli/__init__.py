@@ -13,7 +13,7 @@ import typer
 
 # The command modules register their commands on `app`, in the order --help lists them.
 # isort: off
-from trainctl.cli import submit, capacity, jobs, metrics, tuning  # noqa: F401
+from trainctl.cli import submit, capacity, jobs, analysis, files, metrics, tuning  # noqa: F401
 
 # isort: on
 from trainctl.cli.app import EXIT_BAD_INPUT, EXIT_INTERRUPTED, app, err, tidy_help

@@ -7,7 +7,9 @@ same things again without any local state.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from trainctl.errors import TrainctlError
@@ -379,3 +381,35 @@ def delete_leftovers(
                 if not (code.endswith(".NotFound") or code.endswith(".Unknown")):
                     failed.append({**item, "error": error_message(exc)})
     return failed
+
+
+def node_address(instance: dict[str, Any], proxy_jump: str | None) -> str:
+    """Where the controller reaches an instance: its public address, else (or through a
+    jump host: EFA instances with several interfaces get no public one) its private one."""
+    public = None if proxy_jump else instance.get("PublicIpAddress")
+    return str(public or instance.get("PrivateIpAddress"))
+
+
+def launch_time(value: Any) -> float:
+    """An instance's LaunchTime in epoch seconds (now, where EC2 gave none)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return time.time()
+
+
+def ended_at(instance: dict[str, Any]) -> float | None:
+    """When a terminated or stopped instance ended: EC2 writes it into the state transition
+    reason ("User initiated (2026-01-02 03:04:05 GMT)"); the time of asking if it does not."""
+    if state_of(instance) not in GONE_STATES:
+        return None
+    reason = str(instance.get("StateTransitionReason") or "")
+    if "(" in reason and ")" in reason:
+        stamp = reason[reason.rfind("(") + 1 : reason.rfind(")")]
+        for suffix in (" GMT", " UTC"):
+            stamp = stamp.removesuffix(suffix)
+        try:
+            parsed = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+            return parsed.replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            pass
+    return time.time()
