@@ -19,7 +19,8 @@ from trainctl.launcher.layout import (
 )
 from trainctl.launcher.threads import thread_env
 from trainctl.spec.build import build_spec
-from trainctl.spec.job import JobSpec, env_suffix
+from trainctl.spec.checks import env_suffix
+from trainctl.spec.job import JobSpec
 
 PY = "/usr/bin/python3"
 TORCHRUN = {"torch_distributed": {"enabled": True}}

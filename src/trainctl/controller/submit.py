@@ -21,8 +21,9 @@ from trainctl.record.jobstore import JobStore, owner_id
 from trainctl.record.keys import now_iso
 from trainctl.record.locations import source_target
 from trainctl.record.models import JobRecord
+from trainctl.spec.checks import written_uris
 from trainctl.spec.controller import ControllerTarget, controller_target
-from trainctl.spec.job import JobSpec, written_uris
+from trainctl.spec.job import JobSpec
 from trainctl.spec.settings import get_settings
 from trainctl.spec.uris import parse_uri
 from trainctl.state import JobState
@@ -453,7 +454,7 @@ def create_derived_job(
     from pydantic import ValidationError
 
     from trainctl.spec.build import spec_error
-    from trainctl.spec.job import RECORDED
+    from trainctl.spec.checks import RECORDED
 
     fields = {**record.spec.model_dump(), **updates, "job_name": name}
     try:

@@ -213,7 +213,7 @@ def plan_build(
     so the agent needs no boto3.
     """
     from trainctl.packaging import list_included_files
-    from trainctl.spec.job import IMAGE_URI_RE
+    from trainctl.spec.checks import IMAGE_URI_RE
     from trainctl.toolkit import package_dir, package_files
 
     source = Path(source_dir).expanduser()
@@ -259,7 +259,7 @@ def plan_build(
 def plan_for_spec(spec: JobSpec, *, repository: str | None = None) -> BuildPlan:
     """The build plan of a job that builds its image (`spec.builds_image`)."""
     from trainctl.spec.catalog import CATALOG
-    from trainctl.spec.job import uses_s3
+    from trainctl.spec.checks import uses_s3
 
     return plan_build(
         spec.source_dir,

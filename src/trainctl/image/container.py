@@ -265,7 +265,7 @@ def _last_line(output: bytes) -> str:
 def container_mounts(request: CapacityRequest, agent_argv: list[str]) -> list[Mount]:
     """The host directories a containerised agent reaches at their own paths: a file://
     store (from the agent's --store), checkpoint and output locations, and input channels."""
-    from trainctl.spec.job import written_uris
+    from trainctl.spec.checks import written_uris
     from trainctl.spec.uris import parse_uri
 
     writable: list[str] = []

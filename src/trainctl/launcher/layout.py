@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.cluster import ClusterInfo
-from trainctl.spec.job import JobSpec, env_suffix
+from trainctl.spec.checks import env_suffix
+from trainctl.spec.job import JobSpec
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ def verify_source(archive: Path, record: JobRecord) -> None:
 def check_job_uris(record: JobRecord) -> None:
     """The job's checkpoint, output and input URIs again (submit checked them): a record from
     an older trainctl, or one edited in the store, may not reach other jobs' data."""
+    from trainctl.spec.checks import written_uris
     from trainctl.spec.confine import check_confined
-    from trainctl.spec.job import written_uris
 
     spec = record.spec
     try:

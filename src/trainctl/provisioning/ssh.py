@@ -45,7 +45,7 @@ from trainctl.provisioning.remote import (
     remote_engine,
 )
 from trainctl.spec.capacity import SshHost
-from trainctl.spec.job import JOB_NAME_RE, uses_s3
+from trainctl.spec.checks import JOB_NAME_RE, uses_s3
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 

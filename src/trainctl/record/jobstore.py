@@ -38,7 +38,7 @@ class JobStore:
 
     def __init__(self, store: Store, name: str) -> None:
         from trainctl.errors import SpecError
-        from trainctl.spec.job import JOB_NAME_RE
+        from trainctl.spec.checks import JOB_NAME_RE
 
         # Every command that names a job comes here: a path-like name ('d6/', '../x') is
         # bad input, never a store key of something else.
@@ -299,7 +299,7 @@ def parse_record(name: str, raw: bytes | str, where: str) -> JobRecord:
     from pydantic import ValidationError
 
     from trainctl.errors import UnreadableRecordError
-    from trainctl.spec.job import RECORDED
+    from trainctl.spec.checks import RECORDED
     from trainctl.version import __version__
 
     def unreadable(problem: str) -> UnreadableRecordError:

@@ -10,7 +10,8 @@ from trainctl.record.keys import (
 from trainctl.record.models import (
     JobRecord,
 )
-from trainctl.spec.job import JobSpec, written_uris
+from trainctl.spec.checks import written_uris
+from trainctl.spec.job import JobSpec
 from trainctl.store import Store, open_store
 
 # Where a job's outputs go: `output_path/<job>/output/` if given, else the job's store dir.

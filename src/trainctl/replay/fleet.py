@@ -239,7 +239,8 @@ def run_job(
     from trainctl.controller.submit import create_job
     from trainctl.record.jobstore import JobStore
     from trainctl.spec.build import build_spec
-    from trainctl.spec.job import RECORDED, JobSpec
+    from trainctl.spec.checks import RECORDED
+    from trainctl.spec.job import JobSpec
 
     source = fleet.root / "src"
     source.mkdir(parents=True, exist_ok=True)

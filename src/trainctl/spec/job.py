@@ -6,14 +6,9 @@ The Estimator, `trainctl submit` flags and `-f job.yaml` all end up here, so one
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     Field,
     ValidationInfo,
     field_validator,
@@ -30,14 +25,28 @@ from trainctl.spec.capacity import (
     SshHost,
     SubnetIds,
 )
+from trainctl.spec.checks import (
+    ENV_NAME_RE,
+    IMAGE_URI_RE,
+    JOB_NAME_RE,
+    MAX_KEEP_ALIVE_SECONDS,
+    RECORDED,
+    ChannelName,
+    InputUri,
+    _check_channel_envs,
+    _check_uri,
+    check_arguments,
+    check_files,
+    check_hyperparameters,
+    check_tags,
+    check_workdir_ignore,
+    profile_steps,
+)
 from trainctl.spec.door import Door
 from trainctl.spec.limits import (
     DEFAULT_VOLUME_GB,
-    MAX_ARGUMENTS_BYTES,
     MAX_INSTANCE_COUNT,
     check_environment,
-    check_hyperparameters_size,
-    check_value,
     system_path,
 )
 from trainctl.spec.options import AwsOptions, SshOptions
@@ -48,94 +57,6 @@ from trainctl.spec.parts import (
     MetricDefinition,
     StrictModel,
 )
-
-TAG_TEXT_RE = re.compile(r"[\w\s+\-=.:/@]*")
-# EC2's 50 tags a resource, less trainctl's own (requests.base_tags) and some room.
-MAX_USER_TAGS = 40
-# SageMaker's limit for warm pools: an idle paid instance is kept at most an hour.
-MAX_KEEP_ALIVE_SECONDS = 3600
-# SageMaker's job-name rule, so names carry over both ways.
-JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _unclosed_bracket(pattern: str) -> bool:
-    """Whether a gitignore pattern has a `[` (not escaped) without its `]`."""
-    at = 0
-    while at < len(pattern):
-        ch = pattern[at]
-        if ch == "\\":
-            at += 2
-            continue
-        if ch == "[":
-            # a class: `]` right after `[` or `[!` is a member, not the end
-            end = at + 1 + (pattern[at + 1 : at + 2] in ("!", "^"))
-            end += pattern[end : end + 1] == "]"
-            close = pattern.find("]", end)
-            if close < 0:
-                return True
-            at = close + 1
-            continue
-        at += 1
-    return False
-
-
-HP_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-# SageMaker's limits on CreateTrainingJob's HyperParameters: 100 of them, a key of at most
-# 256 characters, a value of at most 2,500 (as text: a non-string value as its JSON).
-MAX_HYPERPARAMETERS = 100
-MAX_HP_KEY_CHARS = 256
-MAX_HP_VALUE_CHARS = 2500
-IMAGE_URI_RE = re.compile(
-    r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[\w][\w.-]{0,127})?"
-    r"(?:@sha256:[0-9a-f]{64})?$"
-)
-SUPPORTED_URI_SCHEMES = ("file", "s3")
-# Validation context key: the spec is read back from a job record (see `_files_exist`).
-RECORDED = "recorded"
-
-
-def _check_uri(value: str, field: str) -> str:
-    from trainctl.spec.uris import validate_uri
-
-    try:
-        validate_uri(value, field=field)
-    except SpecError as exc:  # pydantic adds the field's location itself
-        raise ValueError(exc.message) from None
-    return value
-
-
-def _channel_name(name: str) -> str:
-    if not CHANNEL_RE.fullmatch(name):
-        raise ValueError(f"channel name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
-    return name
-
-
-# Typed keys and values: pydantic then reports an error at inputs.<channel>.
-ChannelName = Annotated[str, AfterValidator(_channel_name)]
-InputUri = Annotated[str, AfterValidator(lambda uri: _check_uri(uri, "inputs"))]
-
-
-def _check_channel_envs(channels: dict[str, Any]) -> None:
-    """Two channels that map to one variable (`train-a`, `train.a`) would leave the script
-    with one of the two directories in SM_CHANNEL_<NAME>, silently."""
-
-    seen: dict[str, str] = {}
-    for name in channels:
-        other = seen.setdefault(env_suffix(name), name)
-        if other != name:
-            raise ValueError(
-                f"channels {other!r} and {name!r} would both set "
-                f"SM_CHANNEL_{env_suffix(name)}; rename one"
-            )
-
-
-def _check_json_value(value: Any, path: str) -> None:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path} is not JSON-serialisable ({exc})") from None
 
 
 class JobSpec(StrictModel):
@@ -603,37 +524,12 @@ class JobSpec(StrictModel):
     @field_validator("arguments", mode="before")
     @classmethod
     def _arguments(cls, v: Any) -> Any:
-        if not isinstance(v, list | tuple):
-            raise ValueError("must be a list of strings, e.g. ['50', '10']")
-        for index, arg in enumerate(v):
-            if not isinstance(arg, str):
-                raise ValueError(
-                    f"[{index}] is {type(arg).__name__} {arg!r}: arguments are strings, as on a "
-                    f"command line (write '{arg}'; in YAML, quote it)"
-                )
-            if "\0" in arg:
-                raise ValueError(f"[{index}] holds a NUL byte, which no command line can carry")
-        size = sum(len(arg.encode("utf-8", "surrogateescape")) + 1 for arg in v)
-        if size > MAX_ARGUMENTS_BYTES:
-            raise ValueError(f"{size:,} bytes in all; at most {MAX_ARGUMENTS_BYTES:,}")
-        return list(v)
+        return check_arguments(v)
 
     @field_validator("workdir_ignore")
     @classmethod
     def _workdir_ignore(cls, v: list[str]) -> list[str]:
-        import pathspec
-
-        for pattern in v:
-            try:
-                pathspec.GitIgnoreSpec.from_lines([pattern])
-            except Exception as exc:
-                raise ValueError(f"{pattern!r} is not a gitignore-style pattern ({exc})") from None
-            if _unclosed_bracket(pattern):  # git matches nothing with it, silently
-                raise ValueError(
-                    f"{pattern!r} opens a [...] character class it does not close (for a "
-                    "literal '[' write '\\[')"
-                )
-        return v
+        return check_workdir_ignore(v)
 
     @field_validator("controller")
     @classmethod
@@ -735,34 +631,7 @@ class JobSpec(StrictModel):
     @field_validator("hyperparameters")
     @classmethod
     def _hp_json(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if len(v) > MAX_HYPERPARAMETERS:
-            raise ValueError(f"{len(v)} given; at most {MAX_HYPERPARAMETERS} (SageMaker's limit)")
-        for key, value in v.items():
-            if not isinstance(key, str) or not HP_KEY_RE.fullmatch(key):
-                raise ValueError(
-                    f"key {str(key)[:80]!r} must start with a letter, digit or '_' and use only "
-                    "letters, digits, '_', '-' and '.'"
-                )
-            if len(key) > MAX_HP_KEY_CHARS:
-                raise ValueError(
-                    f"key {key[:40]}... is {len(key)} characters; at most {MAX_HP_KEY_CHARS} "
-                    "(SageMaker's limit)"
-                )
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{key}={value!r} is not a finite number")
-            check_value(value, key)
-            _check_json_value(value, key)
-            shown = value if isinstance(value, str) else json.dumps(value)
-            if len(shown) > MAX_HP_VALUE_CHARS:
-                raise ValueError(
-                    f"{key} is {len(shown):,} characters; at most {MAX_HP_VALUE_CHARS:,} a value "
-                    "(SageMaker's limit; put large values in a file in source_dir or an input "
-                    "channel)"
-                )
-        check_hyperparameters_size(v)
-        # Keys that share an SM_HP_ name (`batch-size`, `batch_size`) stay allowed: the
-        # arguments keep both verbatim and SM_HPS has both; SM_HP_<NAME> has the later one.
-        return v
+        return check_hyperparameters(v)
 
     @field_validator("inputs")
     @classmethod
@@ -839,19 +708,7 @@ class JobSpec(StrictModel):
     @field_validator("tags")
     @classmethod
     def _tags(cls, v: dict[str, str]) -> dict[str, str]:
-        if len(v) > MAX_USER_TAGS:
-            raise ValueError(f"at most {MAX_USER_TAGS} tags (EC2 takes 50; trainctl sets 4)")
-        for key, value in v.items():
-            if not 1 <= len(key) <= 128 or len(value) > 256:
-                raise ValueError(f"{key!r}: a key is 1-128 characters, a value at most 256")
-            if key.lower().startswith(("aws:", "trainctl:")) or key == "Name":
-                raise ValueError(f"{key!r} is reserved (aws:*, trainctl:* and Name are set here)")
-            # what EC2 and S3 (the output objects are tagged too) both take
-            if not (TAG_TEXT_RE.fullmatch(key) and TAG_TEXT_RE.fullmatch(value)):
-                raise ValueError(
-                    f"{key!r}: letters, digits, spaces and + - = . _ : / @ only (S3's tag rule)"
-                )
-        return v
+        return check_tags(v)
 
     @field_validator("profile")
     @classmethod
@@ -924,118 +781,8 @@ class JobSpec(StrictModel):
         # without the user's source_dir) was checked at submit; the source is in the store.
         if info.context and info.context.get(RECORDED):
             return self
-        # Raised as ValueError with the field named in the text: pydantic wraps validator
-        # errors, and a model-level error has no location of its own.
-        source = Path(self.source_dir)
-        if not source.is_dir():
-            raise ValueError(f"source_dir: {source} is not a directory")
-        entry = Path(self.entry_point)
-        if entry.is_absolute():
-            raise ValueError(f"entry_point: {entry} must be relative to source_dir {source}")
-        resolved = (source / entry).resolve()
-        if not resolved.is_relative_to(source.resolve()):
-            raise ValueError(f"entry_point: {entry} is outside source_dir {source}")
-        if not resolved.is_file():
-            raise ValueError(f"entry_point: {entry} not found in source_dir {source}")
-        # A secret named but not given (a typo) would leave the real one shown in clear.
-        for field, names, given in (
-            ("secret_env", self.secret_env, self.environment),
-            ("secret_hyperparameters", self.secret_hyperparameters, self.hyperparameters),
-        ):
-            for name in names:
-                if name not in given:
-                    what = "environment" if field == "secret_env" else "hyperparameters"
-                    known = ", ".join(sorted(given)[:10]) or "none"
-                    raise ValueError(f"{field}: {name[:80]!r} is not one of the job's {what} "
-                                     f"(given: {known[:200]})")  # fmt: skip
-        if self.min_instance_count is not None and not (
-            1 <= self.min_instance_count <= self.instance_count
-        ):
-            raise ValueError(
-                f"min_instance_count: {self.min_instance_count} must be between 1 and "
-                f"instance_count ({self.instance_count})"
-            )
-        for fault in self.parsed_faults:
-            for rank in fault.ranks:
-                if rank >= self.instance_count:
-                    raise ValueError(
-                        f"faults: {fault} names node {rank} (algo-{rank + 1}), but the job has "
-                        f"{self.instance_count} node(s): ranks 0-{self.instance_count - 1}"
-                    )
-        self._check_capacity()
-        self._check_image()
-        unknown = sorted(set(self.channel_config) - set(self.inputs))
-        if unknown:
-            raise ValueError(
-                f"channel_config: {', '.join(unknown)} is not an input channel "
-                f"(inputs: {', '.join(sorted(self.inputs)) or 'none'})"
-            )
-        if self.max_wait is not None and self.max_wait < self.max_run:
-            raise ValueError(
-                f"max_wait: {self.max_wait} s is shorter than max_run ({self.max_run} s); "
-                "max_wait bounds the whole job, waiting and retries included"
-            )
+        check_files(self)
         return self
-
-    def _check_capacity(self) -> None:
-        provider = self.provider
-        if provider == "ssh":
-            if not self.hosts:
-                raise ValueError("hosts: instance_type 'ssh' needs a list of hosts (or a pool)")
-            if self.instance_count > len(self.hosts):
-                raise ValueError(
-                    f"instance_count: {self.instance_count} nodes but only "
-                    f"{len(self.hosts)} host(s) listed"
-                )
-        elif self.hosts:
-            raise ValueError("hosts: only for instance_type 'ssh'")
-        for name in self.provider_options:
-            if name != provider:
-                raise ValueError(
-                    f"provider_options: {name} options, but instance_type "
-                    f"{self.instance_type!r} runs on the {provider} provider"
-                )
-        if provider != "aws":
-            aws_only = {
-                "region": self.region is not None,
-                "use_spot_instances": self.use_spot_instances,
-                "on_demand_fallback": self.on_demand_fallback,
-                "fallback_instance_types": bool(self.fallback_instance_types),
-                "subnets": bool(self.subnets),
-                "security_group_ids": bool(self.security_group_ids),
-                "image_id": self.image_id is not None,
-                "instance_profile": self.instance_profile is not None,
-                # Local and SSH hosts are not released after a job: nothing to keep warm.
-                "keep_alive_period_in_seconds": self.keep_alive_period_in_seconds > 0,
-                # (the disk of a machine trainctl does not start is what it is)
-                "volume_size": self.volume_size is not None,
-            }
-            given = [name for name, is_set in aws_only.items() if is_set]
-            if given:
-                raise ValueError(
-                    f"{given[0]}: applies to EC2 instance types only, not {self.instance_type!r}"
-                )
-        elif self.on_demand_fallback and not self.use_spot_instances:
-            raise ValueError("on_demand_fallback: only with use_spot_instances=True")
-
-    def _check_image(self) -> None:
-        # (image_uri with build_image is the user's mistake, refused by build_spec; in a job's
-        # spec it is the image that was built for it.)
-        if not self.build_image:
-            for name in ("base_image", "dependencies"):
-                if getattr(self, name):
-                    raise ValueError(f"{name}: only with build_image=True")
-        if self.py_version is not None:
-            from trainctl.spec.frameworks import FRAMEWORK_VERSIONS, resolve_framework_version
-
-            if self.framework_version is None:
-                raise ValueError("py_version: only with framework_version")
-            version = resolve_framework_version(self.framework_version)
-            if self.py_version not in FRAMEWORK_VERSIONS[version]:
-                raise ValueError(
-                    f"py_version: {self.py_version!r} is not available for PyTorch {version}; "
-                    f"allowed: {', '.join(FRAMEWORK_VERSIONS[version])}"
-                )
 
     @property
     def builds_image(self) -> bool:
@@ -1047,36 +794,3 @@ class JobSpec(StrictModel):
     @property
     def launcher(self) -> str:
         return self.distribution.launcher if self.distribution else "python"
-
-
-def profile_steps(value: str) -> tuple[int, int] | None:
-    """`profile`'s START:COUNT as (start, count); None where it is not one."""
-    start, colon, count = value.partition(":")
-    if not colon or not start.isdigit() or not count.isdigit():
-        return None
-    first, steps = int(start), int(count)
-    return (first, steps) if first <= 10**9 and 1 <= steps <= 1000 else None
-
-
-# The fields that name a location a job writes to outside its own store prefix (the same
-# names on a CapacityRequest, which mounts file:// ones into containers).
-WRITTEN_URI_FIELDS = ("checkpoint_s3_uri", "output_path", "tensorboard_s3_uri", "code_location")
-
-
-def written_uris(spec: Any) -> list[tuple[str, str]]:
-    """(field, URI) of each written location `spec` (a JobSpec or CapacityRequest) names."""
-    return [(f, uri) for f in WRITTEN_URI_FIELDS if (uri := getattr(spec, f, None))]
-
-
-def uses_s3(spec: Any) -> bool:
-    """Whether the job's agent needs boto3: an s3:// store, input, output or checkpoint URI."""
-    from trainctl.spec.settings import get_settings
-
-    uris = [get_settings().store_uri, *(uri for _, uri in written_uris(spec))]
-    uris += list(spec.inputs.values())
-    return any(u and u.startswith("s3://") for u in uris)
-
-
-def env_suffix(name: str) -> str:
-    """Upper-case name usable in a shell variable: 'batch-size' -> 'BATCH_SIZE'."""
-    return re.sub(r"[^A-Z0-9_]", "_", name.upper())

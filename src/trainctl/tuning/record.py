@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainctl.errors import NotFoundError, SpecError
-from trainctl.spec.job import JOB_NAME_RE, JobSpec
+from trainctl.spec.checks import JOB_NAME_RE
+from trainctl.spec.job import JobSpec
 from trainctl.store import Store
 from trainctl.tuning.ranges import ParameterRange, range_from_dict
 

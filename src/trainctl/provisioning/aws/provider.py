@@ -67,7 +67,8 @@ from trainctl.provisioning.base import (
 from trainctl.provisioning.ports import free_port
 from trainctl.spec.capacity import SSM_PARAMETER_PREFIX, SshHost
 from trainctl.spec.catalog import CATALOG
-from trainctl.spec.job import JobSpec, written_uris
+from trainctl.spec.checks import written_uris
+from trainctl.spec.job import JobSpec
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import get_settings
 
