@@ -201,13 +201,7 @@ def diagnose(
     checked, `on_run(label, job)` as each run starts, `on_result(run)` as it ends."""
     from trainctl.store import default_store
 
-    _check_positive("steps", steps)
-    _check_positive("max_seconds", max_seconds)
-    _check_positive("repeats", repeats)
-    if warmup < 0:
-        raise SpecError("warmup", f"must be 0 or more, got {warmup}")
-    if interruptions_per_hour is not None and not interruptions_per_hour > 0:
-        raise SpecError("interruptions_per_hour", f"must be above 0, got {interruptions_per_hour}")
+    _check_bounds(steps, warmup, max_seconds, repeats, interruptions_per_hour)
     store = store or default_store()
     record = JobStore(store, job_name).load()  # JobNotFoundError: one line, before any run
     size = record.spec.instance_count if nodes is None else nodes
@@ -252,17 +246,24 @@ def diagnose(
         rate, source = _interruption_rate(record, _notice_unsaved(runs))
     # An assumed rate is a cloud market's: local and SSH capacity is not reclaimed.
     interruptible = record.spec.provider == "aws" or not source.startswith("assumed")
+    steps_in_job = _job_steps(record)
     result = _analyse(
-        job_name,
-        size,
-        runs,
-        rate,
-        source,
-        job_steps=_job_steps(record),
-        interruptible=interruptible,
+        job_name, size, runs, rate, source, job_steps=steps_in_job, interruptible=interruptible
     )
     result.kept = keep
     return result
+
+
+def _check_bounds(
+    steps: int, warmup: int, max_seconds: int, repeats: int, interruptions_per_hour: float | None
+) -> None:
+    _check_positive("steps", steps)
+    _check_positive("max_seconds", max_seconds)
+    _check_positive("repeats", repeats)
+    if warmup < 0:
+        raise SpecError("warmup", f"must be 0 or more, got {warmup}")
+    if interruptions_per_hour is not None and not interruptions_per_hour > 0:
+        raise SpecError("interruptions_per_hour", f"must be above 0, got {interruptions_per_hour}")
 
 
 def _end_runs(store: Store, names: list[str]) -> None:
@@ -462,6 +463,42 @@ def _median_runs(runs: list[RunMeasurement]) -> tuple[dict[str, RunMeasurement],
     return medians, spreads
 
 
+def _scaling(
+    out: Diagnosis,
+    main: RunMeasurement,
+    single: RunMeasurement | None,
+    size: int,
+    spreads: dict[str, float],
+    noise: float,
+) -> None:
+    """(a) scaling and communication: the N-node run against the one-node run."""
+    t_main = main.step_seconds
+    if single is not None:
+        t_single = single.step_seconds
+        if t_main and t_single:
+            per_worker_main, per_worker_single = main.samples_per_step, single.samples_per_step
+            work = (
+                per_worker_main / per_worker_single
+                if per_worker_main and per_worker_single
+                else 1.0  # the same per-worker batch, as a DistributedSampler loop has
+            )
+            compute = t_single * work  # the N-node step's own computation
+            out.scaling_efficiency = compute / t_main
+            out.communication_share = max(0.0, (t_main - compute) / t_main)
+            if spreads and out.communication_share <= noise:
+                out.within_noise.append("communication")
+        elif main.wall_seconds and single.wall_seconds:
+            # whole runs over the same data: N workers ideally take 1/N of the time
+            out.scaling_efficiency = single.wall_seconds / (size * main.wall_seconds)
+            out.not_measured.append(
+                "communication share: without per-step times only the whole runs compare"
+            )
+        else:
+            out.not_measured.append("scaling: a run did not measure (see its line above)")
+    else:
+        out.not_measured.append("communication: the job runs on one node (nothing to exchange)")
+
+
 def _analyse(
     job: str,
     size: int,
@@ -496,31 +533,7 @@ def _analyse(
             "per-step times: the script sends no steps (call trainctl.train.report_step"
             "(step) on every rank, once per optimizer step), so only whole runs were timed"
         )
-    # (a) scaling and communication
-    if single is not None:
-        t_single = single.step_seconds
-        if t_main and t_single:
-            per_worker_main, per_worker_single = main.samples_per_step, single.samples_per_step
-            work = (
-                per_worker_main / per_worker_single
-                if per_worker_main and per_worker_single
-                else 1.0  # the same per-worker batch, as a DistributedSampler loop has
-            )
-            compute = t_single * work  # the N-node step's own computation
-            out.scaling_efficiency = compute / t_main
-            out.communication_share = max(0.0, (t_main - compute) / t_main)
-            if spreads and out.communication_share <= noise:
-                out.within_noise.append("communication")
-        elif main.wall_seconds and single.wall_seconds:
-            # whole runs over the same data: N workers ideally take 1/N of the time
-            out.scaling_efficiency = single.wall_seconds / (size * main.wall_seconds)
-            out.not_measured.append(
-                "communication share: without per-step times only the whole runs compare"
-            )
-        else:
-            out.not_measured.append("scaling: a run did not measure (see its line above)")
-    else:
-        out.not_measured.append("communication: the job runs on one node (nothing to exchange)")
+    _scaling(out, main, single, size, spreads, noise)  # (a) scaling and communication
     # (b) data loading
     if synthetic is not None and t_main and synthetic.step_seconds:
         out.io_share = max(0.0, (t_main - synthetic.step_seconds) / t_main)

@@ -82,13 +82,7 @@ class SshRunner(NodeRunner):
         root = cluster.node(rank).root
         try:
             handed_on = False
-            while self.wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code:
-                if time.monotonic() > deadline:
-                    raise SshProvisionError(
-                        f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did "
-                        f"not finish within {self.connect_timeout:.0f} s"
-                    )
-                time.sleep(2.0)
+            self._wait_for_setup(conn, host, deadline)
             timings["ssh"] = time.monotonic() - started
             host_root = self.host_root or root  # differs from root when in an image
             run_dir = (
@@ -132,11 +126,8 @@ class SshRunner(NodeRunner):
                     conn=conn,
                 )
             else:
-                tags = {
-                    JOB_TAG: cluster.job,
-                    NODE_TAG: str(rank),
-                    ATTEMPT_TAG: str(cluster.attempt),
-                }
+                attempt = str(cluster.attempt)
+                tags = {JOB_TAG: cluster.job, NODE_TAG: str(rank), ATTEMPT_TAG: attempt}
                 proc = SshProcess(
                     connector,
                     argv,
@@ -151,6 +142,18 @@ class SshRunner(NodeRunner):
                 conn.close()
         proc.startup = {k: round(v, 3) for k, v in timings.items()}
         return proc
+
+    def _wait_for_setup(self, conn: Any, host: SshHost, deadline: float) -> None:
+        """Until the node's own setup (its user data on EC2) has left its marker."""
+        import time
+
+        while self.wait_for_marker and conn.run(["test", "-e", NODE_PREPARED_MARKER]).code:
+            if time.monotonic() > deadline:
+                raise SshProvisionError(
+                    f"{host.address}: the node's setup ({NODE_PREPARED_MARKER}) did "
+                    f"not finish within {self.connect_timeout:.0f} s"
+                )
+            time.sleep(2.0)
 
 
 def start_in_container(

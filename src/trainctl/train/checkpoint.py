@@ -110,6 +110,33 @@ __all__ = [
 ]
 
 
+def _global_state(
+    step: int,
+    epoch: int,
+    world: int,
+    sharded: bool,
+    extra: Any,
+    *,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    scaler: Any,
+) -> dict[str, Any]:
+    """Rank 0's state.pt: the model and optimizer (None where DCP writes them sharded), the
+    scheduler, the scaler, the step, the user's `extra`."""
+    return {
+        "step": step,
+        "epoch": int(epoch),
+        "model": None if sharded else unwrap_model(model).state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None and not sharded else None,
+        "sharded": SHARDED_DIR if sharded else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "extra": extra,
+        "world_size": world,
+    }
+
+
 class Checkpointer:
     """Save and restore training state in `directory` (default: the context's checkpoint_dir).
 
@@ -241,19 +268,8 @@ class Checkpointer:
         sharded = self._sharded(model)
         state: dict[str, Any] | None = None
         if rank == 0:
-            state = {
-                "step": step,
-                "epoch": int(epoch),
-                "model": None if sharded else unwrap_model(model).state_dict(),
-                "optimizer": (
-                    optimizer.state_dict() if optimizer is not None and not sharded else None
-                ),
-                "sharded": SHARDED_DIR if sharded else None,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "extra": extra,
-                "world_size": world,
-            }
+            parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+            state = _global_state(step, epoch, world, sharded, extra, scaler=scaler, **parts)
         own = {
             "rng": _rng_state(),
             "sampler": sampler.state_dict() if sampler is not None else None,
@@ -264,16 +280,7 @@ class Checkpointer:
         if not self.async_save:
             if sharded:
                 _sharded_save(model, optimizer, step_dir, dist, None, background=False)
-            self._write(write, state, own, dist, None)
-            self._durability = _background.start(
-                f"trainctl-checkpoint-{step}", lambda: self._make_durable(write)
-            )
-            if rank == 0:
-                _report_now(step)
-            held = time.perf_counter() - began
-            self._saved(held)
-            self._write_seconds = held
-            diagnosis.checkpoint_written(held)
+            self._save_in_line(write, state, own, dist, began)
             return step_dir
         # The loop goes on once the state is copied: the copy is what gets written.
         with _copy_threads(self.ctx.local_world_size):
@@ -307,6 +314,22 @@ class Checkpointer:
         self._durability = _background.start(f"trainctl-checkpoint-{step}", background)
         self._saved(time.perf_counter() - began)
         return step_dir
+
+    def _save_in_line(
+        self, write: _StepWrite, state: Any, own: dict[str, Any], dist: Any, began: float
+    ) -> None:
+        """`save` with async_save=False: the loop waits for the writes (durability is still
+        background work)."""
+        self._write(write, state, own, dist, None)
+        self._durability = _background.start(
+            f"trainctl-checkpoint-{write.step}", lambda: self._make_durable(write)
+        )
+        if write.rank == 0:
+            _report_now(write.step)
+        held = time.perf_counter() - began
+        self._saved(held)
+        self._write_seconds = held
+        diagnosis.checkpoint_written(held)
 
     def _sharded(self, model: Any) -> bool:
         if self.sharded is not None:

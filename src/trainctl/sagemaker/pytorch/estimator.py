@@ -231,21 +231,7 @@ class PyTorch:
         if instance_type is None:
             raise SpecError("instance_type", "is required (e.g. 'ml.p4d.24xlarge' or 'local')")
         itype = instance_type_of(instance_type)
-        fields: dict[str, Any] = {k: kwargs[k] for k in PASSED if kwargs.get(k) is not None}
-        if "volume_size" in fields and not _on_ec2(itype):
-            # SageMaker's local mode ignores it too (the disk is the machine's own).
-            warn("volume_size", f"ignored: {instance_type} runs on this machine", stacklevel=3)
-            del fields["volume_size"]
-        if kwargs.get("tensorboard_output_config") is not None:
-            fields.update(tensorboard_fields(kwargs["tensorboard_output_config"]))
-        if kwargs.get("tags") is not None:
-            fields["tags"] = tags_of(kwargs["tags"])
-        profile = profile_of(kwargs.get("profiler_config"), kwargs.get("disable_profiler"))
-        if profile is not None:
-            fields["profile"] = profile
-        for name in ("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri"):
-            if name in fields:
-                fields[name] = self.sagemaker_session.resolve(fields[name])
+        fields = self._passed_fields(kwargs, instance_type, itype)
         # SageMaker's image this job is built on, while it may still turn out not to be had
         self._framework: FrameworkImage | None = None
         if framework_as_processes(framework_version, py_version, image_uri):
@@ -259,16 +245,9 @@ class PyTorch:
         if kwargs.get("git_config") is not None:
             self._clone = clone_git_config(kwargs["git_config"])
             weakref.finalize(self, shutil.rmtree, self._clone, True)
-            # as on SageMaker: source_dir, entry_point and dependencies are the repository's
-            within = self._clone
-            if source_dir is not None:
-                source_dir = str(_inside(within, source_dir, "source_dir"))
-            else:
-                entry_point = str(_inside(within, entry_point, "entry_point"))
-            dependencies = [
-                str(_inside(within, d, f"dependencies[{i}]"))
-                for i, d in enumerate(dependencies or [])
-            ]
+            entry_point, source_dir, dependencies = _in_clone(
+                self._clone, entry_point, source_dir, dependencies
+            )
         self._sources = _staged_sources(entry_point, source_dir, dependencies or [])
         if self._sources is not None:
             weakref.finalize(self, shutil.rmtree, self._sources, True)
@@ -293,6 +272,27 @@ class PyTorch:
         self.instance_type = instance_type
         self.base_job_name = base_job_name
         self._estimator = self._build()  # bad input fails here, at construction
+
+    def _passed_fields(
+        self, kwargs: dict[str, Any], instance_type: str, itype: str
+    ) -> dict[str, Any]:
+        """The job fields SageMaker's keyword arguments give, as trainctl takes them."""
+        fields: dict[str, Any] = {k: kwargs[k] for k in PASSED if kwargs.get(k) is not None}
+        if "volume_size" in fields and not _on_ec2(itype):
+            # SageMaker's local mode ignores it too (the disk is the machine's own).
+            warn("volume_size", f"ignored: {instance_type} runs on this machine", stacklevel=4)
+            del fields["volume_size"]
+        if kwargs.get("tensorboard_output_config") is not None:
+            fields.update(tensorboard_fields(kwargs["tensorboard_output_config"]))
+        if kwargs.get("tags") is not None:
+            fields["tags"] = tags_of(kwargs["tags"])
+        profile = profile_of(kwargs.get("profiler_config"), kwargs.get("disable_profiler"))
+        if profile is not None:
+            fields["profile"] = profile
+        for name in ("output_path", "checkpoint_s3_uri", "tensorboard_s3_uri"):
+            if name in fields:
+                fields[name] = self.sagemaker_session.resolve(fields[name])
+        return fields
 
     def _build(self) -> Estimator:
         return Estimator(**self._fields, hyperparameters=dict(self._hyperparameters))
@@ -436,6 +436,19 @@ def clone_git_config(config: Any) -> Path:
             shutil.rmtree(target, ignore_errors=True)
             raise SpecError("git_config", f"git {name} failed: {why}")
     return target
+
+
+def _in_clone(
+    within: Path, entry_point: str, source_dir: str | None, dependencies: list[str] | None
+) -> tuple[str, str | None, list[str]]:
+    """As on SageMaker with a git_config: source_dir (else entry_point) and dependencies are
+    the repository's."""
+    if source_dir is not None:
+        source_dir = str(_inside(within, source_dir, "source_dir"))
+    else:
+        entry_point = str(_inside(within, entry_point, "entry_point"))
+    deps = [str(_inside(within, d, f"dependencies[{i}]")) for i, d in enumerate(dependencies or [])]
+    return entry_point, source_dir, deps
 
 
 def _inside(root: Path, relative: str, field: str) -> Path:
