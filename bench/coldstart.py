@@ -159,7 +159,7 @@ def figures_of(runs: dict[str, list[tuple[float, dict[str, float]]]]) -> list[di
     def stage_medians(kind: str) -> dict[str, float | None]:
         return {
             s: summary([st[s] for _, st in runs[kind] if s in st])["median"]
-            for s in (*STAGES, "total")
+            for s in (*STAGES, "to_first_step")
         }
 
     cold_stages = stage_medians("cold")
@@ -215,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     figs = figures_of(runs)
     print(json.dumps([{k: f[k] for k in ("name", "ratio", "ratio_spread", "pass")} for f in figs]))
     print("stage medians, seconds (slowest node):")
-    print(f"  {'':8s} " + " ".join(f"{s:>8s}" for s in (*STAGES, "total")))
+    print(f"  {'':8s} " + " ".join(f"{s:>8s}" for s in (*STAGES, "to_first_step")))
     for kind in ("local", "local-s3", "cold", "warm"):
         stages = figs[0]["detail"][kind]
         cells = " ".join(
             f"{'-' if stages[s] is None else format(stages[s], '.2f'):>8s}"
-            for s in (*STAGES, "total")
+            for s in (*STAGES, "to_first_step")
         )
         first_step = figs[0]["detail"]["submit_to_first_step_s"][kind]
         print(f"  {kind:8s} {cells}   submit -> first step {first_step:.2f}")

@@ -275,7 +275,7 @@ def main(argv=None):
 
             step += 1
             sampler.advance(yb.shape[0])
-            report_step(step, total=total, loss=loss.item())  # loss: `trainctl metrics JOB`
+            report_step(step, total_steps=total, loss=loss.item())  # loss: `trainctl metrics JOB`
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
             if preempt.should_stop():  # SIGTERM on any node: all ranks stop at this step

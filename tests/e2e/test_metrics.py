@@ -81,7 +81,7 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     events = JobStore(job.store, job.name).events()
     assert "total_changed" not in [e["type"] for e in events]
     assert "trained_apart" not in [e["type"] for e in events]  # DDP: together, as it says
-    assert info["progress"]["step"] == info["progress"]["total"], info["progress"]
+    assert info["progress"]["step"] == info["progress"]["total_steps"], info["progress"]
     history = job.metric_history()
     losses = [p for p in history if p["name"] == "loss"]
     assert {p["attempt"] for p in losses} == {1, 2}

@@ -95,7 +95,7 @@ def test_same_spec_reuses_warm_instances_another_spec_does_not(cloud):
     assert {i["instance_id"] for i in info["instances"] if not i["warm"]} == set(kept)
     # Where its start-up went, per stage: no capacity wait, no agent upload on warm hosts.
     startup = info["attempts"][0]["startup"]
-    assert {"capacity", "ssh", "agent", "code", "venv", "launch", "total"} <= set(startup)
+    assert {"capacity", "ssh", "agent", "code", "venv", "launch", "to_first_step"} <= set(startup)
     log = second.store.get_text(f"jobs/{second_name}/logs/attempt-1/node-0.log")
     assert "test_accuracy=" in log
     events = second.store.get_text(f"jobs/{second_name}/events.jsonl")

@@ -93,19 +93,19 @@ def test_progress_is_the_steps_done_of_the_work_known_and_the_time_left_at_the_l
         started_at="2026-12-02T22:00:00Z",
         resumed_from_step=250,
         last_step=400,
-        startup={"capacity": 20.0, "total": 50.0},
+        startup={"capacity": 20.0, "total": 50.0},  # (as an older record names it)
     )
     record.attempts = [first, second]
     now = parse_iso("2026-12-02T22:00:30Z") + 100
     assert record.progress(now) == {
         "step": 400,
-        "total": 1000,
+        "total_steps": 1000,
         "fraction": 0.4,
         "steps_per_second": 1.5,
         "seconds_left": 400.0,
     }
     record.total_steps_reported = 800  # the script's word over the spec's
-    assert record.progress(now)["total"] == 800
+    assert record.progress(now)["total_steps"] == 800
 
 
 @pytest.mark.timeout(10)
@@ -119,5 +119,7 @@ def test_a_step_message_with_its_total_sets_the_work_the_job_has(tmp_path: Path)
     telemetry = Telemetry(JobStore(store, "told"), record, info=print)
     assert telemetry.progress_message(record.attempts[0], 0, {"event": "step", "step": 5})
     assert record.total_steps is None
-    telemetry.progress_message(record.attempts[0], 0, {"event": "step", "step": 6, "total": 90})
+    telemetry.progress_message(
+        record.attempts[0], 0, {"event": "step", "step": 6, "total_steps": 90}
+    )
     assert (record.total_steps, record.attempts[0].last_step) == (90, 6)

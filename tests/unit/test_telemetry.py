@@ -96,20 +96,20 @@ def test_a_total_that_shrinks_or_falls_below_the_step_reached_is_said_once_and_n
     )  # fmt: skip
     said: list[str] = []
     telemetry = Telemetry(jobs, record, said.append)  # type: ignore[arg-type]
-    step = {"event": "step", "step": 10, "total": 120}
+    step = {"event": "step", "step": 10, "total_steps": 120}
     assert telemetry.progress_message(first, 0, step)
     assert record.total_steps_reported == 120 and said == []
     second = Attempt(number=2, started_at=T0)
     record.attempts.append(second)
     for n in (41, 42, 43):  # the resumed epoch's rest counted as the whole: 60
-        telemetry.progress_message(second, 0, {"event": "step", "step": n, "total": 60})
+        telemetry.progress_message(second, 0, {"event": "step", "step": n, "total_steps": 60})
     assert record.total_steps_reported == 120
     assert [kind for kind, _ in jobs.events] == ["total_changed"]
     assert jobs.events[0][1] == {"reported": 60, "kept": 120, "reached": 41}
     assert len(said) == 1 and "went from 120 to 60 steps; 120 is kept" in said[0]
-    telemetry.progress_message(second, 0, {"event": "step", "step": 130, "total": 125})
+    telemetry.progress_message(second, 0, {"event": "step", "step": 130, "total_steps": 125})
     assert record.total_steps_reported == 125  # larger: believed
     assert len(said) == 2 and "total of 125 steps is below step 130" in said[1]
-    telemetry.progress_message(second, 0, {"event": "step", "step": 131, "total": 126})
+    telemetry.progress_message(second, 0, {"event": "step", "step": 131, "total_steps": 126})
     assert len(said) == 2, "each oddity is said once"
     assert record.warnings == [s.removeprefix("warning: ") for s in said]  # for `status`

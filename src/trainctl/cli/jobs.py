@@ -342,7 +342,9 @@ def _status_rows(jobs: Any, record: Any, info: dict[str, Any]) -> list[tuple[str
         if latest.restored is not None and latest.restored.split:
             rows.append(("split resume", latest.restored.split))
     if record.attempts and (startup := record.attempts[-1].startup):
-        rows.append(("start-up", " · ".join(f"{k} {v:.1f} s" for k, v in startup.items())))
+        rows.append(
+            ("start-up", " · ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in startup.items()))
+        )
     return rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainctl.clock import clock
 from trainctl.controller.deadline import DEFAULT_RESTART_SECONDS, Pace
-from trainctl.record.models import JobRecord
+from trainctl.record.models import TO_FIRST_STEP, JobRecord
 from trainctl.spec.settings import get_settings
 
 
@@ -53,9 +53,9 @@ class TimeBudget:
             default=0,
         )
         starts = [
-            a.startup["total"] - a.startup.get("capacity", 0.0)
+            a.startup[TO_FIRST_STEP] - a.startup.get("capacity", 0.0)
             for a in record.attempts
-            if a.startup and "total" in a.startup
+            if a.startup and TO_FIRST_STEP in a.startup
         ]
         lost = [a.steps_lost for a in record.attempts if a.steps_lost is not None]
         restart = DEFAULT_RESTART_SECONDS
@@ -64,7 +64,7 @@ class TimeBudget:
         return Pace(
             elapsed=clock().monotonic() - self.job_started + self.waited_before,
             deadline=float(spec.max_wait),
-            work=progress["total"] / rate,
+            work=progress["total_steps"] / rate,
             done=saved_steps / rate,
             restart=max(get_settings().min_restart_seconds, restart),
             run_left=spec.max_run - self.trained(),

@@ -1,7 +1,7 @@
 """Spot with a deadline: Uniform Progress (Wu et al., "Can't Be Late", NSDI 2024), on
 trainctl's fault model.
 
-A job that knows its work (`total_steps`, or the script's `report_step(total=N)`) and its
+A job that knows its work (`total_steps`, or the script's `report_step(total_steps=N)`) and its
 deadline (`max_wait`, from its start) has a straight line from nothing done at its start to
 all done at its deadline: the expected progress ep(t) = work * t / deadline. With cp(t) the
 work done (in seconds of training at the job's pace, up to its last checkpoint), the

@@ -15,7 +15,7 @@ The family, each a refinement of the one before:
   the training left and a start-up (STARTUP_ALLOWANCE_SECONDS), then the fallback; a try back
   to spot only while the deadline can afford two start-ups.
 - `UniformProgress`: with the job's work known too (total_steps, or the script's
-  report_step(total=N)), Can't Be Late's rules (trainctl.controller.deadline); until its
+  report_step(total_steps=N)), Can't Be Late's rules (trainctl.controller.deadline); until its
   pace is measured, as `FallBackAtDeadline`.
 
 Elastic sizing (`min_instance_count`: fewer nodes rather than none, larger again once there

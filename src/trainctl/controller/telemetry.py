@@ -13,7 +13,7 @@ from trainctl.controller.attempts import count_step
 from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.record.jobstore import JobStore
-from trainctl.record.models import Attempt, JobRecord, add_warning
+from trainctl.record.models import TO_FIRST_STEP, Attempt, JobRecord, add_warning
 
 # Step messages that carry a step number (and may carry metric values).
 PROGRESS_EVENTS = ("step", "checkpoint", "preempted")
@@ -60,7 +60,7 @@ class Telemetry:
         if msg.get("event") not in PROGRESS_EVENTS or not isinstance(step, int):
             return False
         count_step(attempt, msg["event"], step)
-        total = msg.get("total")
+        total = msg.get("total_steps")
         if isinstance(total, int) and not isinstance(total, bool) and total >= 1:
             self.reported_total(total, step)
         for name, value in numeric_metrics(msg.get("metrics")).items():
@@ -68,7 +68,7 @@ class Telemetry:
         return True
 
     def reported_total(self, total: int, step: int) -> None:
-        """The script's `report_step(total=N)`: the job's work, for `status` and the deadline
+        """The script's `report_step(total_steps=N)`: the job's work, for `status` and the deadline
         policy alike. A total that changes (a script that counts what is left of a resumed
         epoch as its length, say) or that is below a step already reached is said once, and
         the larger total is believed: work once known does not go away."""
@@ -153,11 +153,11 @@ def startup_stages(
     """Where an attempt's start-up went, seconds per stage: the controller's (capacity),
     each node's slowest (ssh, agent, image from the provider; code, venv from the agent),
     launch (every node launched -> the first step; a quick node's first step can come before
-    a slow node says it launched) and the total."""
+    a slow node says it launched) and all of it (to_first_step)."""
     stages = dict(controller)
     for node in nodes:
         for name, seconds in node.items():
             stages[name] = max(stages.get(name, 0.0), float(seconds))
     stages["launch"] = max(0.0, first_step - launched)
-    stages["total"] = first_step - attempt_started
+    stages[TO_FIRST_STEP] = first_step - attempt_started
     return {k: round(v, 3) for k, v in stages.items()}

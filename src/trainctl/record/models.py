@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainctl.clock import clock
 from trainctl.record.costs import (
@@ -47,6 +47,9 @@ class StateCopy(BaseModel):
         when = datetime.fromtimestamp(self.written_ms / 1000, timezone.utc).strftime("%H:%M:%S")
         return f"{attempt}algo-{self.node + 1}'s copy of {when}, {_size(self.size)}"
 
+
+# The start-up stage that is all of it: the attempt's start to its first step.
+TO_FIRST_STEP = "to_first_step"
 
 # Saved-state files a node's restore is recorded with (the newest; all are compared).
 STATE_FILES_RECORDED = 8
@@ -233,7 +236,8 @@ class Attempt(BaseModel):
     # ran: what a relaunch's hang bound is made of (controller.hangs).
     longest_quiet_seconds: float | None = None
     # Where the attempt's start-up went, seconds per stage (slowest node for node stages):
-    # capacity, ssh, agent, image, code, venv, launch (launcher start -> first step), total.
+    # capacity, ssh, agent, image, code, venv, launch (launcher start -> first step), and
+    # to_first_step (all of it).
     startup: dict[str, float] | None = None
     # What its nodes restored before the script started (None: not reported).
     restored: Restored | None = None
@@ -241,6 +245,14 @@ class Attempt(BaseModel):
     warm_pool: str | None = None
     # The provider's id of its capacity (Slurm's job id), where it has one.
     capacity_id: str | None = None
+
+    @field_validator("startup")
+    @classmethod
+    def _startup_names(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        # (records written before the stage had its name called it "total")
+        if v is not None and "total" in v and TO_FIRST_STEP not in v:
+            v = {(TO_FIRST_STEP if k == "total" else k): s for k, s in v.items()}
+        return v
 
     def node_hours(self) -> float:
         """Its nodes' hours, once it ended (0 while it runs): what an interruption rate is
@@ -253,10 +265,11 @@ class Attempt(BaseModel):
     def steps_per_second(self, now: float | None = None) -> float | None:
         """Its training pace: steps from where it resumed to its last, over the time since
         its first step (to its end, or `now`); None before two steps."""
-        if self.last_step is None or not self.startup or "total" not in self.startup:
+        if self.last_step is None or not self.startup or TO_FIRST_STEP not in self.startup:
             return None
-        # (started_at is once it had its nodes; the start-up's total counts the capacity too)
-        begun = parse_iso(self.started_at) + self.startup["total"] - self.startup.get("capacity", 0)
+        # (started_at is once it had its nodes; the start-up counts the capacity too)
+        startup = self.startup
+        begun = parse_iso(self.started_at) + startup[TO_FIRST_STEP] - startup.get("capacity", 0)
         end = parse_iso(self.ended_at) if self.ended_at else (now or clock().time())
         done = self.last_step - (self.resumed_from_step or 0)
         if done <= 0 or end - begun <= 0:
@@ -333,7 +346,7 @@ class JobRecord(BaseModel):
     model_data: str | None = None
     output_data: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
-    # The training steps in all: the script's report_step(total=N), else the spec's.
+    # The training steps in all: the script's report_step(total_steps=N), else the spec's.
     total_steps_reported: int | None = None
     # What the controller warned of (each also an event): the nodes trained apart, a split
     # resume, a fault the job ended before... `status` shows them.
@@ -358,7 +371,7 @@ class JobRecord(BaseModel):
 
     def progress(self, now: float | None = None) -> dict[str, Any] | None:
         """How far the job is and how long it has left, where its total work is known:
-        {"step", "total", "fraction", "steps_per_second", "seconds_left"}; the rate is the
+        {"step", "total_steps", "fraction", "steps_per_second", "seconds_left"}; the rate is the
         latest attempt's since its first step (None until it has one)."""
         total = self.total_steps
         if total is None:
@@ -371,7 +384,7 @@ class JobRecord(BaseModel):
             left = round(max(0, total - step) / rate, 1)
         return {
             "step": step,
-            "total": total,
+            "total_steps": total,
             "fraction": round(min(1.0, step / total), 4),
             "steps_per_second": None if rate is None else round(rate, 4),
             "seconds_left": left,
@@ -442,7 +455,8 @@ class JobRecord(BaseModel):
 
 def progress_text(progress: dict[str, Any]) -> str:
     """A job's progress (JobRecord.progress) in words: `54/138 steps (39%), ~1m20s left`."""
-    text = f"{progress['step']:,}/{progress['total']:,} steps ({progress['fraction']:.0%})"
+    done, total = progress["step"], progress["total_steps"]
+    text = f"{done:,}/{total:,} steps ({progress['fraction']:.0%})"
     left = progress.get("seconds_left")
     if left is not None:
         minutes, seconds = divmod(round(left), 60)

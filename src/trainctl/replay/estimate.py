@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from trainctl.errors import SpecError
-from trainctl.record.models import JobRecord
+from trainctl.record.models import TO_FIRST_STEP, JobRecord
 from trainctl.replay.training import Workload
 from trainctl.spec.trace import SpotTrace, load_trace
 from trainctl.store import Store
@@ -179,8 +179,8 @@ def measured_speed(record: JobRecord) -> tuple[float, float]:
         if done > 0 and attempt.training_seconds:
             steps += done
             seconds += attempt.training_seconds
-        if attempt.startup and "total" in attempt.startup:
-            startups.append(attempt.startup["total"])
+        if attempt.startup and TO_FIRST_STEP in attempt.startup:
+            startups.append(attempt.startup[TO_FIRST_STEP])
     if steps <= 0:
         raise SpecError(
             "job",

@@ -276,13 +276,13 @@ class JobSpec(StrictModel):
         int, Door("Seconds of training before the job is stopped.", sagemaker="same")
     ] = Field(default=86400, ge=1, le=28 * 86400, strict=True)
     # The work the job has to do, for its progress, time left and the deadline policy
-    # (trainctl.controller.deadline); None: the script may say it (report_step(total=N)).
+    # (trainctl.controller.deadline); None: the script may say it (report_step(total_steps=N)).
     total_steps: Annotated[
         int | None,
         Door(
             "The job's training steps in all (what report_step counts), for its progress, time "
             "left and the spot deadline policy; a script can say it itself: "
-            "report_step(step, total=N)."
+            "report_step(step, total_steps=N)."
         ),
     ] = Field(default=None, ge=1, le=10**12, strict=True)
     job_name: Annotated[

@@ -7,7 +7,7 @@
                                # (the last step held back is sent as the process ends)
         report_step(step, loss=loss.item(), lr=lr)   # with metrics: every call is sent
 
-        report_step(step, total=epochs * len(loader))   # the work in all: progress, time
+        report_step(step, total_steps=epochs * len(loader))   # the work: progress, time
                                # left and the spot deadline policy (or the total_steps field)
 
 The controller uses the last reported step to measure how many steps an interruption cost;
@@ -30,12 +30,17 @@ _last_sent: float | None = None
 # The last step the throttle held back: sent as the process ends (flush_step), so a job's
 # record ends at the step its script reached, not up to MIN_INTERVAL before it.
 _unsent: int | None = None
-# The job's training steps in all, once the script said it (report_step(total=N)).
-_total: int | None = None
+# The job's training steps in all, once the script said it (report_step(total_steps=N)).
+_total_steps: int | None = None
 
 
 def report_step(
-    step: int, *, total: int | None = None, min_interval: float = MIN_INTERVAL, **metrics: float
+    step: int,
+    *,
+    total_steps: int | None = None,
+    min_interval: float = MIN_INTERVAL,
+    total: int | None = None,
+    **metrics: float,
 ) -> None:
     """Send `{"event": "step", "step": step}` from global rank 0, throttled to `min_interval`.
 
@@ -47,14 +52,19 @@ def report_step(
     reports its step unthrottled. With
     `metrics` (numbers: loss=0.31, acc=0.9) every call is sent, so no value is lost; the
     controller thins a metric's history once it is long (see trainctl.metrics).
+
+    `total_steps`: the job's steps in all (the job field of that name, said by the script):
+    progress, time left and the spot deadline policy. `total` is its earlier spelling, still
+    taken.
     """
     if not protocol.under_trainctl():
         return
     from trainctl.train.context import _global_rank
 
-    global _total
-    if total is not None and int(total) >= 1:
-        _total = int(total)
+    global _total_steps
+    total_steps = total if total_steps is None else total_steps
+    if total_steps is not None and int(total_steps) >= 1:
+        _total_steps = int(total_steps)
     rank = _global_rank()
     if rank == 0:
         _send(step, min_interval, metrics)
@@ -79,8 +89,8 @@ def _emit(step: int, **fields: object) -> None:
     global _last_sent, _unsent
     _last_sent = time.monotonic()
     _unsent = None
-    if _total is not None:  # the work in all (trainctl.controller.deadline): with each step
-        fields = {"total": _total, **fields}
+    if _total_steps is not None:  # the work (trainctl.controller.deadline): with each step
+        fields = {"total_steps": _total_steps, **fields}
     protocol.send("step", step=step, **fields)
 
 

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from trainctl.errors import NotFoundError
+from trainctl.record.models import TO_FIRST_STEP
 
 
 def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
@@ -27,7 +28,7 @@ def start_of(job: Any) -> tuple[float | None, bool]:
     if not job.attempts:
         return None, False
     first = job.attempts[0]
-    total = (first.startup or {}).get("total")
+    total = (first.startup or {}).get(TO_FIRST_STEP)
     return (None if total is None else round(total, 1)), first.warm_pool is not None
 
 

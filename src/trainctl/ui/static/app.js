@@ -70,7 +70,7 @@
         .catch(function (err) { box.innerHTML = "<p class='state-Failed' id='tensorboard-error'>" + esc(err.message) + "</p>"; });
     };
     function progressText(p) {  // as trainctl status: "54/138 steps (39%), ~1m20s left"
-      var text = p.step.toLocaleString("en-US") + "/" + p.total.toLocaleString("en-US") + " steps (" + Math.round(100 * p.fraction) + "%)";
+      var text = p.step.toLocaleString("en-US") + "/" + p.total_steps.toLocaleString("en-US") + " steps (" + Math.round(100 * p.fraction) + "%)";
       if (p.seconds_left !== null && p.seconds_left !== undefined) {
         var s = Math.round(p.seconds_left), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
         text += h ? ", ~" + h + "h" + String(m).padStart(2, "0") + "m left" : ", ~" + m + "m" + String(s % 60).padStart(2, "0") + "s left";
