@@ -200,10 +200,11 @@ def test_user_failure_counts_against_max_restarts_but_kills_do_not(home, source)
 
 def _controller_in_attempt_2(probe, reached: int):
     """A controller of a new job whose attempt 1 reached step `reached` and whose attempt 2
-    has just begun, and that attempt's two nodes (no process is read here)."""
+    has just begun, that attempt's watch and its two nodes (no process is read here)."""
     from trainctl.controller.attempts import LiveNode
     from trainctl.controller.controller import Controller
     from trainctl.controller.submit import create_job
+    from trainctl.controller.watch import AttemptWatch
     from trainctl.record.keys import now_iso
     from trainctl.record.models import Attempt
     from trainctl.spec.build import build_spec
@@ -216,7 +217,9 @@ def _controller_in_attempt_2(probe, reached: int):
     second = Attempt(number=2, started_at=now_iso())
     ctl.record.attempts = [first, second]
     nodes = {r: LiveNode(r, proc=None) for r in (0, 1)}  # type: ignore[arg-type]
-    return ctl, first, second, nodes
+    ctl._attempt = watch = AttemptWatch(ctl, nodes)  # (no thread: nothing is followed)
+    ctl._nodes = nodes
+    return watch, first, second, nodes
 
 
 @pytest.mark.timeout(30)
@@ -226,18 +229,18 @@ def test_a_resume_is_what_rank_0_says_even_when_another_node_overtakes_it(home, 
     attempt 1 lose all its 48 steps. A resume guessed from rank 0 stepping first gives way
     to the `resumed` the script sends after."""
     probe = source("probe")
-    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
-    ctl._on_control(nodes[1], {"event": "checkpoint", "step": 58}, nodes)
+    watch, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
+    watch._on_control(nodes[1], {"event": "checkpoint", "step": 58}, nodes)
     assert (second.resumed_from_step, first.steps_lost, second.last_step) == (None, None, 58)
-    ctl._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
+    watch._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
     assert (second.resumed_from_step, first.steps_lost) == (48, 0)
 
-    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
-    ctl._on_control(nodes[0], {"event": "step", "step": 49}, nodes)  # before its `resumed`
+    watch, first, second, nodes = _controller_in_attempt_2(probe, reached=48)
+    watch._on_control(nodes[0], {"event": "step", "step": 49}, nodes)  # before its `resumed`
     assert (second.resumed_from_step, first.steps_lost) == (0, 48)
-    ctl._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
+    watch._on_control(nodes[0], {"event": "resumed", "step": 48}, nodes)
     assert (second.resumed_from_step, first.steps_lost) == (48, 0)
-    ctl._on_control(nodes[0], {"event": "resumed", "step": 40}, nodes)  # said once: kept
+    watch._on_control(nodes[0], {"event": "resumed", "step": 40}, nodes)  # said once: kept
     assert (second.resumed_from_step, first.steps_lost) == (48, 0)
 
 
@@ -248,19 +251,19 @@ def test_late_lines_of_an_earlier_attempt_count_for_that_attempt(home, source):
     made attempt 2 look as if it trained from scratch, and attempt 1 lose every step."""
     from trainctl.protocol import CONTROL_PREFIX
 
-    ctl, first, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
-    ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "preempted", "step": 59}'))
-    ctl._lines.put((1, 0, None))  # attempt 1's stream ends: not attempt 2's node
-    ctl._drain_lines(nodes)
+    watch, first, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
+    watch.ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "preempted", "step": 59}'))
+    watch.ctl._lines.put((1, 0, None))  # attempt 1's stream ends: not attempt 2's node
+    watch._drain_lines(nodes)
     assert (first.last_step, second.last_step, second.resumed_from_step) == (59, None, None)
     assert nodes[0].exit_code is None
 
-    ctl._on_control(nodes[0], {"event": "resumed", "step": 59}, nodes)
+    watch._on_control(nodes[0], {"event": "resumed", "step": 59}, nodes)
     assert (second.resumed_from_step, first.steps_lost) == (59, 0)
 
     # a later straggler of attempt 1 still counts for attempt 1, and its loss is redone
-    ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "step", "step": 62}'))
-    ctl._drain_lines(nodes)
+    watch.ctl._lines.put((1, 0, CONTROL_PREFIX + '{"event": "step", "step": 62}'))
+    watch._drain_lines(nodes)
     assert (first.last_step, first.steps_lost, second.last_step) == (62, 3, None)
 
 
@@ -272,13 +275,13 @@ def test_each_attempt_says_where_it_started_and_a_relaunch_from_scratch_warns(ho
     from trainctl.controller.logs import LogPrinter
 
     probe = source("probe")
-    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
+    watch, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
     copy = {"node": 0, "attempt": 1, "written_ms": 1_700_000_000_000, "size": 2_100_000}
     report = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
     report |= {"largest": ["snapshot.pt"], "state": {"snapshot.pt": copy}}
     for node in nodes.values():
-        ctl._on_control(node, report, nodes)
-        ctl._on_control(node, {"event": "launched"}, nodes)
+        watch._on_control(node, report, nodes)
+        watch._on_control(node, {"event": "launched"}, nodes)
     assert second.started_from() == "restored snapshot.pt, 2.1 MB on every node, from attempt 1"
     assert second.started_from(short=True) == "snapshot.pt"
     assert [n.rank for n in second.restored.by_node] == [0, 1]
@@ -289,16 +292,18 @@ def test_each_attempt_says_where_it_started_and_a_relaunch_from_scratch_warns(ho
     assert first.started_from() == "from scratch"
 
     out = io.StringIO()
-    ctl, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
-    ctl.printer = LogPrinter(out)
+    watch, first, second, nodes = _controller_in_attempt_2(probe, reached=40)
+    watch.ctl.printer = LogPrinter(out)
     for node in nodes.values():
-        ctl._on_control(node, {"event": "restored", "checkpoint_files": 0, "files": 0}, nodes)
-        ctl._on_control(node, {"event": "launched"}, nodes)
+        watch._on_control(node, {"event": "restored", "checkpoint_files": 0, "files": 0}, nodes)
+        watch._on_control(node, {"event": "launched"}, nodes)
     assert second.started_from() == "from scratch: nothing to restore"
     assert "warning: attempt 2 starts from scratch" in out.getvalue()
     assert "attempt 1 reached step 40" in out.getvalue()
-    assert any(e["type"] == "from_scratch" for e in ctl.jobs.events()), ctl.jobs.events()
-    described = ctl.record.describe()["attempts"]
+    assert any(e["type"] == "from_scratch" for e in watch.ctl.jobs.events()), (
+        watch.ctl.jobs.events()
+    )
+    described = watch.ctl.record.describe()["attempts"]
     assert [a["started_from"] for a in described] == [
         "from scratch",
         "from scratch: nothing to restore",
@@ -314,25 +319,25 @@ def test_nodes_that_restored_different_state_are_a_split_resume_warning(home, so
     from trainctl.controller.logs import LogPrinter
 
     out = io.StringIO()
-    ctl, _, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
-    ctl.printer = LogPrinter(out)
+    watch, _, second, nodes = _controller_in_attempt_2(source("probe"), reached=40)
+    watch.ctl.printer = LogPrinter(out)
     copy = {"node": 0, "attempt": 1, "written_ms": 1_700_000_000_000, "size": 2_100_000}
     restored = {"event": "restored", "files": 1, "bytes": 2_100_000, "from_attempt": 1}
     restored |= {"largest": ["snapshot.pt"], "state": {"snapshot.pt": copy}}
-    ctl._on_control(nodes[0], restored, nodes)
-    ctl._on_control(nodes[1], {"event": "restored", "files": 0, "checkpoint_files": 0}, nodes)
+    watch._on_control(nodes[0], restored, nodes)
+    watch._on_control(nodes[1], {"event": "restored", "files": 0, "checkpoint_files": 0}, nodes)
     for node in nodes.values():
-        ctl._on_control(node, {"event": "launched"}, nodes)
+        watch._on_control(node, {"event": "launched"}, nodes)
     said = out.getvalue()
     assert "warning: attempt 2's nodes start from different state" in said, said
     assert "snapshot.pt: algo-1 restored attempt 1, algo-1's copy of" in said, said
     assert "2.1 MB; algo-2 restored nothing" in said, said
-    events = [e for e in ctl.jobs.events() if e["type"] == "split_resume"]
+    events = [e for e in watch.ctl.jobs.events() if e["type"] == "split_resume"]
     assert len(events) == 1 and "algo-2 restored nothing" in events[0]["differences"]
     assert second.started_from() == (
         "restored snapshot.pt, 2.1 MB on algo-1 only (nothing on algo-2), from attempt 1; "
         "not the same state on every node (split resume)"
     )
     assert second.started_from(short=True) == "split"
-    by_node = ctl.record.describe()["attempts"][1]["restored"]["by_node"]
+    by_node = watch.ctl.record.describe()["attempts"][1]["restored"]["by_node"]
     assert [n["files"] for n in by_node] == [1, 0]

@@ -399,7 +399,7 @@ class Controller:
 
     def _follow(self, cluster: ClusterInfo, procs: dict[int, RunningProcess]) -> AttemptWatch:
         """Follow the nodes of a new attempt (trainctl.controller.watch)."""
-        self._attempt = AttemptWatch(self, cluster, procs)
+        self._attempt = AttemptWatch.follow(self, cluster, procs)
         return self._attempt
 
     def _take_over(self) -> AttemptEnd:

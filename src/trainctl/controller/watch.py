@@ -89,11 +89,11 @@ class WatchState:
 
 
 class AttemptWatch:
-    def __init__(
-        self, ctl: Controller, cluster: ClusterInfo, procs: dict[int, RunningProcess]
-    ) -> None:
-        """Follow the nodes of an attempt: a pump per node, and the provider's machines."""
+    """One attempt's nodes, followed (`follow`) and watched to the attempt's end (`run`)."""
+
+    def __init__(self, ctl: Controller, nodes: dict[int, LiveNode]) -> None:
         self.ctl = ctl
+        self.nodes = nodes
         self.training_started: float | None = None
         self.first_step_at: float | None = None
         self.notices: dict[int, float] = {}
@@ -107,21 +107,29 @@ class AttemptWatch:
         # A hung attempt's nodes: rank -> {worker rank: where it waits} (controller.hangs).
         self.stacks: dict[int, dict[str, str]] = {}
         self.restores: AttemptRestores | None = None  # the nodes' restores
-        nodes: dict[int, LiveNode] = {}
-        for rank, proc in procs.items():
-            nodes[rank] = LiveNode(rank, proc, last_seen=clock().monotonic())
+
+    @classmethod
+    def follow(
+        cls, ctl: Controller, cluster: ClusterInfo, procs: dict[int, RunningProcess]
+    ) -> AttemptWatch:
+        """Follow the nodes of an attempt: a pump per node, and the provider's machines."""
+        now = clock().monotonic()
+        watch = cls(
+            ctl, {rank: LiveNode(rank, proc, last_seen=now) for rank, proc in procs.items()}
+        )
+        for rank, node in watch.nodes.items():
             threading.Thread(
-                target=self._pump,
-                args=(cluster.attempt, nodes[rank]),
-                name=f"node-{rank}",
+                target=watch._pump, args=(cluster.attempt, node), name=f"node-{rank}", daemon=True
+            ).start()
+        ctl._nodes = watch.nodes
+        if type(ctl.provider).lost_nodes is not Provider.lost_nodes:
+            threading.Thread(
+                target=watch._watch_machines,
+                args=(cluster, watch.nodes),
+                name="machines",
                 daemon=True,
             ).start()
-        self.ctl._nodes = nodes
-        if type(self.ctl.provider).lost_nodes is not Provider.lost_nodes:
-            threading.Thread(
-                target=self._watch_machines, args=(cluster, nodes), name="machines", daemon=True
-            ).start()
-        self.nodes = nodes
+        return watch
 
     def _watch_machines(self, cluster: ClusterInfo, nodes: dict[int, LiveNode]) -> None:
         """Ask the provider which machines are gone (a spot reclaim, say), off the log path:
