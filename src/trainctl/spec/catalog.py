@@ -129,7 +129,18 @@ def installed_plugins() -> dict[str, object]:
     if _installed is None:
         from importlib.metadata import entry_points
 
-        _installed = {e.name: e.load() for e in entry_points(group=PLUGIN_GROUP)}
+        _installed = {}
+        for point in entry_points(group=PLUGIN_GROUP):
+            try:
+                _installed[point.name] = point.load()
+            except Exception as exc:  # a broken or stale plug-in: not a reason for every
+                # command to fail; its instance types are unknown, and it says why once
+                import sys
+
+                sys.stderr.write(
+                    f"warning: provider plug-in {point.name!r} ({point.value}) does not load, "
+                    f"left out: {type(exc).__name__}: {str(exc)[:200]}\n"
+                )
     return _installed
 
 
