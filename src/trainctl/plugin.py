@@ -24,37 +24,17 @@ The names, by what a provider does with them:
   `NODE_TAG`, `HOME_TAG`)
 - loopback networks: `LOOPBACK`, `free_port`, `is_loopback`, `loopback_name`,
   `loopback_network_env`
+
+(Loaded on first use: a plug-in's entry point is read by every `trainctl` command, `--help`
+too, and must not import what its provider needs only to run.)
 """
 
 from __future__ import annotations
 
-from trainctl.cluster import (
-    ClusterInfo,
-    NodeInfo,
-    is_loopback,
-    loopback_name,
-    loopback_network_env,
-)
-from trainctl.errors import SpecError, TrainctlError
-from trainctl.procs import ATTEMPT_TAG, HOME_TAG, JOB_TAG, NODE_TAG
-from trainctl.provisioning.base import (
-    DEFAULT_MASTER_PORT,
-    FaultInjection,
-    NoCapacityError,
-    NodeRunner,
-    Provider,
-    ProviderPlugin,
-    StoppedOutsideError,
-    make_cluster,
-)
-from trainctl.provisioning.base import PLUGIN_API as API_VERSION
-from trainctl.provisioning.ports import LOOPBACK, free_port
-from trainctl.spec.catalog import InstanceType
-from trainctl.spec.job import JobSpec
-from trainctl.spec.request import CapacityRequest
-from trainctl.spec.settings import get_settings
-from trainctl.transport import RunningProcess
-from trainctl.transport.local import LocalProcess
+import functools
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "API_VERSION",
@@ -86,3 +66,63 @@ __all__ = [
     "loopback_network_env",
     "make_cluster",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _where()
+    if name not in where:
+        raise AttributeError(f"trainctl.plugin has no {name!r}: a plug-in may use {__all__}")
+    module, attr = where[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
+
+@functools.cache
+def _where() -> dict[str, tuple[str, str]]:
+    """name -> (the module that holds it, its name there), read from the imports below: the
+    one list of where each name comes from, for type checkers and for __getattr__ alike."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If))
+    return {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+if TYPE_CHECKING:  # what each name is (and, read by _where, where it comes from)
+    from trainctl.cluster import (
+        ClusterInfo,
+        NodeInfo,
+        is_loopback,
+        loopback_name,
+        loopback_network_env,
+    )
+    from trainctl.errors import SpecError, TrainctlError
+    from trainctl.procs import ATTEMPT_TAG, HOME_TAG, JOB_TAG, NODE_TAG
+    from trainctl.provisioning.base import (
+        DEFAULT_MASTER_PORT,
+        FaultInjection,
+        NoCapacityError,
+        NodeRunner,
+        Provider,
+        ProviderPlugin,
+        StoppedOutsideError,
+        make_cluster,
+    )
+    from trainctl.provisioning.base import PLUGIN_API as API_VERSION
+    from trainctl.provisioning.ports import LOOPBACK, free_port
+    from trainctl.spec.catalog import InstanceType
+    from trainctl.spec.job import JobSpec
+    from trainctl.spec.request import CapacityRequest
+    from trainctl.spec.settings import get_settings
+    from trainctl.transport import RunningProcess
+    from trainctl.transport.local import LocalProcess

@@ -73,3 +73,18 @@ def test_a_clone_named_trainctl_does_not_shadow_the_package(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(REPO / "src" / "trainctl" / "__init__.py")
+
+
+@pytest.mark.timeout(60)
+def test_the_face_loads_nothing_until_a_name_is_used():
+    """Every `trainctl` command reads the plug-ins' entry points (--help too): a plug-in's
+    import of the face must not pull in what its provider needs only to run."""
+    script = (
+        "import sys; before = set(sys.modules); import trainctl.plugin as f; f.ProviderPlugin; "
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('trainctl')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trainctl.transport.local" not in done.stdout and "spec.settings" not in done.stdout
