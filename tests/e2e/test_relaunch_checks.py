@@ -61,7 +61,9 @@ def test_a_split_resume_is_said_and_its_hang_is_named_within_the_jobs_pace(home,
             source_dir=str(FIXTURES / "snapshot"),
             instance_count=2,
             distribution=TORCHRUN,
-            arguments=["20", "1"],  # (long enough that the kill comes before the end)
+            # Long enough that the kill comes before the end: 20 epochs (8 s) were not, once,
+            # on a busy machine whose first sync pass came late (the job was Uploading).
+            arguments=["40", "1"],
             hyperparameters={"epoch_delay": 0.4, "sync_at_end": 1},
         ).fit(wait=False)
         deadline = time.monotonic() + 180
