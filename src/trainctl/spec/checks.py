@@ -191,7 +191,7 @@ def check_tags(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
-def check_files(spec: JobSpec) -> None:
+def check_across_fields(spec: JobSpec) -> None:
     """The model-level rules of a job spec read at submit: its files, its secrets named,
     its sizes, faults and channels, its capacity and image fields, max_wait against max_run."""
     # Raised as ValueError with the field named in the text: pydantic wraps validator

@@ -35,8 +35,8 @@ from trainctl.spec.checks import (
     InputUri,
     _check_channel_envs,
     _check_uri,
+    check_across_fields,
     check_arguments,
-    check_files,
     check_hyperparameters,
     check_tags,
     check_workdir_ignore,
@@ -776,12 +776,12 @@ class JobSpec(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _files_exist(self, info: ValidationInfo) -> JobSpec:
+    def _across_fields(self, info: ValidationInfo) -> JobSpec:
         # A spec read back from a job record (by a node agent, on a machine or in an image
         # without the user's source_dir) was checked at submit; the source is in the store.
         if info.context and info.context.get(RECORDED):
             return self
-        check_files(self)
+        check_across_fields(self)
         return self
 
     @property
