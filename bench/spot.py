@@ -38,9 +38,10 @@ from typing import Any
 from bench.common import BENCH_DIR, log
 from trainctl.controller.recovery import TIME_GOAL
 from trainctl.replay.estimate import open_trace
-from trainctl.replay.market import PoolProvider
+from trainctl.replay.market import OUTLOOK_ERROR, PoolProvider
 from trainctl.replay.strategies import (
     FIXED_INTERVAL_SECONDS,
+    LIMIT,
     Replay,
     Strategy,
     attempt_node_seconds,
@@ -54,9 +55,10 @@ from trainctl.replay.strategies import (
 from trainctl.replay.training import Workload
 
 REAL_TRACES = ("aws-p3-16node-2023-08", "aws-p3-4node-preemption-2023-08")
-# The goal for the 64-node job (issue 50): its time within 1.15x on-demand at every start,
-# at most 0.45x the cost in the median.
-GOAL_COST, GOAL_TIME = 0.45, TIME_GOAL
+# The goal for the 64-node job (issue 62): its time within 1.15x on-demand at every start,
+# its cost within 1.15x the limit's (the omniscient policy's from the same start) in the
+# median over the starts.
+GOAL_LIMIT, GOAL_TIME = 1.15, TIME_GOAL
 ELASTIC_TRAIN_SAMPLES = 1536  # the elastic benchmark's epoch (tests/fixtures/elastic)
 
 
@@ -205,7 +207,12 @@ def bench_only(nodes: int, hours: float) -> list[Strategy]:
 
 
 def plan(
-    traces: list[str], sizes: list[int], starts: int, hours: float, names: list[str]
+    traces: list[str],
+    sizes: list[int],
+    starts: int,
+    hours: float,
+    names: list[str],
+    outlook_error: float | None = OUTLOOK_ERROR,
 ) -> list[Replay]:
     """The matrix: per trace and size, on-demand once (it does not meet the market), each
     spot strategy from `starts` points spread over the trace, each with both intervals."""
@@ -224,16 +231,29 @@ def plan(
             for strategy in (s for s in tried if s.name in names):
                 for label, interval in intervals.items():
                     for start in offsets if strategy.name != "on-demand" else [0]:
-                        jobs.append(Replay(trace, workload, strategy, interval, start, label))
+                        jobs.append(
+                            Replay(
+                                trace,
+                                workload,
+                                strategy,
+                                interval,
+                                start,
+                                label,
+                                outlook_error=outlook_error,
+                            )
+                        )
     return jobs
 
 
 def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
     """The goal for the 64-node job on the real traces: time <= 1.15x on-demand at every
-    start (the worst), cost <= 0.45x in the median over the starts, on every real trace."""
+    start (the worst), cost <= 1.15x the limit's in the median over the starts (each start's
+    cost over the limit from that start), on every real trace."""
     verdicts = []
     for strategy, interval in dict.fromkeys(
-        (r["strategy"], r["interval"]) for r in summary_rows if r["strategy"] != "on-demand"
+        (r["strategy"], r["interval"])
+        for r in summary_rows
+        if r["strategy"] not in ("on-demand", LIMIT)
     ):
         rows = [
             r
@@ -248,16 +268,16 @@ def goal(summary_rows: list[dict[str, Any]], nodes: int = 64) -> str:
                 f"{strategy} ({interval} interval): {stopped} job(s) did not complete: not met"
             )
             continue
-        cost = max(r["cost_ratio"]["median"] for r in rows)
+        cost = max(r["limit_ratio"]["median"] for r in rows)
         slow = max(r["time_ratio"]["max"] for r in rows)
-        met = cost <= GOAL_COST and slow <= GOAL_TIME
+        met = cost <= GOAL_LIMIT and slow <= GOAL_TIME
         verdicts.append(
-            f"{strategy} ({interval} interval): median cost <= {cost:.2f}x, worst time "
-            f"{slow:.2f}x on the {len(rows)} trace(s): {'MET' if met else 'not met'}"
+            f"{strategy} ({interval} interval): median cost <= {cost:.2f}x the limit, worst "
+            f"time {slow:.2f}x on the {len(rows)} trace(s): {'MET' if met else 'not met'}"
         )
     head = (
         f"goal ({nodes} nodes): time <= {GOAL_TIME}x on-demand at every start, cost <= "
-        f"{GOAL_COST}x in the median"
+        f"{GOAL_LIMIT}x the limit in the median"
     )
     return "\n".join([head, *verdicts])
 
@@ -284,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
+        "--outlook-error",
+        default=str(OUTLOOK_ERROR),
+        help="how often the market's answer to 'has spot room?' is wrong (EC2's placement "
+        "scores, modelled); 'none': no answer, as before asking",
+    )
+    parser.add_argument(
         "--check-elastic",
         metavar="RESULTS",
         nargs="?",
@@ -302,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         args.starts,
         args.hours,
         args.strategies.split(","),
+        None if args.outlook_error == "none" else float(args.outlook_error),
     )
     log(f"{len(tasks)} replays, {args.workers} at a time")
     rows = replay_all(tasks, args.workers)
@@ -309,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - wall
     if args.output == "json":
         keys = ("trace", "nodes", "strategy", "interval", "runs", "completed")
-        ratios = ("time_ratio", "cost_ratio", "on_demand_share")
+        ratios = ("time_ratio", "cost_ratio", "limit_ratio", "on_demand_share")
         print(json.dumps([{**{k: r[k] for k in keys + ratios}} for r in summary_rows], indent=1))
     else:
         print(table(summary_rows))

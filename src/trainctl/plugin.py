@@ -14,7 +14,9 @@ The names, by what a provider does with them:
 
 - register: `ProviderPlugin`, `InstanceType`, `API_VERSION`
 - the contract: `Provider` (provision, start the agents, watch, terminate), `NodeRunner`,
-  `FaultInjection` (an optional capability), `make_cluster`, `ClusterInfo`, `NodeInfo`,
+  the optional capabilities `FaultInjection`, `CapacityProbe` (how many nodes provision
+  could have now, asked without queueing or launching) and `SpotOutlook` (whether spot has
+  room, where it cannot be counted), `make_cluster`, `ClusterInfo`, `NodeInfo`,
   `DEFAULT_MASTER_PORT`
 - what provision reads: `JobSpec`, `CapacityRequest`, `get_settings` (the user's settings)
 - outcomes: `NoCapacityError` (the job waits or shrinks), `StoppedOutsideError` (the owner
@@ -44,6 +46,7 @@ __all__ = [
     "JOB_TAG",
     "LOOPBACK",
     "NODE_TAG",
+    "CapacityProbe",
     "CapacityRequest",
     "ClusterInfo",
     "FaultInjection",
@@ -57,6 +60,7 @@ __all__ = [
     "ProviderPlugin",
     "RunningProcess",
     "SpecError",
+    "SpotOutlook",
     "StoppedOutsideError",
     "TrainctlError",
     "free_port",
@@ -110,11 +114,13 @@ if TYPE_CHECKING:  # what each name is (and, read by _where, where it comes from
     from trainctl.procs import ATTEMPT_TAG, HOME_TAG, JOB_TAG, NODE_TAG
     from trainctl.provisioning.base import (
         DEFAULT_MASTER_PORT,
+        CapacityProbe,
         FaultInjection,
         NoCapacityError,
         NodeRunner,
         Provider,
         ProviderPlugin,
+        SpotOutlook,
         StoppedOutsideError,
         make_cluster,
     )

@@ -62,8 +62,8 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     assert 0.1 <= estimate.step_seconds < 0.5  # measured from the job's own steps
     by_name = {s.strategy: s for s in estimate.strategies}
     assert list(by_name) == [
-        "on-demand", "spot", "elastic", "fallback", "fallback-now", "elastic-fallback",
-        "uniform-progress",
+        "on-demand", "omniscient", "spot", "elastic", "fallback", "fallback-now",
+        "elastic-fallback", "uniform-progress",
     ]  # fmt: skip
     assert all(s.completed == s.runs == 1 for s in estimate.strategies), estimate
     on_demand, spot, fallback = by_name["on-demand"], by_name["spot"], by_name["fallback"]
@@ -82,6 +82,13 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
     # takes on-demand once behind: in time too
     uniform = by_name["uniform-progress"]
     assert uniform.time_ratio.median <= 1.2, uniform
+    # the limit: what a policy that saw the outage coming could do by the same deadline; no
+    # strategy that meets the deadline costs less (its 5-minute steps: within 2 %)
+    limit = by_name["omniscient"]
+    assert limit.limit_ratio.median == 1.0 and limit.time_ratio.median <= 1.15
+    assert limit.cost_ratio.median < fallback.cost_ratio.median
+    for deadline in (fallback, uniform):
+        assert deadline.limit_ratio.median >= 0.98, deadline
 
     # on an 80-column terminal: wrapped, a block per strategy (a pipe gets the table)
     narrow = estimate.render(80).splitlines()

@@ -132,7 +132,8 @@ def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
     """Spot is gone from 10 minutes to 70 into a 3-hour job with on_demand_fallback and no
     deadline: it falls back at once, tries spot after 30 minutes on demand (none yet: on
     demand again), doubles the wait, then finds spot and finishes there. Without the tries
-    (spot_probe_seconds=0) it stays on demand to the end, at a higher cost."""
+    (spot_probe_seconds=0) it stays on demand to the end, at a higher cost. Where the market
+    can be asked (EC2's placement scores), it tries once, when spot is back."""
     fallback = Strategy(
         "fallback",
         "fallback",
@@ -140,8 +141,9 @@ def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
     )
     market = trace((0, 600, 8), (600, 4200, 0))
     job = workload(hours=3.0)
+    blind = {"outlook_error": None}  # a market that cannot be asked: EC2 without scores
     back = replay(
-        market, job, fallback, interval_seconds=900,
+        market, job, fallback, interval_seconds=900, **blind,
         settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
     )  # fmt: skip
     assert back["state"] == "Completed", back
@@ -149,7 +151,7 @@ def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
     assert len(tries) == 2, back["causes"]  # one that found none, one that found spot
     assert back["relaunches"] == 3, back["causes"]  # the reclaim and the two tries
     stays = replay(
-        market, job, fallback, interval_seconds=900,
+        market, job, fallback, interval_seconds=900, **blind,
         settings={"TRAINCTL_SPOT_PROBE_SECONDS": "0"},
     )  # fmt: skip
     assert stays["state"] == "Completed", stays
@@ -162,12 +164,21 @@ def test_a_job_that_fell_back_to_on_demand_goes_back_to_spot_when_it_returns():
     # would start over: it does not try. (One that saves at a notice tries without having
     # saved yet: its relaunch loses nothing.)
     unsaved = replay(
-        market, job, fallback, interval_seconds=10 * HOUR, notice_seconds=0,
+        market, job, fallback, interval_seconds=10 * HOUR, notice_seconds=0, **blind,
         settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
     )  # fmt: skip
     assert unsaved["state"] == "Completed" and unsaved["relaunches"] == 1, unsaved["causes"]
     at_notice = replay(
-        market, job, fallback, interval_seconds=10 * HOUR,
+        market, job, fallback, interval_seconds=10 * HOUR, **blind,
         settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
     )  # fmt: skip
     assert at_notice["relaunches"] == 3 and at_notice["redone_node_hours"] == 0, at_notice
+    # Asked first (answers always right here): no try while spot is out, one once it is back
+    # (within ASK_SECONDS of its return), and the rest of the job on spot.
+    asked = replay(
+        market, job, fallback, interval_seconds=900, outlook_error=0.0,
+        settings={"TRAINCTL_SPOT_PROBE_SECONDS": "1800"},
+    )  # fmt: skip
+    tries = [c for c in asked["causes"] if c and c.startswith("trying spot again")]
+    assert len(tries) == 1 and asked["relaunches"] == 2, asked["causes"]
+    assert asked["cost_usd"] < back["cost_usd"], (asked, back)

@@ -179,3 +179,31 @@ def test_scancel_stops_the_job(rig, slurm_cluster, source):
     assert info["stop_reason"].startswith(f"Slurm job {slurm_job} was cancelled"), info
     assert len(info["attempts"]) == 1, info["attempts"]
     rig.assert_nothing_left(job.name)
+
+
+@pytest.mark.timeout(60)
+def test_a_relaunch_can_ask_slurm_how_many_nodes_it_could_have(slurm_cluster, tmp_path):
+    """The provider's count (CapacityProbe) is the partition's idle nodes: an elastic job
+    grows once they are there instead of requeueing to find out."""
+    from trainctl_slurm.provider import SlurmProvider
+
+    from trainctl.spec.job import JobSpec
+    from trainctl.spec.request import CapacityRequest
+
+    (tmp_path / "train.py").write_text("pass\n")
+    spec = JobSpec(
+        entry_point="train.py", source_dir=str(tmp_path), instance_count=2,
+        instance_type="slurm", provider_options={"slurm": SLURM["slurm"]},
+    )  # fmt: skip
+    request = CapacityRequest.of(spec)
+    provider = SlurmProvider()
+    slurm_cluster.wait_idle(len(slurm_cluster.nodes))
+    assert provider.available_nodes(request, "j") == len(slurm_cluster.nodes)
+    drained = slurm_cluster.nodes[0]
+    slurm_cluster.slurm("scontrol", "update", f"NodeName={drained}", "State=DRAIN",
+                        "Reason=test")  # fmt: skip
+    try:
+        assert provider.available_nodes(request, "j") == len(slurm_cluster.nodes) - 1
+    finally:
+        slurm_cluster.slurm("scontrol", "update", f"NodeName={drained}", "State=RESUME")
+    slurm_cluster.wait_idle(len(slurm_cluster.nodes))

@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
+from trainctl.clock import VirtualClock, clock, use_clock
 from trainctl.cluster import ClusterInfo, NodeInfo
 from trainctl.controller.deadline import Pace
 from trainctl.controller.recovery import (
+    ASK_SECONDS,
+    ASKED_PROBE_SECONDS,
     FAMILY,
     STARTUP_ALLOWANCE_SECONDS,
     AsAsked,
@@ -21,7 +24,9 @@ from trainctl.controller.recovery import (
     UniformProgress,
     for_job,
     replayed,
+    spot_has_room,
 )
+from trainctl.provisioning.base import CapacityProbe, SpotOutlook
 from trainctl.record.models import JobRecord
 from trainctl.replay.strategies import strategies
 from trainctl.spec.job import JobSpec
@@ -49,13 +54,33 @@ class _Events:
         self.said.append((kind, fields))
 
 
-def _ctx(record: JobRecord, *, slack: float | None = None, pace: Pace | None = None):
+class _Outlook(SpotOutlook):
+    """A provider that answers whether spot has room, one answer per question."""
+
+    def __init__(self, answers: list[bool | None]) -> None:
+        self.answers = answers
+        self.asked: list[int] = []
+
+    def spot_outlook(self, request: CapacityRequest, job: str) -> bool | None:
+        self.asked.append(request.instance_count)
+        return self.answers.pop(0)
+
+
+def _ctx(
+    record: JobRecord,
+    *,
+    slack: float | None = None,
+    pace: Pace | None = None,
+    provider: object | None = None,
+    probe_seconds: float = 600,
+):
     events, lines = _Events(), []
     ctx = RecoveryContext(
-        provider=object(),  # type: ignore[arg-type]  (no CapacityProbe: cannot be asked)
+        # object(): no CapacityProbe or SpotOutlook, cannot be asked
+        provider=provider or object(),  # type: ignore[arg-type]
         jobs=events,  # type: ignore[arg-type]
         record=record,
-        settings=Settings(spot_probe_seconds=600),
+        settings=Settings(spot_probe_seconds=probe_seconds),
         info=lines.append,
         deadline_slack=lambda: slack,
         pace=lambda: pace,
@@ -156,3 +181,74 @@ def test_uniform_progress_asks_by_where_the_job_stands(tmp_path, done, elapsed, 
     assert UniformProgress().market(ctx, request) == expected
     UniformProgress().market(ctx, request)
     assert [kind for kind, _ in events.said] == ["deadline_policy"]  # once per change
+
+
+def test_a_provider_that_answers_is_asked_before_a_try_and_not_too_often(tmp_path: Path) -> None:
+    record = _record(tmp_path, use_spot_instances=True, on_demand_fallback=True, instance_count=2)
+    outlook = _Outlook([False, True])
+    ctx, _, _ = _ctx(record, provider=outlook, probe_seconds=3600)
+    on_demand = _cluster("on-demand")
+    with use_clock(VirtualClock()):
+        assert FallBackNow().leave_for_spot(ctx, on_demand, ASKED_PROBE_SECONDS - 1, True) is None
+        assert outlook.asked == []  # not before a try could be made
+        assert FallBackNow().leave_for_spot(ctx, on_demand, ASKED_PROBE_SECONDS, True) is None
+        assert FallBackNow().leave_for_spot(ctx, on_demand, ASKED_PROBE_SECONDS + 60, True) is None
+        assert outlook.asked == [2]  # "no room", kept for ASK_SECONDS
+        clock().sleep(ASK_SECONDS)
+        # asked again: room; the try need not wait out spot_probe_seconds (3600 s)
+        why = FallBackNow().leave_for_spot(ctx, on_demand, 900, True)
+        assert why == "trying spot again after 15 min on demand" and ctx.trying_spot
+        assert outlook.asked == [2, 2]
+
+
+def test_without_an_answer_a_try_waits_out_spot_probe_seconds(tmp_path: Path) -> None:
+    record = _record(tmp_path, use_spot_instances=True, on_demand_fallback=True)
+    outlook = _Outlook([None, None])
+    ctx, _, _ = _ctx(record, provider=outlook, probe_seconds=3600)
+    with use_clock(VirtualClock()):
+        assert FallBackNow().leave_for_spot(ctx, _cluster("on-demand"), 900, True) is None
+        clock().sleep(ASK_SECONDS)
+        assert FallBackNow().leave_for_spot(ctx, _cluster("on-demand"), 3600, True) is not None
+
+
+def test_uniform_progress_asked_tries_spot_behind_its_line_while_it_can_afford_it(
+    tmp_path: Path,
+) -> None:
+    record = _record(
+        tmp_path, use_spot_instances=True, on_demand_fallback=True, max_run=9000,
+        max_wait=10000, total_steps=100,
+    )  # fmt: skip
+    behind = Pace(elapsed=3000, deadline=10000, work=5000, done=1000, restart=300)
+    blind, _, _ = _ctx(record, pace=behind)
+    assert UniformProgress().leave_for_spot(blind, _cluster("on-demand"), 3000, True) is None
+    outlook = _Outlook([True])
+    asked, _, _ = _ctx(record, pace=behind, provider=outlook)
+    why = UniformProgress().leave_for_spot(asked, _cluster("on-demand"), 3000, True)
+    assert why == (
+        "trying spot again after 50 min on demand: 8 min behind the deadline's line; spot said "
+        "to have room"
+    )
+    # one restart more would leave less than the safety net's two: not asked, no try
+    tight = Pace(elapsed=3000, deadline=10000, work=8000, done=1000, restart=300)
+    outlook = _Outlook([True])
+    unaffordable, _, _ = _ctx(record, pace=tight, provider=outlook)
+    assert UniformProgress().leave_for_spot(unaffordable, _cluster("on-demand"), 3000, True) is None
+    assert outlook.asked == []
+
+
+def test_a_count_is_the_answer_where_the_provider_can_count() -> None:
+    class Counted(CapacityProbe, SpotOutlook):
+        def __init__(self, count: int | None) -> None:
+            self.count = count
+
+        def available_nodes(self, request: CapacityRequest, job: str) -> int | None:
+            return self.count
+
+        def spot_outlook(self, request: CapacityRequest, job: str) -> bool | None:
+            return True
+
+    request = None  # not read by these providers
+    assert spot_has_room(Counted(1), request, "j", 2) is False  # type: ignore[arg-type]
+    assert spot_has_room(Counted(2), request, "j", 2) is True  # type: ignore[arg-type]
+    assert spot_has_room(Counted(None), request, "j", 2) is True  # type: ignore[arg-type]
+    assert spot_has_room(object(), request, "j", 2) is None  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from trainctl.plugin import (
     JOB_TAG,
     LOOPBACK,
     NODE_TAG,
+    CapacityProbe,
     CapacityRequest,
     ClusterInfo,
     FaultInjection,
@@ -198,7 +199,7 @@ class SrunRunner(NodeRunner):
         )
 
 
-class SlurmProvider(Provider, FaultInjection):
+class SlurmProvider(Provider, CapacityProbe, FaultInjection):
     name = "slurm"
 
     def __init__(self) -> None:
@@ -295,6 +296,30 @@ class SlurmProvider(Provider, FaultInjection):
         names = slurm.hostnames(running.nodelist)
         self._allocations[(job, attempt)] = (job_id, names)
         return self._cluster(request, options, job, attempt, job_id, names)
+
+    def available_nodes(self, request: CapacityRequest, job: str) -> int | None:
+        """The nodes a new allocation of the job could have now, asked of Slurm without
+        queueing one: the partition's idle nodes (sinfo), and those the job's running
+        allocation holds and still serves it. An elastic job below its size grows only once
+        they are there, instead of requeueing to find out; None when Slurm does not answer."""
+        try:
+            free = set(slurm.idle_nodes(options_of(request).partition))
+            return len(free | self._serving(job))
+        except slurm.SlurmError:
+            return None
+
+    def _serving(self, job: str) -> set[str]:
+        """The nodes of the job's latest allocation, while it runs, that are not drained or
+        down."""
+        attempts = [attempt for (name, attempt) in self._allocations if name == job]
+        if not attempts:
+            return set()
+        job_id, names = self._allocations[(job, max(attempts))]
+        found = slurm.allocations(job_id=job_id)
+        if not found or not found[0].active:
+            return set()
+        states = slurm.node_states(names)
+        return {n for n in names if not slurm.node_is_gone(states.get(n, ("unknown", ""))[0])}
 
     def _planned_nodes(self, held: slurm.Allocation) -> list[str]:
         return slurm.hostnames(held.nodelist) if held.nodelist else []

@@ -108,6 +108,20 @@ def node_states(names: list[str]) -> dict[str, tuple[str, str]]:
     return states
 
 
+def idle_nodes(partition: str | None) -> list[str]:
+    """The nodes of `partition` (None: every partition) that are idle now: "idle" in sinfo's
+    long form, which leaves out idle nodes drained, powered down or not responding (sinfo's
+    --states=idle counts those too)."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N|%T"]
+    argv += [f"--partition={partition}"] if partition else []
+    idle = set()
+    for line in run(*argv).splitlines():
+        name, _, state = line.partition("|")
+        if state.strip() == "idle":
+            idle.add(name.strip())
+    return sorted(idle)
+
+
 def node_is_gone(state: str) -> bool:
     return any(word in state for word in NODE_GONE)
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 from trainctl.clock import clock
 from trainctl.controller.deadline import DEFAULT_RESTART_SECONDS, Pace
 from trainctl.record.models import TO_FIRST_STEP, JobRecord
-from trainctl.spec.settings import get_settings
+from trainctl.spec.settings import Settings, get_settings
 
 
 class TimeBudget:
     """What of the job's time is spent, from its record and the controller's clock."""
 
-    def __init__(self, record: JobRecord) -> None:
+    def __init__(self, record: JobRecord, settings: Settings | None = None) -> None:
         self.record = record
+        # (the controller's: asked at every check of the deadline, and reading the settings
+        # anew scans the environment)
+        self.settings = settings or get_settings()
         self.job_started = clock().monotonic()
         # The job's time before this controller (a takeover's): the deadline is the job's.
         self.waited_before = 0.0
@@ -66,7 +69,7 @@ class TimeBudget:
             deadline=float(spec.max_wait),
             work=progress["total_steps"] / rate,
             done=saved_steps / rate,
-            restart=max(get_settings().min_restart_seconds, restart),
+            restart=max(self.settings.min_restart_seconds, restart),
             run_left=spec.max_run - self.trained(),
         )
 

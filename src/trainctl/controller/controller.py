@@ -100,7 +100,7 @@ class Controller:
         # This process's attempt start-up (None for an attempt taken over: not seen whole).
         self._startup: dict[str, float] | None = None
         self._attempt_started = 0.0
-        self.budget = TimeBudget(self.record)  # max_run, max_wait
+        self.budget = TimeBudget(self.record, self.settings)  # max_run, max_wait
         self._notice_board: dict[str, Any] = {}  # what the lease relays (_relay_notices)
         # Each fault fires once, in the first attempt that trains long enough; those the
         # record says fired (under a controller this one took over from) never again.

@@ -17,7 +17,11 @@ rules, as the controller applies them:
 4. **Safety net.** Once the time left is less than the work left and 2d (R(t) < C(t) + 2d),
    on-demand only, to the end.
 
-Ahead of the line and without capacity, the job waits for spot. `decide` and
+Ahead of the line and without capacity, the job waits for spot. Where the provider can be
+asked whether spot has room without launching (EC2's placement scores), rule 3 is relaxed: a
+job on on-demand also tries spot whenever the answer is good and the safety net would still
+hold after one more restart (`affords_try`): a try costs a restart and, asked first, seldom
+finds nothing, so it need not wait to be two restarts ahead of the line. `decide` and
 `leave_on_demand` are the whole policy: pure functions of a `Pace`, tested alone
 (tests/unit/test_deadline.py), used by the controller (controller.capacity) on EC2, in the
 spot replay and in `trainctl estimate` alike.
@@ -61,13 +65,15 @@ class Pace:
         return self.done < self.expected(self.elapsed)
 
     @property
-    def must_finish(self) -> bool:
-        """The safety net: R(t) < C(t) + 2d, R the time to the deadline or, where it is
-        less, what is left of max_run."""
+    def room(self) -> float:
+        """R(t): the time to the deadline or, where it is less, what is left of max_run."""
         room = self.deadline - self.elapsed
-        if self.run_left is not None:
-            room = min(room, self.run_left)
-        return room < self.left + 2 * self.restart
+        return room if self.run_left is None else min(room, self.run_left)
+
+    @property
+    def must_finish(self) -> bool:
+        """The safety net: R(t) < C(t) + 2d."""
+        return self.room < self.left + 2 * self.restart
 
 
 def decide(pace: Pace) -> Market:
@@ -77,6 +83,12 @@ def decide(pace: Pace) -> Market:
     if pace.behind:
         return "spot-or-on-demand"
     return "spot"
+
+
+def affords_try(pace: Pace) -> bool:
+    """Whether a try back to spot that the provider, asked, says has room can be afforded:
+    the safety net still holds after one more restart (a try that finds none costs one)."""
+    return pace.room >= pace.left + 3 * pace.restart
 
 
 def leave_on_demand(pace: Pace) -> bool:

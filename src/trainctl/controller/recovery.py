@@ -21,9 +21,13 @@ The family, each a refinement of the one before:
 Elastic sizing (`min_instance_count`: fewer nodes rather than none, larger again once there
 is room) is the sizer's (trainctl.controller.capacity) and combines with any of them.
 
-EC2 cannot be asked for spot capacity without launching, so a try back to spot costs a
-relaunch either way: only a job whose relaunch resumes from saved state tries. A provider
-that can be asked (`CapacityProbe`) is asked first, and a try is made only where it has room.
+A try back to spot costs a relaunch whether it finds spot or not: only a job whose relaunch
+resumes from saved state tries, and a provider that can be asked without launching is asked
+first (`spot_has_room`: a CapacityProbe's count, a SpotOutlook's forecast such as EC2's spot
+placement scores), at most every ASK_SECONDS; a try is made only where the answer is good.
+Where the provider answers, a try need not wait out spot_probe_seconds (a blind try's price):
+it waits ASKED_PROBE_SECONDS, doubled after each try the answer misled, and Uniform Progress
+tries whenever its deadline can afford one more restart (trainctl.controller.deadline).
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
-from trainctl.controller.deadline import Pace, decide, leave_on_demand
-from trainctl.provisioning.base import CapacityProbe, Provider
+from trainctl.controller.deadline import Pace, affords_try, decide, leave_on_demand
+from trainctl.provisioning.base import CapacityProbe, Provider, SpotOutlook
 from trainctl.record.jobstore import JobStore
 from trainctl.record.models import JobRecord
 from trainctl.spec.request import CapacityRequest
@@ -48,6 +53,26 @@ STARTUP_ALLOWANCE_SECONDS = 600.0
 SPOT_PROBE_DOUBLINGS = 3
 # The deadline strategies' max_wait in a replay, in multiples of the on-demand time.
 TIME_GOAL = 1.15
+# A provider that can be asked about spot is asked at most this often (EC2's placement
+# scores are an API call, rate-limited per account), and the answer is kept as long.
+ASK_SECONDS = 300.0
+# Where the provider answers, the least training on demand before a try back to spot (the
+# answer said room; a try it misled doubles this, as a blind try doubles spot_probe_seconds).
+ASKED_PROBE_SECONDS = 600.0
+
+
+def spot_has_room(
+    provider: Provider, request: CapacityRequest, job: str, nodes: int
+) -> bool | None:
+    """Whether spot has room for `nodes` of `request`'s type now, asked without launching: a
+    CapacityProbe's count, else a SpotOutlook's forecast; None where the provider cannot tell."""
+    if isinstance(provider, CapacityProbe):
+        count = provider.available_nodes(request, job)
+        if count is not None:
+            return count >= nodes
+    if isinstance(provider, SpotOutlook):
+        return provider.spot_outlook(request, job)
+    return None
 
 
 @dataclass
@@ -68,10 +93,32 @@ class RecoveryContext:
     fell_back: bool = False  # the deadline's fallback was said
     trying_spot: bool = False  # the next attempt is a try back to spot
     spot_misses: int = 0  # tries back to spot in a row that found none
+    answered: bool = False  # the provider has answered whether spot has room
+    _asked: tuple[float, bool | None] | None = None  # when, and what it said
 
-    def spot_probe_wait(self) -> float:
+    def spot_probe_wait(self, asked: bool) -> float:
+        """The training on demand before a try back to spot: spot_probe_seconds for a blind
+        try, less where the provider said spot has room (`asked`); doubled by each miss."""
         doublings = min(self.spot_misses, SPOT_PROBE_DOUBLINGS)
-        return self.settings.spot_probe_seconds * 2**doublings
+        base = self.settings.spot_probe_seconds
+        if asked:
+            base = min(base, ASKED_PROBE_SECONDS)
+        return base * 2**doublings
+
+    def spot_answer(self, nodes: int) -> bool | None:
+        """Whether the provider says spot has room for `nodes` (None: it cannot tell, or
+        asking failed), asked at most every ASK_SECONDS."""
+        now = clock().monotonic()
+        if self._asked is not None and now - self._asked[0] < ASK_SECONDS:
+            return self._asked[1]
+        request = CapacityRequest.of(self.record.spec).spot_only()
+        try:
+            answer = spot_has_room(self.provider, request, self.record.name, nodes)
+        except Exception:  # asking is best effort: the next check asks again
+            answer = None
+        self._asked = (now, answer)
+        self.answered = self.answered or answer is not None
+        return answer
 
     def after_provision(self, cluster: ClusterInfo, attempt: int) -> None:
         """Count a try back to spot by what it found (on-demand again: a miss)."""
@@ -86,7 +133,7 @@ class RecoveryContext:
         else:
             self.info(
                 f"attempt {attempt}: spot is still short; on demand again, trying spot "
-                f"after {self.spot_probe_wait() / 60:.0f} min more training"
+                f"after {self.spot_probe_wait(self.answered) / 60:.0f} min more training"
             )
 
 
@@ -137,10 +184,13 @@ class FallBackNow(RecoveryStrategy):
     def leave_for_spot(
         self, ctx: RecoveryContext, cluster: ClusterInfo, trained_for: float, saved: bool
     ) -> str | None:
-        if not self._may_try(ctx, cluster, saved) or trained_for < ctx.spot_probe_wait():
+        if not self._may_try(ctx, cluster, saved) or trained_for < ctx.spot_probe_wait(True):
             return None
-        why = f"trying spot again after {trained_for / 60:.0f} min on demand"
-        return self._try_spot(ctx, cluster, why)
+        answer = ctx.spot_answer(len(cluster.nodes))
+        if answer is False or (answer is None and trained_for < ctx.spot_probe_wait(False)):
+            return None
+        ctx.trying_spot = True
+        return f"trying spot again after {trained_for / 60:.0f} min on demand"
 
     @staticmethod
     def _may_try(ctx: RecoveryContext, cluster: ClusterInfo, saved: bool) -> bool:
@@ -148,16 +198,10 @@ class FallBackNow(RecoveryStrategy):
 
     @staticmethod
     def _try_spot(ctx: RecoveryContext, cluster: ClusterInfo, why: str) -> str | None:
-        """`why`, and the next attempt a try back to spot; None where a provider that can be
-        asked says spot has no room for the job."""
-        if isinstance(ctx.provider, CapacityProbe):
-            request = CapacityRequest.of(ctx.record.spec).spot_only()
-            try:
-                spot = ctx.provider.available_nodes(request, ctx.record.name)
-            except Exception:  # asking is best effort: the next check asks again
-                return None
-            if spot is not None and spot < len(cluster.nodes):
-                return None
+        """`why`, and the next attempt a try back to spot; None where the provider, asked,
+        says spot has no room for the job."""
+        if ctx.spot_answer(len(cluster.nodes)) is False:
+            return None
         ctx.trying_spot = True
         return why
 
@@ -228,17 +272,19 @@ class UniformProgress(FallBackAtDeadline):
         if pace is None:
             return super().leave_for_spot(ctx, cluster, trained_for, saved)
         # The hysteresis: ahead of the line two restarts on; after a try that found no
-        # spot, the probe's wait too.
-        if not self._may_try(ctx, cluster, saved) or not leave_on_demand(pace):
+        # spot, the probe's wait too. Where the provider says spot has room, a try costs a
+        # restart and little risk: made whenever the deadline can afford one more.
+        if not self._may_try(ctx, cluster, saved):
             return None
-        if ctx.spot_misses and trained_for < ctx.spot_probe_wait():
+        asked = ctx.spot_answer(len(cluster.nodes)) if affords_try(pace) else None
+        if not (leave_on_demand(pace) or asked):
+            return None
+        if ctx.spot_misses and trained_for < ctx.spot_probe_wait(bool(asked)):
             return None
         ahead = (pace.done - pace.expected(pace.elapsed)) / 60
-        why = (
-            f"trying spot again after {trained_for / 60:.0f} min on demand: "
-            f"{ahead:.0f} min ahead of the deadline's line"
-        )
-        return self._try_spot(ctx, cluster, why)
+        where = f"{abs(ahead):.0f} min {'ahead of' if ahead >= 0 else 'behind'} the deadline's line"
+        why = f"trying spot again after {trained_for / 60:.0f} min on demand: {where}"
+        return self._try_spot(ctx, cluster, why + ("; spot said to have room" if asked else ""))
 
     @classmethod
     def replayed(cls, nodes: int, hours: float) -> list[Replayed]:

@@ -68,7 +68,7 @@ class Provider(ABC):
     """The core every provider has: check a spec, plan (the dry run's requests), provision
     an attempt's nodes, describe them (which are lost), terminate the job's resources; and
     start the node agent on a node it provisioned. What only some providers can do is a
-    capability below (Billing, WarmPools, CapacityProbe, FaultInjection),
+    capability below (Billing, WarmPools, CapacityProbe, SpotOutlook, FaultInjection),
     which callers check with isinstance, never by a provider's class."""
 
     name: str
@@ -224,6 +224,17 @@ class CapacityProbe(ABC):
     def available_nodes(self, request: CapacityRequest, job: str) -> int | None:
         """How many nodes of `request`'s type `provision` could have now (None: cannot
         tell)."""
+
+
+class SpotOutlook(ABC):
+    """Can say, without launching, whether spot capacity for a request is likely there now,
+    where it cannot count it (EC2's spot placement scores and price history). A CapacityProbe
+    answers the same question from its count (trainctl.controller.recovery.spot_has_room)."""
+
+    @abstractmethod
+    def spot_outlook(self, request: CapacityRequest, job: str) -> bool | None:
+        """True: a spot request for all of `request`'s nodes would likely be met now; False:
+        likely not; None: cannot tell (no permission to ask, no answer for the type)."""
 
 
 class FaultInjection(ABC):

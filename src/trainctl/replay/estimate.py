@@ -3,9 +3,10 @@
 The job's own measured speed (its record: steps over training time, its start-up) becomes
 a throughput model (trainctl.replay.training.Workload), which is replayed through the real
 controller against a spot trace (a named one shipped with trainctl, or a file) from several
-points of the trace, once per strategy; each is set against on-demand. Prices are the
-trace's; for a job of another instance type, its on-demand price (trainctl's catalog) with
-the trace's spot discount.
+points of the trace, once per strategy; each is set against on-demand and against the limit
+(trainctl.replay.limit: the cheapest any policy that saw the trace ahead could do from the
+same start, by the same deadline). Prices are the trace's; for a job of another instance type,
+its on-demand price (trainctl's catalog) with the trace's spot discount.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class StrategyEstimate(BaseModel):
     cost_usd: Spread | None
     time_ratio: Spread | None
     cost_ratio: Spread | None
+    # each start's cost over the limit's from the same start (trainctl.replay.limit)
+    limit_ratio: Spread | None = None
     wasted_node_hours: Spread | None
     relaunches: Spread | None
     on_demand_share: Spread | None
@@ -123,7 +126,10 @@ class Estimate(BaseModel):
             f"${self.on_demand_usd_per_hour:.4g}/h on demand, ${self.spot_usd_per_hour:.4g}/h "
             "spot; median [min-max]",
         ]
-        header = ("strategy", "hours", "time x", "cost $", "cost x", "wasted node-h", "relaunch")
+        header = (
+            "strategy", "hours", "time x", "cost $", "cost x", "x limit", "wasted node-h",
+            "relaunch",
+        )  # fmt: skip
         rows = [
             (
                 r.title,
@@ -131,6 +137,7 @@ class Estimate(BaseModel):
                 cell(r.time_ratio, ".2f"),
                 cell(r.cost_usd, ",.0f"),
                 cell(r.cost_ratio, ".2f"),
+                cell(r.limit_ratio, ".2f"),
                 cell(r.wasted_node_hours, ".0f"),
                 cell(r.relaunches, ".0f"),
             )
@@ -273,6 +280,8 @@ def estimate(
     scale = _price_scale(market, kind)
     for row in rows:
         row["cost_usd"] *= scale
+        if row.get("limit_usd") is not None:
+            row["limit_usd"] *= scale
     strategies_rows = [_strategy_row(r) for r in summarize(rows)]
     return Estimate(**known, **_prices(market, kind), strategies=strategies_rows)
 
@@ -358,6 +367,7 @@ def _strategy_row(summary: dict[str, Any]) -> StrategyEstimate:
         "cost_usd",
         "time_ratio",
         "cost_ratio",
+        "limit_ratio",
         "wasted_node_hours",
         "relaunches",
         "on_demand_share",

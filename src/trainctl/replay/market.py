@@ -13,9 +13,13 @@ which behaves as trainctl's EC2 provider does where the trace is silent:
 - when it falls, `lost_nodes` reports them reclaimed, and their stand-in nodes
   (trainctl.replay.fleet) die with their machines;
 - the bill is each node's time from launch at the trace's spot or on-demand price;
-- `available_nodes` answers only with `probe`: EC2 cannot tell its capacity without
-  launching, so a replay of what trainctl does on EC2 leaves it off and the controller
-  probes by relaunching, as it does there.
+- `available_nodes` answers only with `probe`: EC2 cannot count its capacity without
+  launching, so a replay of what trainctl does on EC2 leaves it off;
+- `spot_outlook` answers as EC2's spot placement scores do (trainctl.provisioning.aws.outlook):
+  whether a spot request for the job would be met now, from the trace, wrong with
+  probability `outlook_error` (None: no answer, as for an account that may not ask). The
+  wrong answers are drawn from the trace's time, per 5 minutes: the same inputs give the
+  same replay.
 The controller's decisions (relaunch, shrink, grow, wait, fall back) are its own.
 
 A trace of `pool_size` instances drives a job of any size: each instance the trace saw
@@ -26,17 +30,28 @@ stands for `nodes_per_instance` of the job's nodes (a 64-node job on a 16-instan
 from __future__ import annotations
 
 import math
+import random
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
-from trainctl.provisioning.base import Billing, CapacityProbe, InstanceUsage, NoCapacityError
+from trainctl.provisioning.base import (
+    Billing,
+    CapacityProbe,
+    InstanceUsage,
+    NoCapacityError,
+    SpotOutlook,
+)
 from trainctl.replay.fleet import Fleet, FleetProvider
 from trainctl.spec.trace import SpotTrace
 
 SPOT, ON_DEMAND = "spot", "on-demand"
+# How often a replay's spot outlook is wrong. AWS publishes no error rate for its placement
+# scores ("highly likely, not guaranteed"); one answer in ten wrong is the replays' assumption,
+# and `python -m bench.spot --outlook-error` measures others.
+OUTLOOK_ERROR = 0.1
 
 
 class TraceMarket:
@@ -86,7 +101,7 @@ class _Held:
     noticed: bool = False
 
 
-class TraceProvider(FleetProvider, Billing, CapacityProbe):
+class TraceProvider(FleetProvider, Billing, CapacityProbe, SpotOutlook):
     name = "trace"
 
     def __init__(
@@ -98,6 +113,7 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
         notice_seconds: float = 120.0,
         probe: bool = True,
         backoff: bool = False,
+        outlook_error: float | None = None,
     ) -> None:
         super().__init__(fleet)
         self.market = market
@@ -105,6 +121,7 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
         self.notice_seconds = notice_seconds
         self.probe = probe
         self.backoff = backoff
+        self.outlook_error = outlook_error
         self._failed_rounds = 0
         self._lock = threading.Lock()
         self._held: dict[str, dict[int, _Held]] = {}  # job -> attempt -> what it holds
@@ -178,6 +195,14 @@ class TraceProvider(FleetProvider, Billing, CapacityProbe):
 
     def available_nodes(self, request: Any, job: str) -> int | None:
         return self.market.best_zone()[1] if self.probe else None
+
+    def spot_outlook(self, request: Any, job: str) -> bool | None:
+        if self.outlook_error is None:
+            return None
+        now = self.market.now_s()
+        truth = self.market.best_zone(self.notice_seconds)[1] >= request.instance_count
+        draw = random.Random(f"{self.market.trace.name}:{int(now // 300)}").random()
+        return truth if draw >= self.outlook_error else not truth
 
     def _price(self, market: str) -> float:
         prices = self.market.trace.prices

@@ -11,6 +11,7 @@ relaunches; `summarize` sets each against on-demand over the starts; `table` pri
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -20,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.clock import VirtualClock, use_clock
-from trainctl.controller.recovery import replayed
+from trainctl.controller.recovery import TIME_GOAL, replayed
 from trainctl.replay.fleet import Fleet, run_job, settings_in_effect
+from trainctl.replay.limit import Limit, cheapest
+from trainctl.replay.market import OUTLOOK_ERROR, TraceMarket, TraceProvider
 from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
 from trainctl.spec.trace import SpotTrace
 from trainctl.store import open_store
@@ -58,6 +61,12 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
     return [
         Strategy(r.name, r.title, r.fields, knows_work=r.knows_work) for r in replayed(nodes, hours)
     ]
+
+
+def deadline_seconds(workload: Workload) -> float:
+    """The deadline strategies' max_wait for the workload (recovery._deadline), which the
+    limit meets too."""
+    return math.ceil(TIME_GOAL * workload.on_demand_hours * 3600)
 
 
 def recommended_interval(workload: Workload) -> float:
@@ -118,11 +127,13 @@ def replay(
     notice_seconds: float = 120.0,
     quantum: float = QUANTUM_SECONDS,
     probe: bool = False,
+    outlook_error: float | None = OUTLOOK_ERROR,
     settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One job, one strategy, from `start_s` into the trace; what it took and cost
-    (`settings`: TRAINCTL_* values for the controller, over the replay's own)."""
-    from trainctl.replay.market import TraceMarket, TraceProvider
+    """One job, one strategy, from `start_s` into the trace; what it took and cost.
+    `settings`: TRAINCTL_* values for the controller, over the replay's own; `outlook_error`:
+    how often the market's answer to "has spot room?" is wrong (None: it gives none, as EC2
+    without placement scores)."""
 
     wall = time.monotonic()
 
@@ -135,6 +146,7 @@ def replay(
             notice_seconds=notice_seconds,
             probe=probe,
             backoff=True,
+            outlook_error=outlook_error,
         )
 
     ec2 = {"instance_type": trace.instance_type, **strategy.fields}
@@ -178,6 +190,7 @@ def replay(
         "sizes": [len(a.nodes) for a in record.attempts],
         "causes": [a.resized or a.cause for a in record.attempts],
         "stop_reason": record.stop_reason,
+        "outlook_error": outlook_error,
         "wall_s": time.monotonic() - wall,
         "clock_advances": advances,
     }
@@ -195,6 +208,7 @@ class Replay:
     start_s: float = 0.0
     label: str = "recommended"
     quantum: float = QUANTUM_SECONDS
+    outlook_error: float | None = OUTLOOK_ERROR
 
     def describe(self) -> str:
         days = self.start_s / 86400
@@ -212,6 +226,7 @@ def run_replay(job: Replay) -> dict[str, Any]:
             interval_seconds=job.interval_seconds,
             start_s=job.start_s,
             quantum=job.quantum,
+            outlook_error=job.outlook_error,
         )
     return {**row, "interval": job.label}
 
@@ -223,7 +238,34 @@ def replay_all(
 ) -> list[dict[str, Any]]:
     """Every replay's row, in the order given, `workers` at a time (default: two per CPU) in
     processes of their own: each has its own simulated clock, so a busy machine slows a
-    replay and does not change what it finds. `on_done` is told as each one ends."""
+    replay and does not change what it finds. `on_done` is told as each one ends. Each row
+    has the limit from its start (`limit_*`: trainctl.replay.limit), worked out once a start."""
+    rows = _replayed(jobs, workers, on_done)
+    limits: dict[tuple[int, Workload, float, float], Limit | None] = {}
+    for job, row in zip(jobs, rows, strict=True):
+        key = (id(job.trace), job.workload, job.interval_seconds, job.start_s)
+        if key not in limits:
+            limits[key] = cheapest(
+                job.trace,
+                job.workload,
+                job.interval_seconds,
+                start_s=job.start_s,
+                deadline_s=deadline_seconds(job.workload),
+            )
+        limit = limits[key]
+        row.update(
+            limit_usd=limit.cost_usd if limit else None,
+            limit_hours=limit.hours if limit else None,
+            limit_on_demand_node_hours=limit.on_demand_node_hours if limit else None,
+            limit_spot_node_hours=limit.spot_node_hours if limit else None,
+            limit_starts=limit.starts if limit else None,
+        )
+    return rows
+
+
+def _replayed(
+    jobs: list[Replay], workers: int | None, on_done: Callable[[Replay], None] | None
+) -> list[dict[str, Any]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -262,16 +304,37 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": median, "min": ordered[0], "max": ordered[-1]}
 
 
+LIMIT = "omniscient"
+LIMIT_TITLE = "the limit: omniscient, same deadline"
+FIGURES = (
+    "hours",
+    "cost_usd",
+    "time_ratio",
+    "cost_ratio",
+    "limit_ratio",
+    "wasted_node_hours",
+    "redone_node_hours",
+    "relaunches",
+    "on_demand_share",
+)
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per trace, size, strategy and interval: time and cost against on-demand (same trace,
-    size and interval), over the starts whose job completed (None: none did); why the others
-    ended."""
+    size and interval) and cost against the limit from the same start, over the starts whose
+    job completed (None: none did); why the others ended. After each on-demand row, the
+    limit's own (`omniscient`) over the starts the strategies ran from."""
     base = {
         (r["trace"], r["nodes"], r["interval"]): r for r in rows if r["strategy"] == "on-demand"
     }
     groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["trace"], r["nodes"], r["strategy"], r["interval"]), []).append(r)
+        if r["strategy"] != "on-demand" and r.get("limit_usd") is not None:
+            groups.setdefault((r["trace"], r["nodes"], LIMIT, r["interval"]), [])
+            limits = groups[(r["trace"], r["nodes"], LIMIT, r["interval"])]
+            if all(one["start_s"] != r["start_s"] for one in limits):
+                limits.append(_limit_row(r))
     out = []
     for (trace, nodes, strategy, interval), runs in groups.items():
         od = base[(trace, nodes, interval)]
@@ -280,6 +343,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 **r,
                 "time_ratio": r["hours"] / od["hours"],
                 "cost_ratio": r["cost_usd"] / od["cost_usd"],
+                "limit_ratio": r["cost_usd"] / r["limit_usd"] if r.get("limit_usd") else None,
                 "relaunches": float(r["relaunches"]),
                 "on_demand_share": r["on_demand_node_hours"]
                 / max(1e-9, r["on_demand_node_hours"] + r["spot_node_hours"]),
@@ -287,16 +351,6 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in runs
             if r["state"] == "Completed"
         ]
-        figures = (
-            "hours",
-            "cost_usd",
-            "time_ratio",
-            "cost_ratio",
-            "wasted_node_hours",
-            "redone_node_hours",
-            "relaunches",
-            "on_demand_share",
-        )
         out.append(
             {
                 "trace": trace,
@@ -310,10 +364,43 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "not_completed": [
                     r["stop_reason"] or r["state"] for r in runs if r["state"] != "Completed"
                 ],
-                **{k: spread([r[k] for r in done]) if done else None for k in figures},
+                **{k: _spread_of([r[k] for r in done]) for k in FIGURES},
             }
         )
-    return out
+    order = list(groups)
+
+    def place(r: dict[str, Any]) -> tuple[int, bool]:
+        # the limit's row just after its trace, size and interval's on-demand row
+        strategy = "on-demand" if r["strategy"] == LIMIT else r["strategy"]
+        return order.index((r["trace"], r["nodes"], strategy, r["interval"])), r[
+            "strategy"
+        ] == LIMIT
+
+    return sorted(out, key=place)
+
+
+def _limit_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The limit from a replay's start, as a replay's row (trainctl.replay.limit)."""
+    return {
+        **{k: r[k] for k in ("trace", "workload", "nodes", "interval_s", "start_s", "interval")},
+        "strategy": LIMIT,
+        "title": LIMIT_TITLE,
+        "state": "Completed",
+        "hours": r["limit_hours"],
+        "cost_usd": r["limit_usd"],
+        "limit_usd": r["limit_usd"],
+        "spot_node_hours": r["limit_spot_node_hours"],
+        "on_demand_node_hours": r["limit_on_demand_node_hours"],
+        "wasted_node_hours": None,
+        "redone_node_hours": 0.0,
+        "relaunches": max(0, r["limit_starts"] - 1),
+        "stop_reason": None,
+    }
+
+
+def _spread_of(values: list[float | None]) -> dict[str, float] | None:
+    known = [v for v in values if v is not None]
+    return spread(known) if known else None
 
 
 def _cell(s: dict[str, float] | None, fmt: str) -> str:
@@ -335,8 +422,8 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
             f"**{trace}, {nodes} nodes**",
             "",
             "| strategy | checkpoint every | completed | hours | time x on-demand "
-            "| cost x on-demand | wasted node-h | relaunches | on-demand share |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| cost x on-demand | cost x limit | wasted node-h | relaunches | on-demand share |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in summary_rows:
             if (r["trace"], r["nodes"]) != (trace, nodes):
@@ -345,7 +432,8 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
                 f"| {r['title']} | {r['interval_s'] / 60:.0f} min ({r['interval']}) "
                 f"| {r['completed']}/{r['runs']} "
                 f"| {_cell(r['hours'], '.2f')} | {_cell(r['time_ratio'], '.2f')} "
-                f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['wasted_node_hours'], '.0f')} "
+                f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['limit_ratio'], '.2f')} "
+                f"| {_cell(r['wasted_node_hours'], '.0f')} "
                 f"| {_cell(r['relaunches'], '.0f')} | {_cell(r['on_demand_share'], '.0%')} |"
             )
     return "\n".join(lines)

@@ -265,6 +265,7 @@ def controller_policy(store_uri: str) -> dict[str, Any]:
                     "ssm:GetParameters",
                     "sts:GetCallerIdentity",
                     "pricing:GetProducts",
+                    "ec2:GetSpotPlacementScores",  # asked before a try back to spot
                 ],
                 "Resource": "*",
             },

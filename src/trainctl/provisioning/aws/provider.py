@@ -61,6 +61,7 @@ from trainctl.provisioning.base import (
     InstanceUsage,
     NodeRunner,
     Provider,
+    SpotOutlook,
     WarmStart,
     make_cluster,
 )
@@ -109,7 +110,7 @@ def parse_override(value: str) -> tuple[str, int]:
     return value, 22
 
 
-class AwsProvider(AwsWarmPools, Provider, Billing, FaultInjection):
+class AwsProvider(AwsWarmPools, Provider, Billing, SpotOutlook, FaultInjection):
     name = "aws"
 
     def __init__(
@@ -613,6 +614,25 @@ class AwsProvider(AwsWarmPools, Provider, Billing, FaultInjection):
             started=started,
             ended=ended_at(instance),
             usd_per_hour=price,
+        )
+
+    def spot_outlook(self, request: CapacityRequest, job: str) -> bool | None:
+        """EC2's placement scores and spot prices for the job's type, count and zones
+        (trainctl.provisioning.aws.outlook); None where EC2 gives no answer."""
+        from trainctl.provisioning.aws.outlook import spot_outlook
+
+        region = self.request_region(request)
+        ec2 = self.client("ec2", region)
+        zones = None
+        if request.aws.subnets:
+            zones = list(resolve_network(ec2, list(request.aws.subnets), region).zones.values())
+        return spot_outlook(
+            ec2,
+            request.instance_type,
+            request.instance_count,
+            region,
+            zones=zones,
+            on_demand_usd_per_hour=on_demand_price(request.instance_type, region),
         )
 
     def hourly_cost(self, request: CapacityRequest) -> float | None:
