@@ -11,6 +11,7 @@ the clock's seconds. A process that replays a long job against a spot trace
 from __future__ import annotations
 
 import contextlib
+import gc
 import heapq
 import itertools
 import math
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -49,8 +51,18 @@ class Clock:
         """Time stands still in the block (the wall clock's does not: nothing to do)."""
         return contextlib.nullcontext()
 
+    def hand(self, count: int) -> Callable[[], None]:
+        """Time stands still until `count` pieces of work handed to threads outside the
+        clock (a thread pool's) are taken up: each calls the function returned, first thing
+        (the wall clock's does not: nothing to do)."""
+        return _nothing
+
     def close(self) -> None:
         """Nothing to end (a simulated clock ends its driver)."""
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Waiter:
@@ -112,6 +124,11 @@ class VirtualClock(Clock):
         self._ids = itertools.count()
         self._closed = False
         self._driver: threading.Thread | None = None
+        # Threads of the process before the clock (not its to wait for), and those it has
+        # noticed since: a thread started under the clock is at work from its first sight
+        # until it waits (a pump or a node just started, not yet scheduled on a busy machine,
+        # had time move under it before it ever read the clock).
+        self._noticed: set[int | None] = {t.ident for t in threading.enumerate()}
 
     # -- reading ---------------------------------------------------------------------------
     def _touch(self) -> None:
@@ -191,6 +208,21 @@ class VirtualClock(Clock):
         that thread takes it."""
         return self._holding()
 
+    def hand(self, count: int) -> Callable[[], None]:
+        """Held until each of `count` takers has called the function returned: a pool's
+        worker not yet scheduled waits outside the clock, and time must not move before it
+        runs (on a busy machine it did, by a quantum or more: a replay's figures moved)."""
+        with self._lock:
+            self._holds += count
+
+        def taken() -> None:
+            self._touch()  # at work from now: the driver sees it before the hold goes
+            with self._lock:
+                self._holds -= 1
+                self._touched += 1
+
+        return taken
+
     def queue(self) -> queue.Queue[Any]:
         return _ClockQueue(self)
 
@@ -232,6 +264,13 @@ class VirtualClock(Clock):
         lock, a join, a plain queue: its innermost Python frame says). Forgets the threads
         past blocked_after, and those that ended."""
         wall = time.monotonic()
+        fresh = [t.ident for t in threading.enumerate() if t.ident not in self._noticed]
+        frames = _frames() if fresh or self._running else {}
+        for ident in fresh:
+            self._noticed.add(ident)
+            frame = frames.get(ident)
+            if frame is not None and not _blocked_outside(frame) and ident != threading.get_ident():
+                self._running.setdefault(ident, wall)
         recent = []
         for ident, last in list(self._running.items()):
             if wall - last < self.blocked_after:
@@ -240,7 +279,6 @@ class VirtualClock(Clock):
                 self._running.pop(ident, None)
         if not recent:
             return False
-        frames = sys._current_frames()
         for ident in recent:
             frame = frames.get(ident)
             if frame is None:  # ended
@@ -278,30 +316,66 @@ _BLOCKING_FRAMES = frozenset(
 )
 
 
+def _frames() -> dict[int, Any]:
+    """Each thread's innermost frame. Without the collector: sys._current_frames holds the
+    interpreter's thread list while it builds its answer, and a collection there runs weakref
+    callbacks that let another thread run; a thread being started then waits for that list
+    with the GIL held, and neither moves (seen: a replay that never ended)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _blocked_outside(frame: Any) -> bool:
     code = frame.f_code
-    return (os.path.basename(code.co_filename), code.co_name) in _BLOCKING_FRAMES
+    if (os.path.basename(code.co_filename), code.co_name) not in _BLOCKING_FRAMES:
+        return False
+    # A thread starting another waits (threading.py wait) for it to begin: momentary, and
+    # what follows happens at this time, not the next.
+    caller = frame.f_back
+    while caller is not None and os.path.basename(caller.f_code.co_filename) == "threading.py":
+        if caller.f_code.co_name == "start":
+            return False
+        caller = caller.f_back
+    return True
 
 
 class _ClockQueue(queue.Queue[Any]):
-    """A queue whose get waits in a VirtualClock's seconds."""
+    """A queue whose get waits in a VirtualClock's seconds. Its puts and takes run here, not
+    in queue.py, whose frames read as a thread blocked outside the clock (`_blocked_outside`):
+    a thread caught in the middle of one had time move under it."""
 
     def __init__(self, virtual: VirtualClock) -> None:
         super().__init__()
         self._clock = virtual
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        super().put(item, block, timeout)
+        with self.not_empty:  # (unbounded: never full) what Queue.put does
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
         self._clock.notify(self)
+
+    def _take(self) -> tuple[bool, Any]:
+        with self.mutex:
+            if not self._qsize():
+                return False, None
+            item = self._get()
+            self.not_full.notify()
+            return True, item
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         deadline = math.inf if timeout is None else self._clock.monotonic() + timeout
         while True:
-            try:
-                return super().get(block=False)
-            except queue.Empty:
-                if not block:
-                    raise
+            took, item = self._take()
+            if took:
+                return item
+            if not block:
+                raise queue.Empty
             if self._clock._closed:  # the replay is over: the wall clock's wait
                 return super().get(block, None if timeout is None else 0)
             if not self._clock.wait_until(deadline, lambda: self.qsize() > 0, on=self):
@@ -325,6 +399,44 @@ class _ClockEvent(threading.Event):
             return True
         deadline = math.inf if timeout is None else self._clock.monotonic() + timeout
         return self._clock.wait_until(deadline, self.is_set, on=self)
+
+
+def pool_map(
+    fn: Callable[[Any], Any], items: list[Any], workers: int, name: str
+) -> list[Future[Any]]:
+    """`fn` over `items`, `workers` at a time in a thread pool, waited for in the clock's
+    time: each item's future, in order. A pool's threads wait outside the clock, so under a
+    VirtualClock time would move while a worker is not yet scheduled or the caller not yet
+    back from the pool's join; here it stands until each item is taken up, and moves again
+    once the caller, woken by the last, is at work (the same replay, the same figures)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    taken = clock().hand(len(items))
+    finished = clock().event()
+    left = [len(items)]
+    counting = threading.Lock()
+
+    def one(item: Any) -> Any:
+        taken()
+        try:
+            return fn(item)
+        finally:
+            with counting:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                finished.set()
+
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+    try:
+        futures = [pool.submit(one, item) for item in items]
+        if items:
+            finished.wait()
+    finally:
+        # Every item is done: the idle workers end on their own (a join would wait outside
+        # the clock, and time move under the caller).
+        pool.shutdown(wait=False)
+    return futures
 
 
 _WALL = Clock()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainctl.clock import Clock, VirtualClock, clock, use_clock
+from trainctl.clock import Clock, VirtualClock, clock, pool_map, use_clock
 
 
 def _threads_then_join(*targets):
@@ -124,6 +124,37 @@ def test_time_stands_while_held_and_while_a_thread_works():
 
 
 @pytest.mark.timeout(30)
+def test_work_in_a_pool_and_a_thread_just_started_hold_the_clock():
+    """A pool's workers and a new thread wait outside the clock before they run: time does
+    not move under them (it did, on a busy machine, and a replay's figures moved with it)."""
+    seen: dict[str, float] = {}
+    with use_clock(VirtualClock(quantum=30)):
+
+        def item(n: int) -> float:
+            time.sleep(0.02)  # work before the clock is read: no simulated time passes
+            clock().sleep(n)
+            return clock().monotonic()
+
+        def starter() -> None:
+            clock().sleep(30)
+            ends = [f.result() for f in pool_map(item, [0, 10, 40], 2, "item")]
+            seen["items"] = ends  # type: ignore[assignment]
+            seen["back"] = clock().monotonic()  # the caller, back at once after the last
+            fresh = threading.Thread(target=lambda: (time.sleep(0.05), seen.update(
+                fresh=clock().monotonic())))  # fmt: skip
+            fresh.start()
+            fresh.join()
+
+        def ticker() -> None:
+            for _ in range(10):
+                clock().sleep(30)  # a peer that wants time to move all along
+
+        _threads_then_join(starter, ticker)
+    assert seen["items"] == [30.0, 60.0, 90.0]
+    assert seen["back"] == 90.0 and seen["fresh"] == 90.0
+
+
+@pytest.mark.timeout(30)
 def test_the_wall_clock_is_the_default_and_its_waits_are_plain():
     assert type(clock()) is Clock
     assert type(clock().queue()) is queue.Queue
@@ -132,3 +163,4 @@ def test_the_wall_clock_is_the_default_and_its_waits_are_plain():
     with pytest.raises(queue.Empty):
         clock().queue().get(timeout=0.05)
     assert time.monotonic() - began >= 0.05
+    assert [f.result() for f in pool_map(lambda n: n * 2, [1, 2], 2, "t")] == [2, 4]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trainctl.clock import clock
+from trainctl.clock import clock, pool_map
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.agents import agent_argv, agent_env
 from trainctl.controller.attempts import AttemptEnd, LiveNode
@@ -370,8 +370,6 @@ class Controller:
     def _start_agents(self, cluster: ClusterInfo) -> AttemptWatch:
         """Start every node's agent, up to START_CONCURRENCY at a time: a start is network
         round trips (SSH connect, auth, exec) that would add up over hundreds of nodes."""
-        from concurrent.futures import ThreadPoolExecutor
-
         env = agent_env(self.settings)
         policy = checkpoint_policy(self.record, cluster)
         env[POLICY_ENV] = policy.to_env()
@@ -389,11 +387,12 @@ class Controller:
             return runner.start(argv, env)
 
         ranks = [node.rank for node in cluster.nodes]
-        workers = max(1, min(START_CONCURRENCY, len(ranks)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="start-agent") as pool:
-            futures = {rank: pool.submit(start, rank) for rank in ranks}
+        workers = min(START_CONCURRENCY, len(ranks))
+        futures = pool_map(start, ranks, workers, "start-agent")
         # Every start has been tried; the first failure is raised (teardown ends the others).
-        procs: dict[int, RunningProcess] = {rank: f.result() for rank, f in futures.items()}
+        procs: dict[int, RunningProcess] = {
+            rank: f.result() for rank, f in zip(ranks, futures, strict=True)
+        }
         self.jobs.event("agents_started", attempt=cluster.attempt, nodes=len(procs))
         return self._follow(cluster, procs)
 
