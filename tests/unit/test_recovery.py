@@ -252,3 +252,26 @@ def test_a_count_is_the_answer_where_the_provider_can_count() -> None:
     assert spot_has_room(Counted(2), request, "j", 2) is True  # type: ignore[arg-type]
     assert spot_has_room(Counted(None), request, "j", 2) is True  # type: ignore[arg-type]
     assert spot_has_room(object(), request, "j", 2) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("last_step", "saved_at", "lost", "resumes"),
+    [
+        (400, 400, 0, True),  # saved at its last step
+        (300, 412, 0, True),  # saved at a notice past its last report (every 100 steps)
+        (400, 300, 0, False),  # its last save was behind it
+        (400, 400, 12, False),  # steps were lost
+        (None, None, 0, False),  # never stepped
+    ],
+)
+def test_an_earlier_attempt_that_saved_where_it_stopped_lets_a_try_lose_nothing(
+    last_step, saved_at, lost, resumes
+) -> None:
+    from trainctl.controller.capacity import resumes_where_stopped
+    from trainctl.record.models import Attempt
+
+    earlier = Attempt(
+        number=1, started_at="2026-12-06T00:00:00Z", last_step=last_step,
+        last_checkpoint_step=saved_at, steps_lost=lost,
+    )  # fmt: skip
+    assert resumes_where_stopped([earlier]) is resumes

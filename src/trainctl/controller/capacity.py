@@ -216,7 +216,13 @@ class CapacitySizer:
 def resumes_where_stopped(earlier: list[Attempt]) -> bool:
     """Whether an earlier attempt of the job saved at its last step and the next resumed
     there: the script saves when it is told to stop (a notice), so a relaunch by choice
-    loses nothing even before this attempt's first save."""
+    loses nothing even before this attempt's first save. (At or after the last step it
+    reported: a script that reports every few hundred steps saves at a notice past its last
+    report; that is still where it stopped.)"""
     return any(
-        a.steps_lost == 0 and a.last_step and a.last_checkpoint_step == a.last_step for a in earlier
+        a.steps_lost == 0
+        and a.last_step
+        and a.last_checkpoint_step is not None
+        and a.last_checkpoint_step >= a.last_step
+        for a in earlier
     )
