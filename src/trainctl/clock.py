@@ -129,6 +129,7 @@ class VirtualClock(Clock):
         # until it waits (a pump or a node just started, not yet scheduled on a busy machine,
         # had time move under it before it ever read the clock).
         self._noticed: set[int | None] = {t.ident for t in threading.enumerate()}
+        self._threads = len(self._noticed)
 
     # -- reading ---------------------------------------------------------------------------
     def _touch(self) -> None:
@@ -264,7 +265,11 @@ class VirtualClock(Clock):
         lock, a join, a plain queue: its innermost Python frame says). Forgets the threads
         past blocked_after, and those that ended."""
         wall = time.monotonic()
-        fresh = [t.ident for t in threading.enumerate() if t.ident not in self._noticed]
+        fresh: list[int | None] = []
+        if threading.active_count() != self._threads:  # (a look at each costs a lock)
+            threads = threading.enumerate()
+            self._threads = len(threads)
+            fresh = [t.ident for t in threads if t.ident not in self._noticed]
         frames = _frames() if fresh or self._running else {}
         for ident in fresh:
             self._noticed.add(ident)

@@ -267,7 +267,7 @@ def test_a_count_is_the_answer_where_the_provider_can_count() -> None:
 def test_an_earlier_attempt_that_saved_where_it_stopped_lets_a_try_lose_nothing(
     last_step, saved_at, lost, resumes
 ) -> None:
-    from trainctl.controller.capacity import resumes_where_stopped
+    from trainctl.controller.budget import resumes_where_stopped
     from trainctl.record.models import Attempt
 
     earlier = Attempt(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainctl.clock import clock
 from trainctl.controller.deadline import DEFAULT_RESTART_SECONDS, Pace
-from trainctl.record.models import TO_FIRST_STEP, JobRecord
+from trainctl.record.models import TO_FIRST_STEP, Attempt, JobRecord
 from trainctl.spec.settings import Settings, get_settings
 
 
@@ -40,8 +40,9 @@ class TimeBudget:
         """Where the job stands against its deadline, where its work and its pace are known
         (trainctl.controller.deadline); None: no max_wait, no total, or no pace yet (the job
         has not trained: until it has, the deadline's slack counts max_run as its work, as
-        for a job whose work is unknown). The work done is up to the last checkpoint (what a
-        relaunch keeps), in seconds at the job's pace. A relaunch costs the attempts' mean
+        for a job whose work is unknown). The work done is what a relaunch keeps, in seconds
+        at the job's pace: up to the last checkpoint, or to the last step for a job that has
+        shown it saves when told to stop. A relaunch costs the attempts' mean
         start-up (less any wait for capacity) and the steps they lost."""
         spec, record = self.record.spec, self.record
         progress = record.progress(clock().time())
@@ -55,6 +56,10 @@ class TimeBudget:
             (a.last_checkpoint_step or a.resumed_from_step or 0 for a in record.attempts),
             default=0,
         )
+        if resumes_where_stopped(record.attempts[:-1]):
+            # The script saves when told to stop: a relaunch by choice (a try back to spot)
+            # keeps every step so far, not only those of the last periodic save.
+            saved_steps = max(saved_steps, record.attempts[-1].last_step or 0)
         starts = [
             a.startup[TO_FIRST_STEP] - a.startup.get("capacity", 0.0)
             for a in record.attempts
@@ -103,3 +108,18 @@ class TimeBudget:
         if trained > spec.max_run:
             return f"MaxRuntimeExceeded: max_run of {spec.max_run} s reached"
         return None
+
+
+def resumes_where_stopped(earlier: list[Attempt]) -> bool:
+    """Whether an earlier attempt of the job saved at its last step and the next resumed
+    there: the script saves when it is told to stop (a notice), so a relaunch by choice
+    loses nothing even before this attempt's first save. (At or after the last step it
+    reported: a script that reports every few hundred steps saves at a notice past its last
+    report; that is still where it stopped.)"""
+    return any(
+        a.steps_lost == 0
+        and a.last_step
+        and a.last_checkpoint_step is not None
+        and a.last_checkpoint_step >= a.last_step
+        for a in earlier
+    )

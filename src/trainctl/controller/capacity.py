@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
+from trainctl.controller.budget import resumes_where_stopped
 from trainctl.controller.deadline import Pace
 from trainctl.controller.recovery import RecoveryContext, for_job
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
 from trainctl.record.jobstore import JobStore
-from trainctl.record.models import Attempt, JobRecord
+from trainctl.record.models import JobRecord
 from trainctl.spec.request import CapacityRequest
 from trainctl.spec.settings import Settings
 
@@ -211,18 +212,3 @@ class CapacitySizer:
         )
         spot = for_job(self.record).leave_for_spot(self.recovery, cluster, trained_for, saved)
         return ("trying_spot", spot) if spot else None
-
-
-def resumes_where_stopped(earlier: list[Attempt]) -> bool:
-    """Whether an earlier attempt of the job saved at its last step and the next resumed
-    there: the script saves when it is told to stop (a notice), so a relaunch by choice
-    loses nothing even before this attempt's first save. (At or after the last step it
-    reported: a script that reports every few hundred steps saves at a notice past its last
-    report; that is still where it stopped.)"""
-    return any(
-        a.steps_lost == 0
-        and a.last_step
-        and a.last_checkpoint_step is not None
-        and a.last_checkpoint_step >= a.last_step
-        for a in earlier
-    )

@@ -102,7 +102,7 @@ def cheapest(
             mode: _undominated(
                 s
                 for s in states
-                if _can_finish(s, work - s.progress, left, pace, 0 if mode == ON_DEMAND else again)
+                if _can_finish(work - s.progress, left, pace, _start_cost(mode, s, first, again))
             )
             for mode, states in grown.items()
         }
@@ -133,9 +133,14 @@ def _rest(state: _State) -> tuple[float, float, float, int]:
     return state.cost, state.spot_s, state.on_demand_s, state.starts
 
 
-def _can_finish(
-    state: _State, work_left: float, time_left: float, pace: float, overhead: float
-) -> bool:
+def _start_cost(mode: str, state: _State, first: float, again: float) -> float:
+    """What going on demand from `mode` costs before it trains (nothing if it is there)."""
+    if mode == ON_DEMAND:
+        return 0.0
+    return again if state.progress else first
+
+
+def _can_finish(work_left: float, time_left: float, pace: float, overhead: float) -> bool:
     """Whether on-demand from the next step (after `overhead` to start it) could still do the
     work left in the time left: a state that could not is no schedule's."""
     return work_left <= (time_left - overhead) * pace
