@@ -275,3 +275,29 @@ def test_an_earlier_attempt_that_saved_where_it_stopped_lets_a_try_lose_nothing(
         last_checkpoint_step=saved_at, steps_lost=lost,
     )  # fmt: skip
     assert resumes_where_stopped([earlier]) is resumes
+
+
+def test_an_elastic_spot_job_grows_when_asked_spot_has_room_not_by_blind_relaunches(
+    tmp_path: Path,
+) -> None:
+    from trainctl.controller.capacity import CapacitySizer
+
+    record = _record(tmp_path, use_spot_instances=True, instance_count=4, min_instance_count=2)
+    settings = Settings(elastic_probe_seconds=900)
+
+    def sizer(provider: object) -> CapacitySizer:
+        return CapacitySizer(
+            provider, _Events(), record, settings,  # type: ignore[arg-type]
+            should_stop=lambda: None, info=lambda line: None,
+        )  # fmt: skip
+
+    with use_clock(VirtualClock()):
+        asked = sizer(_Outlook([False, True]))
+        assert asked.growth(2, ASKED_PROBE_SECONDS - 1) is None  # too soon to relaunch
+        assert asked.growth(2, 5000) is None  # "no room": no relaunch, however long
+        clock().sleep(ASK_SECONDS)
+        assert asked.growth(2, 5000) == "growing: spot is said to have room for 4 node(s)"
+        assert asked.recovery._asked is not None
+        blind = sizer(object())  # cannot be asked: a relaunch every elastic_probe_seconds
+        assert blind.growth(2, 899) is None
+        assert blind.growth(2, 900) == "growing: trying for 4 node(s) again"

@@ -17,7 +17,7 @@ from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
 from trainctl.controller.budget import resumes_where_stopped
 from trainctl.controller.deadline import Pace
-from trainctl.controller.recovery import RecoveryContext, for_job
+from trainctl.controller.recovery import ASKED_PROBE_SECONDS, RecoveryContext, for_job
 from trainctl.provisioning.base import CapacityProbe, NoCapacityError, Provider
 from trainctl.record.jobstore import JobStore
 from trainctl.record.models import JobRecord
@@ -183,10 +183,17 @@ class CapacitySizer:
         except Exception:  # asking is best effort: the next check asks again
             return None
         if available is None:
-            # A provider that cannot tell without launching (EC2): every
-            # elastic_probe_seconds of training, try the full size again (a checkpoint and
-            # a relaunch; without the capacity the next attempt shrinks back).
-            if trained_for < self.settings.elastic_probe_seconds:
+            # A provider that cannot count without launching (EC2): asked whether spot has
+            # room for the full size (placement scores), it grows when the answer is good;
+            # without an answer, every elastic_probe_seconds of training it tries the full
+            # size again (a checkpoint and a relaunch; without the capacity the next attempt
+            # shrinks back).
+            asked = None
+            if spec.use_spot_instances and trained_for >= ASKED_PROBE_SECONDS:
+                asked = self.recovery.spot_answer(spec.instance_count)
+            if asked:
+                return f"growing: spot is said to have room for {spec.instance_count} node(s)"
+            if asked is False or trained_for < self.settings.elastic_probe_seconds:
                 return None
             return f"growing: trying for {spec.instance_count} node(s) again"
         if available <= size:
