@@ -96,8 +96,13 @@ class Training:
     checkpoint (in the store, so they survive an attempt), and where node-time went."""
 
     def __init__(self, workload: Workload, interval_seconds: float) -> None:
+        from trainctl.spec.settings import get_settings
+
         self.workload = workload
         self.interval_seconds = interval_seconds
+        # The agent's setting, as every node reads it: read once a replay, not once a node
+        # (a read scans the environment: 256 of them were a sixth of a replay's settings time).
+        self.heartbeat_seconds = get_settings().heartbeat_seconds
         self.saved = 0.0
         self.runs: dict[int, AttemptRun] = {}
         self.node_seconds: Counter[str] = Counter()
@@ -117,12 +122,10 @@ class TrainingNode(StandInNode):
     progress; the other ranks follow it, as collective steps do)."""
 
     def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
-        from trainctl.spec.settings import get_settings
-
-        self.heartbeat = get_settings().heartbeat_seconds  # as the agent reads it
+        self.training: Training = fleet.training  # type: ignore[attr-defined]
+        self.heartbeat = self.training.heartbeat_seconds
         self.step_report = min(self.heartbeat, STEP_REPORT_SECONDS)
         self._wake = clock().event()
-        self.training: Training = fleet.training  # type: ignore[attr-defined]
         self.run = self.training.run(attempt, fleet.sizes[attempt])
         self.run.nodes.append(self)
         if attempt in fleet.preempting:  # a notice that came while the machine booted
