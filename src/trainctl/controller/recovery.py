@@ -186,11 +186,12 @@ class FallBackNow(RecoveryStrategy):
     ) -> str | None:
         if not self._may_try(ctx, cluster, saved) or trained_for < ctx.spot_probe_wait(True):
             return None
-        answer = ctx.spot_answer(len(cluster.nodes))
-        if answer is False or (answer is None and trained_for < ctx.spot_probe_wait(False)):
+        answered = ctx.spot_answer(len(cluster.nodes)) is not None
+        if not answered and trained_for < ctx.spot_probe_wait(False):
             return None
-        ctx.trying_spot = True
-        return f"trying spot again after {trained_for / 60:.0f} min on demand"
+        return self._try_spot(
+            ctx, cluster, f"trying spot again after {trained_for / 60:.0f} min on demand"
+        )
 
     @staticmethod
     def _may_try(ctx: RecoveryContext, cluster: ClusterInfo, saved: bool) -> bool:
@@ -330,8 +331,13 @@ def _deadline(hours: float) -> dict[str, Any]:
         "use_spot_instances": True,
         "on_demand_fallback": True,
         "max_run": math.ceil(1.05 * hours * 3600),
-        "max_wait": math.ceil(TIME_GOAL * hours * 3600),
+        "max_wait": deadline_max_wait(hours),
     }
+
+
+def deadline_max_wait(hours: float) -> int:
+    """The deadline strategies' max_wait for `hours` of training on demand: TIME_GOAL x."""
+    return math.ceil(TIME_GOAL * hours * 3600)
 
 
 def _say_policy(ctx: RecoveryContext, pace: Pace, market: str) -> None:

@@ -362,16 +362,9 @@ def _prices(market: SpotTrace, kind: str) -> dict[str, float]:
 
 
 def _strategy_row(summary: dict[str, Any]) -> StrategyEstimate:
-    keys = (
-        "hours",
-        "cost_usd",
-        "time_ratio",
-        "cost_ratio",
-        "limit_ratio",
-        "wasted_node_hours",
-        "relaunches",
-        "on_demand_share",
-    )
+    from trainctl.replay.strategies import FIGURES
+
+    keys = [k for k in FIGURES if k in StrategyEstimate.model_fields]
     return StrategyEstimate(
         strategy=summary["strategy"],
         title=summary["title"],

@@ -11,7 +11,6 @@ relaunches; `summarize` sets each against on-demand over the starts; `table` pri
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.clock import VirtualClock, use_clock
-from trainctl.controller.recovery import TIME_GOAL, replayed
+from trainctl.controller.recovery import deadline_max_wait, replayed
 from trainctl.replay.fleet import Fleet, run_job, settings_in_effect
 from trainctl.replay.limit import Limit, cheapest
 from trainctl.replay.market import OUTLOOK_ERROR, TraceMarket, TraceProvider
@@ -65,12 +64,6 @@ def strategies(nodes: int, hours: float = 6.0) -> list[Strategy]:
     return [
         Strategy(r.name, r.title, r.fields, knows_work=r.knows_work) for r in replayed(nodes, hours)
     ]
-
-
-def deadline_seconds(workload: Workload) -> float:
-    """The deadline strategies' max_wait for the workload (recovery._deadline), which the
-    limit meets too."""
-    return math.ceil(TIME_GOAL * workload.on_demand_hours * 3600)
 
 
 def recommended_interval(workload: Workload) -> float:
@@ -254,7 +247,7 @@ def replay_all(
                 job.workload,
                 job.interval_seconds,
                 start_s=job.start_s,
-                deadline_s=deadline_seconds(job.workload),
+                deadline_s=deadline_max_wait(job.workload.on_demand_hours),
             )
         limit = limits[key]
         row.update(
@@ -335,8 +328,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         groups.setdefault((r["trace"], r["nodes"], r["strategy"], r["interval"]), []).append(r)
         if r["strategy"] != "on-demand" and r.get("limit_usd") is not None:
-            groups.setdefault((r["trace"], r["nodes"], LIMIT, r["interval"]), [])
-            limits = groups[(r["trace"], r["nodes"], LIMIT, r["interval"])]
+            limits = groups.setdefault((r["trace"], r["nodes"], LIMIT, r["interval"]), [])
             if all(one["start_s"] != r["start_s"] for one in limits):
                 limits.append(_limit_row(r))
     out = []

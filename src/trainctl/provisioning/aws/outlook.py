@@ -69,10 +69,10 @@ def spot_outlook(
             scores = {zone: score for zone, score in scores.items() if zone in zones}
         if not scores:
             return None
-        good = sorted((z for z, score in scores.items() if score >= GOOD_SCORE), key=scores.get)
+        good = [z for z in sorted(scores, key=scores.get, reverse=True) if scores[z] >= GOOD_SCORE]
         if not good or on_demand_usd_per_hour is None:
             return bool(good)
-        for zone in reversed(good):  # the best scored first
+        for zone in good:  # the best scored first
             price = spot_price(ec2, instance_type, zone)
             if price is None or price < on_demand_usd_per_hour:
                 return True
