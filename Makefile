@@ -1,7 +1,7 @@
 # trainctl — `make demo` trains the example on 2 local nodes; `make test` runs the suite
 # (`make test-fast`: the unit tier and a smoke run, for the edit-test loop; `make test-gpu`:
-# the GPU tier, where CUDA exists; `make test-deps`
-# installs the real parts the tests use: sshd, podman, a registry, dockerd, mpirun, chromium);
+# the GPU tier, where CUDA exists; `make test-deps` installs the real parts the tests use:
+# sshd, podman, a registry, dockerd, mpirun, chromium, Slurm);
 # `make bench` measures the performance table (bench/results.json; see docs/benchmarks.md);
 # `make docs` builds the documentation site into site/.
 PYTHON ?= python3
@@ -17,16 +17,17 @@ TEST_WORKERS ?= 3
 
 venv: $(STAMP)
 
-# pip's own progress (a line a package, a bar a download) shows while it works: a fresh
-# venv takes minutes.
+# pip's own progress (a line a package, a bar a download) shows while it works, and
+# tools/pip-progress.py counts the packages into place during its silent install step: a
+# fresh venv takes minutes.
 $(STAMP): pyproject.toml plugins/trainctl-slurm/pyproject.toml
 	@echo "[1/3] a virtual environment in $(VENV), with a current pip"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	@echo "[2/3] torch 2.13.0 (pinned: an unpinned torch pulls several GB of CUDA wheels)"
-	$(PIP) install --progress-bar on "torch==2.13.0"
+	$(PY) tools/pip-progress.py install --progress-bar on "torch==2.13.0"
 	@echo "[3/3] trainctl, its Slurm provider plug-in, and what its tests, docs and examples use"
-	$(PIP) install --progress-bar on -e ".[dev]" -e plugins/trainctl-slurm
+	$(PY) tools/pip-progress.py install --progress-bar on -e ".[dev]" -e plugins/trainctl-slurm
 	touch $(STAMP)
 	@echo "done: $(VENV)/bin/trainctl; make demo trains the example"
 
@@ -36,7 +37,7 @@ demo: venv
 	$(VENV)/bin/trainctl submit train.py --source-dir examples/digits \
 		--instance-count 2 --distribution torch_distributed \
 		-p epochs=12 -p lr=0.1 -p seed=0
-	@echo "See it again: $(VENV)/bin/trainctl jobs (then status, logs, artifacts JOB)"
+	@echo "See it again: trainctl jobs (then status, logs, artifacts JOB), after . $(VENV)/bin/activate"
 
 test: venv
 	$(VENV)/bin/ruff check .

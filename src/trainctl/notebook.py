@@ -114,6 +114,10 @@ def job_html(info: dict[str, Any], points: list[dict[str, Any]]) -> str:
         ("model", esc(info.get("model_data") or "-")),
     ]
     rows.append(("cost", esc(cost_text(info.get("cost")))))
+    if goodput := info.get("goodput"):
+        from trainctl.record.goodput import bars_html
+
+        rows.append(("goodput", esc(goodput["text"]) + bars_html(goodput)))
     if info.get("progress"):
         from trainctl.record.models import progress_text
 

@@ -37,7 +37,9 @@ TMP_SUFFIX = ".tmp"
 #   {"event": "checkpoint", "step": N}     a complete checkpoint of step N is on disk
 #   {"event": "resumed", "step": N}        training resumed from the checkpoint of step N
 #   {"event": "preempted", "step": N}      stopping after an emergency checkpoint of step N
-SCRIPT_EVENTS = ("step", "checkpoint", "resumed", "preempted")
+#   {"event": "checkpoint_stall", "seconds": S}   a save held the training loop S seconds
+#   {"event": "data_wait", "seconds": S}   the loop has waited S seconds for data so far
+SCRIPT_EVENTS = ("step", "checkpoint", "resumed", "preempted", "checkpoint_stall", "data_wait")
 
 
 def under_trainctl() -> bool:

@@ -276,6 +276,9 @@ def test_artifacts_get_downloads_a_folder_and_dest_slash_means_into(made, tmp_pa
     assert got.returncode == 0, got.stderr
     tarball = into / "output" / "output.tar.gz"
     assert tarball.is_file(), sorted(p.name for p in into.rglob("*"))
+    # each file it wrote, a line each (not only the folder's name)
+    written = sorted(str(p) for p in into.rglob("*") if p.is_file())
+    assert sorted(got.stdout.splitlines()) == written and str(tarball) in written, got.stdout
     logs = run(env, "artifacts", "saver", "get", "logs/attempt-1", str(tmp_path / "logs"))
     assert logs.returncode == 0, logs.stderr
     assert (tmp_path / "logs" / "node-0.log").read_text().count("saved") >= 1
@@ -301,6 +304,17 @@ def test_rm_deletes_ended_jobs_and_refuses_a_running_one(made, tmp_path):
     home = Path(env["TRAINCTL_HOME"])
     store = open_store((home / "store").as_uri())
     src = root / "src"
+    # A detached controller killed before its end leaves its log on this machine: gc finds it
+    # and files it where the controller would have (the job's prefix), rm deletes both.
+    stray = home / "controllers" / "saver.log"
+    stray.parent.mkdir(exist_ok=True)
+    stray.write_text("[trainctl] job saver: Completed\n")
+    found = json.loads(run(env, "gc", "-o", "json").stdout)["found"]
+    assert [(f["kind"], f["job"]) for f in found] == [("controller-log", "saver")], found
+    assert run(env, "gc", "--yes").returncode == 0 and not stray.exists()
+    filed = home / "store" / "jobs" / "saver" / "controller.log"
+    assert filed.read_text() == "[trainctl] job saver: Completed\n"
+    stray.write_text("again\n")
     pending = create_job(build_spec(entry_point="save.py", source_dir=str(src)), store)
     before = sorted(p for p in (home / "store").rglob("*"))
 
@@ -314,7 +328,7 @@ def test_rm_deletes_ended_jobs_and_refuses_a_running_one(made, tmp_path):
 
     removed = run(env, "rm", "saver", "--yes", "-o", "json")
     assert removed.returncode == 0 and json.loads(removed.stdout) == {"removed": ["saver"]}
-    assert not (home / "store" / "jobs" / "saver").exists()
+    assert not (home / "store" / "jobs" / "saver").exists() and not stray.exists()
     listed = json.loads(run(env, "jobs", "-o", "json").stdout)
     assert sorted(j["name"] for j in listed) == sorted([LONG_NAME, "ticker", pending.name])
     assert run(env, "rm", "saver", "--yes").returncode == 1  # gone: not found

@@ -81,6 +81,14 @@ def test_job_list_and_job_page_in_a_real_browser(relaunched_job, tmp_path):
             assert steps and all(re.fullmatch(r"\d+", tick) for tick in steps), steps
             attempts = page.locator("#attempts-table tr.attempt")
             assert attempts.count() == 2
+            # a bar per attempt of where its paid node-time went, the share trained beside it
+            goodput = job.describe()["goodput"]
+            assert page.locator("#goodput").inner_text() == goodput["text"]
+            for a in goodput["attempts"]:
+                bar = page.locator(f"#goodput-attempt-{a['attempt']}")
+                assert bar.locator(".share").inner_text() == f"{round(100 * a['goodput'])} %"
+                trained = bar.locator(".segment[data-cause='training']")
+                assert trained.count() == 1 and trained.bounding_box()["width"] > 0
             assert "killed by injected fault kill:1@step25" in attempts.nth(0).inner_text()
             assert "from scratch" in attempts.nth(0).inner_text()  # where each started
             assert "step " in attempts.nth(1).inner_text()

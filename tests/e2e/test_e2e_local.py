@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -296,6 +297,24 @@ def test_detached_fit_then_wait(home, source):
     info = job.wait(timeout=120)
     assert info["state"] == "Completed"
     assert est.model_data == info["model_data"] is not None
+    # The detached controller's log follows its job into the store as it ends, and goes
+    # with the job
+    from trainctl.controller.detached import controller_log_path
+    from trainctl.errors import NotFoundError
+
+    key = f"jobs/{job.name}/controller.log"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            filed = job.store.get_text(key)
+            break
+        except NotFoundError:
+            assert time.monotonic() < deadline, "the controller did not file its log"
+            time.sleep(0.1)
+    assert f"job {job.name}: provisioning 2 x local" in filed, filed
+    assert not controller_log_path(job.name).exists()
+    job.remove()
+    assert not list(job.store.list(f"jobs/{job.name}/"))
 
 
 def test_processes_per_host(home, source):

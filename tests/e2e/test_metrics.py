@@ -104,6 +104,15 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     assert "attempt 1" in chart and "attempt 2" in chart and "loss:" in chart
     status = _run("status", job.name).stdout
     assert "loss=" in status and any(c in status for c in "▁▂▃▄▅▆▇█")
+    # where its node-time went: the kill's lost steps among the badput (record.goodput)
+    goodput = info["goodput"]
+    assert 0 < goodput["goodput"] < 1 and [a["attempt"] for a in goodput["attempts"]] == [1, 2]
+    said = " ".join(status.split())  # (a long line wraps on a narrow terminal)
+    assert f"goodput {round(100 * goodput['goodput'])} % of" in said, status
+    if info["attempts"][0]["steps_lost"]:
+        assert "steps redone after a loss" in said, status
+    status_json = json.loads(_run("status", job.name, "-o", "json").stdout)
+    assert status_json["goodput"]["paid_node_hours"] == goodput["paid_node_hours"]
 
     unknown = _run("metrics", job.name, "--metric", "nope", check=False)
     assert unknown.returncode == 2

@@ -57,6 +57,9 @@ def test_fit_in_a_notebook_updates_one_output_and_renders_the_job(home, tmp_path
     assert ">cost</th>" in page, page
     assert "none billed (this machine" in page, page
     assert "algo-1: nothing · algo-2: nothing" in page  # what each node restored: a first start
+    # where its node-time went, in words and as a bar (one attempt)
+    assert ">goodput</th>" in page and " % of " in page and page.count(">attempt 1<") == 1
+    assert "training (goodput)" in page and "process start-up" in page
     assert "Estimator: train.py on 2 x local" in notebook.cells[2].outputs[0]["data"]["text/html"]
 
 

@@ -90,6 +90,10 @@ def test_a_tuning_job_runs_its_trials_as_jobs_and_names_the_best(home, capsys):
     assert estimator.hyperparameters["width"] == best["width"]
     assert estimator.latest_training_job.name == best["TrainingJobName"]
     assert f"tuning job {name}: Completed; best {best['TrainingJobName']}" in console
+    # where the trials' node-time went, over all of them and each trial's share
+    goodput = info["goodput"]
+    assert sorted(j["job"] for j in goodput["jobs"]) == sorted(frame["TrainingJobName"])
+    assert 0 < goodput["goodput"] < 1 and goodput["paid_node_hours"] > 0, goodput
 
 
 @pytest.mark.timeout(300)
@@ -380,7 +384,9 @@ def test_tune_from_a_file_and_see_the_trials_from_the_cli(cli_home, tmp_path):
     combos = {(t["width"], t["optimizer"]) for t in data["trials"]}
     assert combos == {(63, "sgd"), (63, "adam"), (64, "sgd"), (64, "adam")}
     # the best (adam, width 64 in the stand-in's formula) is marked in the table
+    assert len(data["goodput"]["jobs"]) == 4, data["goodput"]  # each trial's, and all four's
     table = _trainctl("tuning", name).stdout
+    assert f"goodput: {round(100 * data['goodput']['goodput'])} % of " in table
     best_line = next(line for line in table.splitlines() if line.strip().startswith("*"))
     assert data["best"]["job"] in best_line and "adam" in best_line and "64" in best_line
     # 80 columns: the trial's job name whole (what `logs` takes); a tuned value left out

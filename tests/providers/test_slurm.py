@@ -21,6 +21,7 @@ import re
 import subprocess
 import tarfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,3 +208,39 @@ def test_a_relaunch_can_ask_slurm_how_many_nodes_it_could_have(slurm_cluster, tm
     finally:
         slurm_cluster.slurm("scontrol", "update", f"NodeName={drained}", "State=RESUME")
     slurm_cluster.wait_idle(len(slurm_cluster.nodes))
+
+
+@pytest.mark.timeout(60)
+def test_slurm_with_no_cluster_in_reach_is_one_line_and_makes_no_job(tmp_path):
+    """Slurm's commands but no cluster they can find (no slurm.conf; SLURM_CONF naming
+    nothing): one line saying so and where to look, exit 2, no job recorded."""
+    import os
+
+    from tests.helpers import require_part
+    from tests.rigs.slurm import missing_slurm
+
+    require_part("slurm", missing_slurm())
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    env = {**os.environ, "TRAINCTL_HOME": str(tmp_path / "home")}
+    env.pop("TRAINCTL_STORE", None)
+    cases = {"SLURM_CONF naming no file": str(tmp_path / "no-such-slurm.conf")}
+    if not Path("/etc/slurm/slurm.conf").exists():  # (a machine that is a login node has it)
+        cases["no slurm.conf"] = None
+    for case, conf in cases.items():
+        env.pop("SLURM_CONF", None)
+        if conf is not None:
+            env["SLURM_CONF"] = conf
+        done = subprocess.run(
+            [TRAINCTL, "submit", "train.py", "--source-dir", str(tmp_path), "--instance-type",
+             "slurm"],
+            capture_output=True, text=True, timeout=40, env=env,
+        )  # fmt: skip
+        assert done.returncode == 2, (case, done.stdout + done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: instance_type: 'slurm': "), lines
+        assert "SLURM_CONF" in lines[0], (case, lines)
+        if conf is None:
+            assert "no Slurm cluster answers from this machine (sinfo: " in lines[0], lines
+            assert "docs/providers.md" in lines[0]
+        jobs = tmp_path / "home" / "store" / "jobs"
+        assert not jobs.exists() or not any(jobs.iterdir()), case

@@ -80,11 +80,14 @@ def baseline(tmp_path_factory):
     # The notice first (to the master) and between the kills (to the other node); the master
     # killed last and first. (Three seeded shuffles ran here before: two gave one order.)
     # One order under torchrun (the notice reaches the script through torchrun's agent).
-    [(["notice:0", "kill:1", "kill:0"], TORCHRUN), (["kill:0", "notice:1", "kill:1"], None)],
+    # The last of the second: a node reclaimed with no capacity for its replacement for 3 s
+    # (a kill, then a wait for capacity), whose goodput is checked too.
+    [(["notice:0", "kill:1", "kill:0"], TORCHRUN), (["kill:0", "notice:1", "nocapacity:1"], None)],
     ids=["notice-first-torchrun", "notice-between"],
 )
 def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds, distribution):
-    """The bar: the model after two kills and one notice is bit-identical to the baseline."""
+    """The bar: the model after two kills and one notice is bit-identical to the baseline;
+    and where its node-time went adds up (goodput)."""
     rng = random.Random(",".join(kinds))  # the steps: fixed per order
     # At random steps, one fault per attempt: each fires once the script reports its step (a
     # condition, so the faults hit the same points of training on a fast machine and on a
@@ -93,7 +96,8 @@ def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds, distribu
     faults = []
     for kind in kinds:
         step += rng.randint(12, 25)
-        faults.append(str(Fault.parse(f"{kind}@step{step}")))  # the form the job records
+        wait = "+3" if kind.startswith("nocapacity") else ""
+        faults.append(str(Fault.parse(f"{kind}@step{step}{wait}")))  # the form the job records
     job = digits(step_delay=SLOW_STEP, faults=faults, distribution=distribution).fit(logs=False)
     info = job.describe()
     assert info["state"] == "Completed", info
@@ -112,6 +116,46 @@ def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds, distribu
             # still being written (asynchronously) and uploaded when the kill came.
             assert attempt["steps_lost"] <= CHECKPOINT_EVERY + WRITE_WINDOW_STEPS, attempt
     assert_bit_identical(model_tensors(job), baseline)
+    if distribution is None:
+        assert_goodput_adds_up(info)
+
+
+def assert_goodput_adds_up(info: dict) -> None:
+    """Each cause measured from its own report, against what the job went through: a wait for
+    capacity after the reclaim, steps redone after each kill that lost any, a save's stall,
+    the loop's wait for batches, the checkpoint restored; the paid causes add up to the
+    nodes' time from the ask that got them to their attempt's end, within 1 %."""
+    from trainctl.record.goodput import PAID
+    from trainctl.record.keys import parse_iso
+
+    goodput, attempts = info["goodput"], info["attempts"]
+    assert [a["attempt"] for a in goodput["attempts"]] == [a["number"] for a in attempts]
+    paid_total = 0.0
+    for attempt, measured in zip(attempts, goodput["attempts"], strict=True):
+        causes = {c: s["node_hours"] * 3600 for c, s in measured["causes"].items()}
+        nodes = len(attempt["nodes"])
+        asked = parse_iso(attempt["requested_at"])
+        held = nodes * (parse_iso(attempt["ended_at"]) - asked - attempt["waited_seconds"])
+        paid = sum(causes[c] for c in PAID)
+        assert paid == pytest.approx(held, rel=0.01), (attempt["number"], causes, held)
+        assert paid == pytest.approx(measured["paid_node_hours"] * 3600, rel=0.01)
+        assert min(causes.values()) >= 0 and causes["training"] > 0, causes
+        assert causes["startup"] > 0 and causes["setup"] > 0 and causes["after"] > 0, causes
+        assert (causes["redone"] > 0) == bool(attempt["steps_lost"]), (attempt, causes)
+        if attempt["number"] > 1:
+            assert causes["restore"] > 0, causes  # its checkpoints, back on both nodes
+        paid_total += paid
+    waited = [a["causes"]["waiting"]["node_hours"] * 3600 for a in goodput["attempts"]]
+    assert waited[-1] >= 2 * 2.5 and sum(waited[:-1]) < 1.0, waited  # 3 s, both nodes' wait
+    total = goodput["causes"]
+    assert total["checkpoint"]["node_hours"] > 0 and total["data"]["node_hours"] > 0, total
+    assert goodput["paid_node_hours"] * 3600 == pytest.approx(paid_total, rel=0.01)
+    assert goodput["goodput"] == pytest.approx(
+        total["training"]["node_hours"] / goodput["paid_node_hours"], rel=0.01
+    )
+    assert goodput["text"].startswith(f"{100 * goodput['goodput']:.0f} % of ")
+    for said in ("steps redone after a loss", "waiting for capacity"):
+        assert said in goodput["text"], goodput["text"]
 
 
 def test_kill_during_relaunch_and_quick_succession(home, baseline):

@@ -67,6 +67,9 @@ from trainctl_slurm.options import SlurmOptions
 # the next call finds the same allocation).
 START_WAIT_SECONDS = 5.0
 POLL_SECONDS = 0.5
+# How long the check before a submit waits for the cluster to answer (a reachable
+# slurmctld answers sinfo at once; one that is not makes the commands retry for minutes).
+PREFLIGHT_SECONDS = 15.0
 # The allocation outlives the training budget by this much: staging, the final upload.
 TIME_MARGIN_SECONDS = 600
 # Where the batch script's own output goes (it only holds the allocation).
@@ -228,6 +231,24 @@ class SlurmProvider(Provider, CapacityProbe, FaultInjection):
                 f"'slurm' needs Slurm's commands on this machine (a login node): "
                 f"{', '.join(missing)} not found",
             )
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not os.path.isfile(conf):  # (Slurm's commands retry it for a minute)
+            raise SpecError(
+                "instance_type",
+                f"'slurm': SLURM_CONF is {conf}, which is not a file: set it to the "
+                "cluster's slurm.conf, or unset it where /etc/slurm/slurm.conf is there",
+            )
+        try:  # the cluster answers (a login node finds it through slurm.conf or SLURM_CONF)
+            partitions = slurm.run("sinfo", "-h", "-o", "%P", timeout=PREFLIGHT_SECONDS)
+        except slurm.SlurmError as exc:
+            raise SpecError(
+                "instance_type",
+                f"'slurm': no Slurm cluster answers from this machine ({exc}); run where "
+                "Slurm's commands reach one (a login node), or set SLURM_CONF to its "
+                "slurm.conf (one machine: docs/providers.md, Slurm on this machine)",
+            ) from None
+        if not partitions.split():
+            raise SpecError("instance_type", "'slurm': the Slurm cluster has no partition")
         options = options_of(request)
         if options.partition:
             try:
@@ -235,7 +256,7 @@ class SlurmProvider(Provider, CapacityProbe, FaultInjection):
             except slurm.SlurmError as exc:
                 raise SpecError("slurm.partition", str(exc)) from None
             if not found.strip():
-                names = slurm.run("sinfo", "-h", "-o", "%P").split()
+                names = partitions.split()
                 raise SpecError(
                     "slurm.partition",
                     f"{options.partition!r} is not a partition of this cluster "

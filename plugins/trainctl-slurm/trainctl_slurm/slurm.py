@@ -39,7 +39,9 @@ def run(*argv: str, timeout: float = CALL_SECONDS, stdin: str | None = None) -> 
         raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s") from None
     if done.returncode != 0:
         why = done.stderr.strip().splitlines()
-        raise SlurmError(f"{argv[0]}: {why[-1] if why else f'exit code {done.returncode}'}")
+        said = why[-1] if why else f"exit code {done.returncode}"
+        # (Slurm's commands name themselves: "squeue: fatal: ..." once, not twice)
+        raise SlurmError(said if said.startswith(f"{argv[0]}: ") else f"{argv[0]}: {said}")
     return done.stdout
 
 

@@ -54,8 +54,8 @@ def artifacts(
         raise SpecError("action", f"unknown {action!r}; allowed: get")
     if not path:
         raise SpecError("PATH", "give the file or folder to download, e.g. output/model.tar.gz")
-    saved = download_artifact(store, job, path, dest or None)
-    sys.stdout.write(f"{saved}\n")
+    for saved in download_artifact(store, job, path, dest or None):  # each file, a line
+        sys.stdout.write(f"{saved}\n")
 
 
 def _print_tree(groups: list[tuple[str, list[Any]]]) -> None:

@@ -333,6 +333,8 @@ def _status_rows(jobs: Any, record: Any, info: dict[str, Any]) -> list[tuple[str
         from trainctl.record.costs import cost_text
 
         rows.append(("cost", cost_text(cost)))
+    if (goodput := info["goodput"]) is not None:
+        rows.append(("goodput", goodput["text"]))
     if record.attempts:
         latest = record.attempts[-1]
         rows.append(("started from", latest.started_from()))

@@ -57,45 +57,22 @@ def tuning(
     output: str = OutputOpt,
 ) -> None:
     """List tuning jobs, or one's trials with their values (the best marked *)."""
-    from trainctl.cli.jobs import _console, _fitted_table, _state_text, _width
+    from trainctl.cli.jobs import _console, _fitted_table, _width
     from trainctl.store import default_store
-    from trainctl.tuning import TuningAnalytics, tuning_jobs, tuning_summary
+    from trainctl.tuning import TuningAnalytics, tuning_summary
     from trainctl.tuning.record import TuningStore
+    from trainctl.tuning.views import tuning_goodput
 
     check_output(output)
     store = default_store()
     if name is None:
-        unreadable: list[tuple[str, str]] = []
-        records = tuning_jobs(store, unreadable)
-        if output == "json":
-            print_json(
-                [tuning_summary(r) for r in records]
-                + [{"name": n, "state": "Unreadable", "problem": why} for n, why in unreadable]
-            )
-            return
-        rows: list[list[Any]] = []
-        for r in records:
-            best = r.best()
-            rows.append(
-                [
-                    r.name,
-                    r.state,
-                    r.spec.strategy,
-                    f"{len([t for t in r.trials if t.state not in ('Pending', 'Running')])}"
-                    f"/{r.spec.max_jobs}",
-                    "-" if best is None else f"{best.objective:.6g} (trial {best.number})",
-                ]
-            )
-        for tuning_name, _ in unreadable:  # the line saying why: `trainctl tuning NAME`
-            rows.append([tuning_name, _state_text("Unreadable"), "-", "-", "-"])
-        console = _console()
-        columns = [("NAME", None), ("STATE", None), ("STRATEGY", 0), ("TRIALS", 2), ("BEST", 1)]
-        console.print(_fitted_table(columns, rows, _width(console)))
+        _list_tuning_jobs(store, output)
         return
     record = TuningStore(store, name).load()
     rows = TuningAnalytics(record, store).rows()
+    goodput = tuning_goodput(store, record)
     if output == "json":
-        print_json({**tuning_summary(record), "trials": rows})
+        print_json({**tuning_summary(record), "trials": rows, "goodput": goodput})
         return
     best = record.best()
     ranges = list(record.spec.ranges)
@@ -125,11 +102,46 @@ def tuning(
     console.print(f"tuning job {record.name}: {record.state} ({record.spec.strategy}, "
                   f"{record.spec.objective_type} {record.spec.objective_metric_name})")  # fmt: skip
     console.print(table)
+    if goodput is not None:
+        console.print(f"goodput: {goodput['text']}", highlight=False)
     pruned = [t for t in record.trials if t.state == "Pruned"]
     for trial in pruned:
         console.print(f"trial {trial.number}: {trial.reason}", highlight=False)
     if plot:
         print(_objective_chart(record))
+
+
+def _list_tuning_jobs(store: Any, output: str) -> None:
+    """`trainctl tuning`: every tuning job, a line each (a table, or JSON)."""
+    from trainctl.cli.jobs import _console, _fitted_table, _state_text, _width
+    from trainctl.tuning import tuning_jobs, tuning_summary
+
+    unreadable: list[tuple[str, str]] = []
+    records = tuning_jobs(store, unreadable)
+    if output == "json":
+        print_json(
+            [tuning_summary(r) for r in records]
+            + [{"name": n, "state": "Unreadable", "problem": why} for n, why in unreadable]
+        )
+        return
+    rows: list[list[Any]] = []
+    for r in records:
+        best = r.best()
+        rows.append(
+            [
+                r.name,
+                r.state,
+                r.spec.strategy,
+                f"{len([t for t in r.trials if t.state not in ('Pending', 'Running')])}"
+                f"/{r.spec.max_jobs}",
+                "-" if best is None else f"{best.objective:.6g} (trial {best.number})",
+            ]
+        )
+    for tuning_name, _ in unreadable:  # the line saying why: `trainctl tuning NAME`
+        rows.append([tuning_name, _state_text("Unreadable"), "-", "-", "-"])
+    console = _console()
+    columns = [("NAME", None), ("STATE", None), ("STRATEGY", 0), ("TRIALS", 2), ("BEST", 1)]
+    console.print(_fitted_table(columns, rows, _width(console)))
 
 
 def _start(row: dict[str, Any]) -> str:

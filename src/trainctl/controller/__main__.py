@@ -21,13 +21,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from trainctl.controller.controller import Controller
+    from trainctl.controller.detached import file_controller_log
     from trainctl.controller.logs import LogPrinter
     from trainctl.store import open_store
 
-    controller = Controller(
-        open_store(args.store), args.job, printer=LogPrinter(sys.stdout, colour=False)
-    )
+    store = open_store(args.store)
+    controller = Controller(store, args.job, printer=LogPrinter(sys.stdout, colour=False))
     record = controller.run()
+    try:
+        file_controller_log(store, args.job)
+    except Exception as exc:  # it stays on this machine: `rm`, `prune` and `gc` find it
+        print(f"[trainctl] the controller log stays on this machine: {exc}", flush=True)
     return 0 if record.state.value == "Completed" else 1
 
 

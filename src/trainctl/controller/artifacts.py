@@ -93,11 +93,11 @@ def job_artifacts(store: Store, name: str) -> list[tuple[str, list[ObjectInfo]]]
     return groups
 
 
-def download_artifact(store: Store, name: str, path: str, dest: str | Path | None) -> Path:
+def download_artifact(store: Store, name: str, path: str, dest: str | Path | None) -> list[Path]:
     """Copy one of the job's files, or a folder of them (path relative to the job's
     directory: `output/model.tar.gz`, `checkpoints/step-40`), to `dest`: a file is saved as
     `dest` unless `dest` is a directory (or ends in "/"), then inside it under its own name;
-    a folder is copied whole, as `dest` or inside it likewise. Returns what was written."""
+    a folder is copied whole, as `dest` or inside it likewise. Returns each file written."""
     record = JobStore(store, name).load()
     clean = job_file_key(path)
     leaf = clean.rsplit("/", 1)[-1]
@@ -110,7 +110,7 @@ def download_artifact(store: Store, name: str, path: str, dest: str | Path | Non
             target.write_bytes(redacted_record(store, name))
         except OSError as exc:
             raise SpecError("DEST", f"{target}: cannot be written ({exc.strerror})") from None
-        return target
+        return [target]
     # (root, key there, whether the key is of the job's directory and so must be shown)
     candidates = [(store.child(JobKeys(name).prefix), clean, True)] if shown(clean) else []
     if clean == "output" or clean.startswith("output/"):
@@ -119,7 +119,7 @@ def download_artifact(store: Store, name: str, path: str, dest: str | Path | Non
         if key and root.exists(key):
             target.parent.mkdir(parents=True, exist_ok=True)
             root.get_file(key, target)
-            return target
+            return [target]
         below = list(root.list(key))
         below = _shown(below) if in_job_dir else below
         if below:
@@ -131,12 +131,14 @@ def _shown(files: Iterable[ObjectInfo]) -> list[ObjectInfo]:
     return [info for info in files if shown(info.key)]
 
 
-def _download_folder(root: Store, key: str, files: list[ObjectInfo], target: Path) -> Path:
+def _download_folder(root: Store, key: str, files: list[ObjectInfo], target: Path) -> list[Path]:
     if target.exists() and not target.is_dir():
         raise SpecError("DEST", f"{target} is a file; a folder is copied into a directory")
     strip = len(key) + 1 if key else 0
+    written = []
     for info in files:
         local = target / info.key[strip:]
         local.parent.mkdir(parents=True, exist_ok=True)
         root.get_file(info.key, local)
-    return target
+        written.append(local)
+    return written

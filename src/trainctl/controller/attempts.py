@@ -43,6 +43,17 @@ def count_step(attempt: Attempt, event: str, step: int) -> None:
         attempt.last_checkpoint_step = step
 
 
+def count_held(attempt: Attempt, event: str, seconds: Any) -> None:
+    """The script's loop held: a save's stall (each save's seconds: added) or its wait for
+    data (the process's running total: the latest kept), for the attempt's goodput."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < 1e9:
+        return
+    if event == "checkpoint_stall":
+        attempt.checkpoint_stall_seconds = (attempt.checkpoint_stall_seconds or 0.0) + seconds
+    else:
+        attempt.data_wait_seconds = max(float(seconds), attempt.data_wait_seconds or 0.0)
+
+
 def settle_steps_lost(earlier: list[Attempt], resumed_from: int) -> list[Attempt]:
     """A new attempt resumed from step `resumed_from`: every earlier attempt not yet accounted
     for (one cut short before it trained, say) lost what it reached beyond that point; one

@@ -60,6 +60,9 @@ class CapacitySizer:
         self.should_stop = should_stop
         self.info = info
         self._waiting_saved = 0.0  # when the record last took a new `waiting`
+        # When the last ask for capacity began: an attempt's capacity stage before the ask
+        # that got its nodes was a wait for capacity (no node paid for: record.goodput).
+        self.last_ask_at = 0.0
         self.recovery = RecoveryContext(
             provider, jobs, record, settings, info, deadline_slack=deadline_slack, pace=pace
         )
@@ -119,6 +122,7 @@ class CapacitySizer:
         return cluster, self._resized(len(cluster.nodes), before, why)
 
     def _provision(self, request: CapacityRequest, attempt: int) -> ClusterInfo:
+        self.last_ask_at = clock().monotonic()
         return self.provider.provision(request, self.record.name, attempt)
 
     def _until_capacity(self, provision: Callable[[], ClusterInfo]) -> ClusterInfo:

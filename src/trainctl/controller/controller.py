@@ -319,8 +319,10 @@ class Controller:
         self.jobs.transition(self.record, JobState.PROVISIONING, attempt=attempt)
         self._info(f"job {self.name}: provisioning {spec.instance_count} x {spec.instance_type}")
         self._attempt_started = clock().monotonic()
+        requested_at = now_iso()
         cluster, resized = self.capacity.provision(attempt)
         self._startup = {"capacity": clock().monotonic() - self._attempt_started}
+        waited = max(0.0, self.capacity.last_ask_at - self._attempt_started)
         self.store.put_text(self.jobs.keys.cluster(attempt), cluster.model_dump_json(indent=2))
         self.record.attempts.append(
             Attempt(
@@ -331,6 +333,8 @@ class Controller:
                 ],
                 resized=resized,
                 capacity_id=cluster.capacity_id,
+                requested_at=requested_at,
+                waited_seconds=round(waited, 3),
             )
         )
         if resized:

@@ -19,6 +19,27 @@ def controller_log_path(name: str) -> Path:
     return get_settings().home / "controllers" / f"{name}.log"
 
 
+def file_log(store: Store, log_path: Path, key: str) -> bool:
+    """A detached process's log into the store at `key` once its job has ended, and off
+    this machine (nothing of an ended job stays outside its store: `rm` and `prune` find it
+    there); whether it was filed. A job still running (a controller handed off, or one that
+    lost its lease to another) keeps it here: the next controller appends to it."""
+    if not log_path.is_file():
+        return False
+    sys.stdout.flush()
+    store.put_file(key, log_path)
+    log_path.unlink(missing_ok=True)
+    return True
+
+
+def file_controller_log(store: Store, name: str) -> bool:
+    """The job's controller log filed in its store prefix, once the job has ended."""
+    jobs = JobStore(store, name)
+    if not jobs.load().state.is_terminal():
+        return False
+    return file_log(store, controller_log_path(name), jobs.keys.controller_log)
+
+
 def spawn_detached(argv: list[str], log_path: Path, tag: str) -> int:
     """Run `argv` as a process of its own session (it outlives the terminal or notebook
     that started it), tagged CONTROLLER_TAG=`tag`, its output appended to `log_path`

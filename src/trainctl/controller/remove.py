@@ -19,6 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
+from trainctl.controller.detached import controller_log_path, file_log
 from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
 from trainctl.record.jobstore import JobStore
 from trainctl.record.keys import JobKeys, parse_iso
@@ -110,6 +111,7 @@ def _remove(store: Store, name: str) -> None:
     store.delete_prefix(prefix)  # what a file:// store keeps beside the objects (locks)
     home = get_settings().home
     shutil.rmtree(home / "nodes" / name, ignore_errors=True)
+    controller_log_path(name).unlink(missing_ok=True)  # a controller ended before filing it
     _release_checkpoint_claims(home / "checkpoint-dirs", name)
 
 
@@ -147,6 +149,34 @@ def local_leftovers(store: Store) -> list[dict[str, str]]:
     for key, claim in stale_claims(store, holder):
         found.append({"kind": "claim", "id": str(claim.get("uri")), "job": str(claim.get("job")),
                       "key": key})  # fmt: skip
+    return found + _stray_logs(store)
+
+
+def _stray_logs(store: Store) -> list[dict[str, str]]:
+    """Logs of detached controllers and tuning supervisors whose job has ended but that a
+    process killed before its end left on this machine: `gc --yes` files each in the store,
+    where the job's own would be (jobs/<job>/controller.log, tuning/<name>/supervisor.log)."""
+    from trainctl.controller.lease import lease_is_live
+    from trainctl.errors import NotFoundError
+    from trainctl.tuning.record import TuningStore
+
+    found = []
+    folder = get_settings().home / "controllers"
+    for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+        name = log.stem
+        try:
+            if name.startswith("tuning-"):
+                tuning = TuningStore(store, name.removeprefix("tuning-"))
+                if tuning.load().state != "InProgress":
+                    where = {"kind": "supervisor-log", "key": f"{tuning.prefix}/supervisor.log"}
+                    found.append({**where, "id": str(log), "job": name})
+                continue
+            jobs = JobStore(store, name)
+            if jobs.load().state.is_terminal() and not lease_is_live(jobs):
+                where = {"kind": "controller-log", "key": jobs.keys.controller_log}
+                found.append({**where, "id": str(log), "job": name})
+        except (SpecError, NotFoundError, UnreadableRecordError):
+            continue  # not this store's, or not one gc can judge: it stays
     return found
 
 
@@ -164,6 +194,8 @@ def delete_local_leftovers(store: Store, found: list[dict[str, str]]) -> list[di
                     shutil.rmtree(item["id"])
             elif item["kind"] == "claim":
                 store.delete(item["key"])
+            elif item["kind"] in ("controller-log", "supervisor-log"):
+                file_log(store, Path(item["id"]), item["key"])
         except (OSError, TrainctlError) as exc:
             error = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             failed.append({**item, "error": error})

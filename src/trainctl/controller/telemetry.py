@@ -13,6 +13,7 @@ from trainctl.controller.attempts import count_step
 from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.record.jobstore import JobStore
+from trainctl.record.keys import now_iso
 from trainctl.record.models import TO_FIRST_STEP, Attempt, JobRecord, add_warning
 
 # Step messages that carry a step number (and may carry metric values).
@@ -59,6 +60,8 @@ class Telemetry:
         step = msg.get("step")
         if msg.get("event") not in PROGRESS_EVENTS or not isinstance(step, int):
             return False
+        if msg["event"] == "step" or step > (attempt.last_step or -1):
+            attempt.last_step_at = now_iso()  # (a save or a stop at a step reached earlier: not)
         count_step(attempt, msg["event"], step)
         total = msg.get("total_steps")
         if isinstance(total, int) and not isinstance(total, bool) and total >= 1:

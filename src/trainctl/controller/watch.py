@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.clock import clock
 from trainctl.cluster import ClusterInfo
-from trainctl.controller.attempts import AttemptEnd, LiveNode, Resumes
+from trainctl.controller.attempts import AttemptEnd, LiveNode, Resumes, count_held
 from trainctl.controller.groups import trained_apart
 from trainctl.controller.hangs import (
     STACKS_GRACE_SECONDS,
@@ -522,6 +522,8 @@ class AttemptWatch:
             node.result = msg
         elif event == "diagnosis":
             self._diagnosis(attempt, msg)
+        elif event in ("checkpoint_stall", "data_wait"):
+            count_held(attempt, event, msg.get("seconds"))
 
     def _attempt_restores(self, attempt: Attempt) -> AttemptRestores:
         if self.restores is None or self.restores.attempt is not attempt:

@@ -193,8 +193,10 @@ class Agent(NodeStopping, NodeReports, RemoteStarts):
             if linked is not None:
                 self.fastfile_originals.append(linked)
         half_written: list[str] = []  # checkpoint folders a lost node left half-written
+        restoring = time.monotonic()
         checkpoints = self.start_checkpoint_sync(half_written)
         workdir = self.start_workdir_sync(members)
+        restored_in = time.monotonic() - restoring
         self.start_tensorboard_sync()
         # Where this attempt starts from, for the record (controller: Attempt.restored).
         workdir["unsettled"] += [f"SM_CHECKPOINT_DIR/{folder}" for folder in half_written]
@@ -202,6 +204,7 @@ class Agent(NodeStopping, NodeReports, RemoteStarts):
             "restored",
             checkpoint_files=len(checkpoints),
             checkpoint_bytes=sum(size for size, _ in checkpoints.values()),
+            seconds=round(restored_in, 3),
             **workdir,
         )
 

@@ -31,6 +31,9 @@ def _iso(value: str) -> str:
 # A time in a record (now_iso's form): checked on reading, as durations are computed from it.
 Timestamp = Annotated[str, AfterValidator(_iso)]
 
+# The start-up stage that is all of it: the attempt's start to its first step.
+TO_FIRST_STEP = "to_first_step"
+
 REMOTE_START_SUFFIX = ".remote-start.json"
 
 
@@ -87,6 +90,11 @@ class JobKeys:
     def workdir(self) -> str:
         """Each node's working directory, kept across attempts (see node.workdir)."""
         return f"{self.prefix}/workdir"
+
+    @property
+    def controller_log(self) -> str:
+        """What a detached controller printed, filed here once the job ended."""
+        return f"{self.prefix}/controller.log"
 
     def log(self, attempt: int, rank: int) -> str:
         return f"{self.prefix}/logs/attempt-{attempt}/node-{rank}.log"

@@ -14,6 +14,7 @@ from trainctl.record.costs import (
     cost_summary,
 )
 from trainctl.record.keys import (
+    TO_FIRST_STEP,
     Timestamp,
     parse_iso,
 )
@@ -47,9 +48,6 @@ class StateCopy(BaseModel):
         when = datetime.fromtimestamp(self.written_ms / 1000, timezone.utc).strftime("%H:%M:%S")
         return f"{attempt}algo-{self.node + 1}'s copy of {when}, {_size(self.size)}"
 
-
-# The start-up stage that is all of it: the attempt's start to its first step.
-TO_FIRST_STEP = "to_first_step"
 
 # Saved-state files a node's restore is recorded with (the newest; all are compared).
 STATE_FILES_RECORDED = 8
@@ -87,6 +85,7 @@ class NodeRestored(BaseModel):
     # The newest saved state restored, as a script resumes from it: 'out/checkpoint-800/',
     # 'snapshot.pt' (not the largest file: a tfevents file, an optimizer.pt inside one)
     newest: str | None = None
+    seconds: float = 0.0  # how long the node took to put it back (checkpoints, files)
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> NodeRestored:
@@ -114,6 +113,7 @@ class NodeRestored(BaseModel):
             state=state,
             unsettled=[p for p in _listed(msg.get("unsettled")) if isinstance(p, str)][:20],
             newest=newest[:300] if isinstance(newest := msg.get("newest"), str) else None,
+            seconds=_seconds(msg.get("seconds")),
         )
 
     def nothing(self) -> bool:
@@ -154,12 +154,14 @@ class Restored(BaseModel):
     # The nodes started from different state (controller.restores.split_resume): in words.
     split: str | None = None
     newest: str | None = None  # the newest saved state restored (the lowest rank's report)
+    seconds: float = 0.0  # the slowest node's restore (training waits for every node)
 
     def add(self, node: NodeRestored) -> None:
         """One node's report (the agent's `restored` message)."""
         self.nodes += 1
         self.by_node = sorted([*self.by_node, node], key=lambda n: n.rank)
         self.newest = next((n.newest for n in self.by_node if n.newest), None)
+        self.seconds = max(self.seconds, node.seconds)
         if node.files:
             self.files = max(self.files, node.files)
             self.bytes = max(self.bytes, node.bytes)
@@ -201,6 +203,13 @@ class Restored(BaseModel):
         more = f" +{self.files - 1}" if self.files > 1 else ""
         first = self.newest or (self.largest[0] if self.largest else "files")
         return f"{first}{more}"
+
+
+def _seconds(value: Any) -> float:
+    """A node's count of seconds, or 0 for anything else it sent."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9:
+        return float(value)
+    return 0.0
 
 
 def _hosts(ranks: list[int]) -> str:
@@ -245,6 +254,15 @@ class Attempt(BaseModel):
     warm_pool: str | None = None
     # The provider's id of its capacity (Slurm's job id), where it has one.
     capacity_id: str | None = None
+    # Where its node-time went (record.goodput): when its capacity was asked for, how much of
+    # the capacity stage was a wait for capacity (no node paid for), when its last step was
+    # reported, and how long its saves held the training loop (rank 0's Checkpointer) and
+    # its loop waited for data (the script's timed_batches).
+    requested_at: Timestamp | None = None
+    waited_seconds: float | None = None
+    last_step_at: Timestamp | None = None
+    checkpoint_stall_seconds: float | None = None
+    data_wait_seconds: float | None = None
 
     @field_validator("startup")
     @classmethod
@@ -436,10 +454,18 @@ class JobRecord(BaseModel):
                 "cost": cost_summary(
                     self.instances, store_uri=self.store_uri, nodes=self.spec.instance_count
                 ),
+                "goodput": self.goodput(),
                 "store": f"{self.store_uri}/jobs/{self.name}",
                 "measurement_of": self.measurement_of,
             }
         )
+
+    def goodput(self) -> dict[str, Any] | None:
+        """Where its paid node-time went (trainctl.record.goodput), as JSON data."""
+        from trainctl.record.goodput import goodput, rounded
+
+        value = goodput(self)
+        return None if value is None else rounded(value)
 
     def redacted_dump(self) -> dict[str, Any]:
         """The whole record as JSON data with the job's secret values hidden: what may be

@@ -79,6 +79,8 @@ class StrategyEstimate(BaseModel):
     wasted_node_hours: Spread | None
     relaunches: Spread | None
     on_demand_share: Spread | None
+    # the share of the paid node-time that trained (trainctl.record.goodput, replayed)
+    goodput: Spread | None = None
 
 
 class Estimate(BaseModel):
@@ -128,7 +130,7 @@ class Estimate(BaseModel):
         ]
         header = (
             "strategy", "hours", "time x", "cost $", "cost x", "x limit", "wasted node-h",
-            "relaunch",
+            "relaunch", "goodput",
         )  # fmt: skip
         rows = [
             (
@@ -140,6 +142,7 @@ class Estimate(BaseModel):
                 cell(r.limit_ratio, ".2f"),
                 cell(r.wasted_node_hours, ".0f"),
                 cell(r.relaunches, ".0f"),
+                cell(r.goodput, ".0%"),
             )
             for r in self.strategies
         ]

@@ -183,6 +183,8 @@ def replay(
         )
         / 3600,
         "checkpoint_node_hours": spent["checkpoint"] / 3600,
+        # the share of the paid node-time that trained (record.goodput's, for a replay)
+        "goodput": kept / billed if billed > 0 else None,
         "relaunches": max(0, len(record.attempts) - 1),
         "sizes": [len(a.nodes) for a in record.attempts],
         "causes": [a.resized or a.cause for a in record.attempts],
@@ -313,6 +315,7 @@ FIGURES = (
     "redone_node_hours",
     "relaunches",
     "on_demand_share",
+    "goodput",
 )
 
 
@@ -390,6 +393,7 @@ def _limit_row(r: dict[str, Any]) -> dict[str, Any]:
         "wasted_node_hours": None,
         "redone_node_hours": 0.0,
         "relaunches": max(0, r["limit_starts"] - 1),
+        "goodput": None,  # (the limit's restarts are priced, not split by cause)
         "stop_reason": None,
     }
 
@@ -418,8 +422,9 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
             f"**{trace}, {nodes} nodes**",
             "",
             "| strategy | checkpoint every | completed | hours | time x on-demand "
-            "| cost x on-demand | cost x limit | wasted node-h | relaunches | on-demand share |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| cost x on-demand | cost x limit | wasted node-h | relaunches | on-demand share "
+            "| goodput |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in summary_rows:
             if (r["trace"], r["nodes"]) != (trace, nodes):
@@ -430,6 +435,7 @@ def table(summary_rows: list[dict[str, Any]]) -> str:
                 f"| {_cell(r['hours'], '.2f')} | {_cell(r['time_ratio'], '.2f')} "
                 f"| {_cell(r['cost_ratio'], '.2f')} | {_cell(r['limit_ratio'], '.2f')} "
                 f"| {_cell(r['wasted_node_hours'], '.0f')} "
-                f"| {_cell(r['relaunches'], '.0f')} | {_cell(r['on_demand_share'], '.0%')} |"
+                f"| {_cell(r['relaunches'], '.0f')} | {_cell(r['on_demand_share'], '.0%')} "
+                f"| {_cell(r.get('goodput'), '.0%')} |"
             )
     return "\n".join(lines)

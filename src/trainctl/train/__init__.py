@@ -53,8 +53,9 @@ What is where:
 - `PreemptionFlag`: SIGTERM flag all-reduced across ranks, emergency exit with code 85
   (trainctl.train.preemption).
 - `report_step`: throttled progress messages for the controller (trainctl.train.report).
-- `batches`: a loader's batches, timed for `trainctl diagnose`, which can also substitute
-  synthetic data through it (trainctl.train.diagnosis).
+- `batches`: a loader's batches, timed for `trainctl diagnose` (which can also substitute
+  synthetic data through it) and for the job's goodput, whose data loading it measures
+  (trainctl.train.diagnosis).
 - `finish`: end the process without process-group destructors, which can deadlock at exit
   with gloo (trainctl.train.finish).
 - `per_worker_batch`, `scaled_lr`, `warmup_lr`, `linear_warmup_scheduler`: large-batch

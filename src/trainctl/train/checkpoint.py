@@ -224,6 +224,8 @@ class Checkpointer:
         self._held_seconds += held
         self._last_save = time.monotonic()
         diagnosis.checkpoint_saved(held)
+        if _global_rank(self.ctx) == 0:  # the job's checkpoint stalls (record.goodput)
+            protocol.send("checkpoint_stall", seconds=round(held, 4))
 
     def wait(self) -> None:
         """Block until the last save is written (async), on disk and old steps are pruned;

@@ -96,12 +96,18 @@ def _active() -> _Meter | None:
 def batches(loader: Iterable[T]) -> Iterator[T]:
     """The loader's batches (one epoch: call it again for the next, as with the loader).
 
-    Outside a diagnose run this only passes them through. In one, it times how long the
-    loop waits for each batch; with synthetic data it repeats the first batch instead of
-    loading more."""
+    Outside a diagnose run it passes them through, and under trainctl rank 0 tells the
+    controller how long its loop has waited for them (the job's data loading, in its
+    goodput: `trainctl status`). In a diagnose run it times how long the loop waits for each
+    batch; with synthetic data it repeats the first batch instead of loading more."""
     meter = _active()
     if meter is None:
-        yield from loader
+        from trainctl.train.context import _global_rank
+
+        if not protocol.under_trainctl() or _global_rank() != 0:
+            yield from loader
+        else:
+            yield from _timed(loader)
         return
     meter.used_batches = True
     if meter.synthetic:
@@ -118,6 +124,36 @@ def batches(loader: Iterable[T]) -> Iterator[T]:
             meter.data_wait += time.perf_counter() - waited
             _count(meter, batch)
         yield batch
+
+
+# Rank 0's wait for batches so far in this process, and when it was last sent: at most every
+# DATA_WAIT_REPORT_SECONDS (and as the process ends), as a running total.
+DATA_WAIT_REPORT_SECONDS = 10.0
+_data_wait = {"seconds": 0.0, "sent": 0.0, "sent_at": 0.0}
+
+
+def _timed(loader: Iterable[T]) -> Iterator[T]:
+    from trainctl.train import _background
+
+    _background.at_end(_send_data_wait)
+    it = iter(loader)
+    while True:
+        began = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        _data_wait["seconds"] += time.perf_counter() - began
+        if time.monotonic() - _data_wait["sent_at"] >= DATA_WAIT_REPORT_SECONDS:
+            _send_data_wait()
+        yield batch
+
+
+def _send_data_wait() -> None:
+    if _data_wait["seconds"] != _data_wait["sent"]:
+        _data_wait["sent"] = _data_wait["seconds"]
+        _data_wait["sent_at"] = time.monotonic()
+        protocol.send("data_wait", seconds=round(_data_wait["seconds"], 4))
 
 
 def _repeat_first(loader: Iterable[T], meter: _Meter) -> Iterator[T]:

@@ -361,4 +361,11 @@ def supervise(store: Store, name: str) -> int:
     except LeaseHeld as exc:
         print(f"[trainctl] {exc}", file=sys.stderr, flush=True)
         return 3
+    from trainctl.controller.detached import file_log
+
+    try:  # the tuning job has ended: its log into its store prefix, off this machine
+        tuning = TuningStore(store, name)
+        file_log(store, supervisor_log_path(name), f"{tuning.prefix}/supervisor.log")
+    except Exception as exc:  # it stays here: `trainctl gc` finds it
+        print(f"[trainctl] the supervisor log stays on this machine: {exc}", flush=True)
     return 0

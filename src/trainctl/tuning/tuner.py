@@ -330,6 +330,8 @@ class HyperparameterTuner:
 
     # -- results ------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
+        from trainctl.tuning.views import tuning_goodput
+
         record = self._record()
         best = record.best()
         counts: dict[str, int] = {}
@@ -348,6 +350,7 @@ class HyperparameterTuner:
             if best is None
             else {"name": best.job, "objective": best.objective, "hyperparameters": best.params},
             "failure_reason": record.failure_reason,
+            "goodput": tuning_goodput(self._store_or_fail(), record),
         }
 
     def best_training_job(self) -> str:

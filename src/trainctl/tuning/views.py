@@ -10,17 +10,31 @@ from trainctl.errors import NotFoundError
 from trainctl.record.models import TO_FIRST_STEP
 
 
-def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
-    """What a trial's start cost: its first attempt's start-up, capacity to the first
-    training step (None: not that far yet), and whether it started on warm capacity another
-    trial left."""
+def trial_job(store: Any, job: str) -> Any:
+    """A trial's job record (None: it cannot be read, or is not there yet)."""
     from trainctl.errors import TrainctlError
     from trainctl.record.jobstore import JobStore
 
     try:
-        return start_of(JobStore(store, job).load())
+        return JobStore(store, job).load()
     except TrainctlError:
-        return None, False
+        return None
+
+
+def trial_start(store: Any, job: str) -> tuple[float | None, bool]:
+    """What a trial's start cost: its first attempt's start-up, capacity to the first
+    training step (None: not that far yet), and whether it started on warm capacity another
+    trial left."""
+    record = trial_job(store, job)
+    return (None, False) if record is None else start_of(record)
+
+
+def tuning_goodput(store: Any, record: Any) -> dict[str, Any] | None:
+    """A tuning run's goodput: its trials' node-time, where it went (record.goodput)."""
+    from trainctl.record.goodput import of_jobs
+
+    jobs = [trial_job(store, t.job) for t in record.trials if t.started_at]
+    return of_jobs([j for j in jobs if j is not None])
 
 
 def start_of(job: Any) -> tuple[float | None, bool]:

@@ -77,6 +77,20 @@
       }
       return text;
     }
+    function goodputBars(g) {  /* a bar per attempt: its paid node-time by cause (record/goodput.py) */
+      var widest = Math.max.apply(null, g.attempts.map(function (a) { return a.paid_node_hours; }).concat([0]));
+      if (!(widest > 0)) return "";
+      return "<div id='goodput-bars'>" + g.attempts.map(function (a) {
+        var segments = Object.keys(a.causes).filter(function (c) { return c !== "waiting" && a.causes[c].node_hours > 0; }).map(function (c) {
+          return "<span class='segment' data-cause='" + esc(c) + "' title='" + esc(g.legend[c].label + ": " + a.causes[c].node_hours.toFixed(4) + " node-h") +
+            "' style='background:" + esc(g.legend[c].colour) + ";width:" + (100 * a.causes[c].node_hours / widest).toFixed(2) + "%'></span>";
+        }).join("");
+        var share = a.goodput === null ? "-" : Math.round(100 * a.goodput) + " %";
+        return "<div class='goodput-bar' id='goodput-attempt-" + a.attempt + "'><span class='label'>attempt " + a.attempt + "</span><span class='bar'>" +
+          segments + "</span><span class='share'>" + share + "</span></div>";
+      }).join("") + "<div class='legend'>" + Object.keys(g.legend).filter(function (c) { return c !== "waiting"; }).map(function (c) {
+        return "<span><b style='color:" + esc(g.legend[c].colour) + "'>&#9632;</b> " + esc(g.legend[c].label) + "</span>"; }).join("") + "</div></div>";
+    }
     function summary(info) {
       var rows = [["state", '<span class="state-' + esc(info.state) + '">' + esc(info.state) + "</span>"],
         ["instances", esc(info.instance_count + " x " + info.instance_type)], ["launcher", esc(info.launcher)],
@@ -87,6 +101,7 @@
       if (info.stop_reason) rows.push(["stopped", esc(info.stop_reason)]);
       if (info.tuning_job) rows.push(["tuning job", '<a id="tuning-link" href="/tuning/' + encodeURIComponent(info.tuning_job) + '">' + esc(info.tuning_job) + "</a>"]);
       if (info.controller && info.controller.lost) rows.push(["controller", "lost " + Math.round(info.controller.silent_seconds) + " s ago"]);
+      if (info.goodput) rows.push(["goodput", "<span id='goodput'>" + esc(info.goodput.text) + "</span>" + goodputBars(info.goodput)]);
       var current = info.attempts.length ? info.attempts[info.attempts.length - 1] : null;
       if (current) {  /* what each node of the latest attempt put back, and a split resume */
         var byNode = current.restored_by_node || {};
