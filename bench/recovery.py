@@ -71,11 +71,18 @@ def _one(ctx: Any, kind: str, hps: dict[str, Any], at: float) -> dict[str, Any]:
         "agents_started": since_fault("agents_started", attempt=2),
         "training_state": since_fault("state", state="Training"),
         "workers_started": round(start2["t"] - t_fault, 2) if start2 else None,
+        **{
+            f"torch_{name}": round(e["t"] - t_fault, 2)
+            for name in ("imported", "joined", "built")
+            if (e := first(second, name)) is not None
+        },
         "checkpoint_restored": round(ready["t"] - t_fault, 2),
         "first_step": round(first_step["t"] - t_fault, 2),
     }
     return {
         "job": job,
+        # the job's own stages (Attempt.recovery: from when the controller saw the fault)
+        "job_stages": attempts[1].get("recovery"),
         "recovery_s": first_step["t"] - t_fault,
         "steps_lost": max(lost_by_log, lost_by_controller or 0),
         "steps_lost_controller": lost_by_controller,
@@ -111,7 +118,7 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
             log(
                 f"recovery {kind} rep {rep + 1}: {r['recovery_s']:.2f} s, "
                 f"{r['steps_lost']} step(s) lost, resumed from {r['resumed_from']} ({r['job']}); "
-                f"since the fault: {r['breakdown']}"
+                f"since the fault: {r['breakdown']}; the job's stages: {r['job_stages']}"
             )
         seconds = [r["recovery_s"] for r in runs]
         lost = [r["steps_lost"] for r in runs]

@@ -6,6 +6,9 @@ Runs unchanged under a bare torchrun (no SM_* variables: checkpoints go to ./che
 Global rank 0 prints machine-readable lines, one JSON object each:
 
     BENCH {"event": "start", "t": ...}                 process start (before importing torch)
+    BENCH {"event": "imported", "t": ...}              torch imported
+    BENCH {"event": "joined", "t": ...}                the process group formed
+    BENCH {"event": "built", "t": ...}                 the data, model, DDP and optimizer made
     BENCH {"event": "ready", "t": ..., "step": S}      model built, checkpoint restored
     BENCH {"event": "first_step", "t": ..., "step": S} first optimizer step of this process
     BENCH {"event": "step", "t": ..., "step": S, ...}  every --log-every steps (log streaming)
@@ -28,6 +31,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+T_IMPORTED = time.time()
+T_JOINED = None
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -99,6 +105,8 @@ def main(argv=None):
     torch.set_num_threads(1)
     preempt = PreemptionFlag()
     ctx = init_distributed()
+    global T_JOINED
+    T_JOINED = time.time()
     rank = ctx.rank
 
     def bench(event, **fields):
@@ -108,6 +116,9 @@ def main(argv=None):
             sys.stdout.flush()
 
     bench("start", t=T_START)
+    # where a restart's time goes before the restore: torch imported, the process group up
+    bench("imported", t=T_IMPORTED)
+    bench("joined", t=T_JOINED)
     data = synthetic_data(args)
     sampler = ResumableDistributedSampler(data, seed=args.seed)
     loader = DataLoader(
@@ -132,6 +143,7 @@ def main(argv=None):
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 
+    bench("built")  # the data, the model, DDP and the optimizer
     ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep, ctx=ctx)
     info = ckpt.restore(model=ddp, optimizer=opt, sampler=sampler)
     step, epoch = (info.step, info.epoch) if info else (0, 0)

@@ -111,6 +111,8 @@ def test_loss_curve_across_a_relaunch_from_the_cli(relaunched_digits, monkeypatc
     assert f"goodput {round(100 * goodput['goodput'])} % of" in said, status
     if info["attempts"][0]["steps_lost"]:
         assert "steps redone after a loss" in said, status
+    # the relaunch's stages since the kill, as bench/recovery.py names them
+    assert "recovery attempt ended " in said and " first step " in said, status
     status_json = json.loads(_run("status", job.name, "-o", "json").stdout)
     assert status_json["goodput"]["paid_node_hours"] == goodput["paid_node_hours"]
 

@@ -116,6 +116,23 @@ def test_two_kills_and_a_notice_resume_bit_exact(home, baseline, kinds, distribu
             # still being written (asynchronously) and uploaded when the kill came.
             assert attempt["steps_lost"] <= CHECKPOINT_EVERY + WRITE_WINDOW_STEPS, attempt
     assert_bit_identical(model_tensors(job), baseline)
+    # The notice reached its node over the pipe of the controller that started it, at once
+    # (told before the lease, which the node reads every control_poll_seconds, relays it)
+    noticed = next(a for a in attempts if any(f.startswith("notice") for f in a["faults"]))
+    rank = int(next(f for f in noticed["faults"] if f.startswith("notice")).split(":")[1][0])
+    log = job.store.get_text(f"jobs/{job.name}/logs/attempt-{noticed['number']}/node-{rank}.log")
+    assert "the controller's notice, over its pipe: injected fault notice:" in log
+    # each relaunch's stages since what interrupted the attempt before it, in order
+    from trainctl.controller.telemetry import RECOVERY_STAGES
+
+    for attempt in attempts[1:]:
+        stages = attempt["recovery"]
+        assert list(stages) == list(RECOVERY_STAGES), stages  # (the script resumes: all five)
+        ended, capacity, launched = (stages[k] for k in RECOVERY_STAGES[:3])
+        assert ended <= capacity <= launched <= stages["first_step"], stages
+        assert 0 < stages["state_restored"] <= stages["first_step"], stages
+    recovered = [e for e in job.events() if e["type"] == "recovered"]
+    assert [e["attempt"] for e in recovered] == [a["number"] for a in attempts[1:]]
     if distribution is None:
         assert_goodput_adds_up(info)
 

@@ -224,7 +224,8 @@ def gc(
     output: str = OutputOpt,
 ) -> None:
     """Find (and with --yes delete) what ended jobs left behind: on this machine (node
-    directories, claims on locations), and in each EC2 region given or configured (cloud
+    directories, claims on locations, and controller logs, which go into the job's store
+    prefix), and in each EC2 region given or configured (cloud
     resources, warm capacity past its keep-alive or missing a member). SSH hosts need
     none: each job's teardown removes its directories there."""
     import time

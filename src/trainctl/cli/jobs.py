@@ -347,6 +347,10 @@ def _status_rows(jobs: Any, record: Any, info: dict[str, Any]) -> list[tuple[str
         rows.append(
             ("start-up", " · ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in startup.items()))
         )
+    if record.attempts and (recovery := record.attempts[-1].recovery):
+        # since what interrupted the attempt before: each stage, as bench/recovery.py has them
+        rows.append(("recovery", " · ".join(f"{k.replace('_', ' ')} {v:.1f} s"
+                                             for k, v in recovery.items())))  # fmt: skip
     return rows
 
 

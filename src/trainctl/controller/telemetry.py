@@ -13,7 +13,7 @@ from trainctl.controller.attempts import count_step
 from trainctl.errors import StoreError
 from trainctl.metrics import MetricRecorder, numeric_metrics
 from trainctl.record.jobstore import JobStore
-from trainctl.record.keys import now_iso
+from trainctl.record.keys import now_iso, parse_iso
 from trainctl.record.models import TO_FIRST_STEP, Attempt, JobRecord, add_warning
 
 # Step messages that carry a step number (and may carry metric values).
@@ -164,3 +164,28 @@ def startup_stages(
     stages["launch"] = max(0.0, first_step - launched)
     stages[TO_FIRST_STEP] = first_step - attempt_started
     return {k: round(v, 3) for k, v in stages.items()}
+
+
+# A relaunch's stages, in the order they come (Attempt.recovery; bench/recovery.py's too).
+RECOVERY_STAGES = ("attempt_ended", "capacity", "nodes_started", "state_restored", "first_step")
+
+
+def recovery_stages(previous: Attempt, attempt: Attempt, **walls: float | None) -> dict[str, float]:
+    """Seconds from what interrupted `previous` (its interrupted_at) to each stage of the
+    relaunch `attempt`: the attempt ended, the new one had its nodes, every node launched
+    the script (`nodes_started`), the script said it resumed (`state_restored`), its first
+    step; `walls`: those moments of the new attempt the record does not hold (epoch
+    seconds, None: not seen)."""
+    if previous.interrupted_at is None or previous.ended_at is None:
+        return {}
+    since = parse_iso(previous.interrupted_at)
+    moments = {
+        "attempt_ended": parse_iso(previous.ended_at),
+        "capacity": parse_iso(attempt.started_at),
+        **walls,
+    }
+    return {
+        stage: round(max(0.0, moments[stage] - since), 3)
+        for stage in RECOVERY_STAGES
+        if moments.get(stage) is not None
+    }

@@ -30,14 +30,15 @@ from trainctl.controller.hangs import (
 )
 from trainctl.controller.progress_watch import ProgressWatch
 from trainctl.controller.restores import AttemptRestores
-from trainctl.controller.telemetry import startup_stages
-from trainctl.protocol import EXIT_INFRA
+from trainctl.controller.telemetry import recovery_stages, startup_stages
+from trainctl.protocol import EXIT_INFRA, message
 from trainctl.protocol import parse as parse_control
 from trainctl.provisioning.base import (
     FaultInjection,
     Provider,
     StoppedOutsideError,
 )
+from trainctl.record.keys import iso_at
 from trainctl.record.models import Attempt
 from trainctl.state import JobState
 from trainctl.transport import RunningProcess
@@ -107,6 +108,8 @@ class AttemptWatch:
         # A hung attempt's nodes: rank -> {worker rank: where it waits} (controller.hangs).
         self.stacks: dict[int, dict[str, str]] = {}
         self.restores: AttemptRestores | None = None  # the nodes' restores
+        # When (epoch seconds) every node launched, and the script said it resumed
+        self.walls: dict[str, float] = {}
 
     @classmethod
     def follow(
@@ -240,7 +243,18 @@ class AttemptWatch:
             end = self._verdict(cluster, nodes, now, watch)
             if end is not None:
                 update_pace(watch.progress, watch.pace, self.ctl.record.attempts[-1])
+                if end.outcome == "interrupted":
+                    self._note_interrupted(nodes, watch)
                 return end
+
+    def _note_interrupted(self, nodes: dict[int, LiveNode], watch: WatchState) -> None:
+        """When the controller saw what ends the attempt (its first lost node, its first
+        notice), for the next attempt's recovery stages."""
+        seen = [watch.first_abnormal, *self.notices.values()]
+        seen += [n.exited_at for n in nodes.values() if n.lost]
+        if known := [t for t in seen if t is not None]:
+            at = clock().time() - (clock().monotonic() - min(known))
+            self.ctl.record.attempts[-1].interrupted_at = iso_at(at)
 
     def _take_line(
         self, cluster: ClusterInfo, nodes: dict[int, LiveNode], watch: WatchState
@@ -408,11 +422,14 @@ class AttemptWatch:
         self._send_notices(cluster.attempt, list(nodes), why, now)
 
     def _send_notices(self, attempt: int, ranks: list[int], source: str, now: float) -> None:
-        """An interruption notice to each node of `ranks` (relayed in the lease, which every
-        provider's agents read): each checkpoints and ends."""
-        self.ctl._relay_notices(attempt, ranks, source)
-        for rank in ranks:
+        """An interruption notice to each node of `ranks`: at once over the pipe to each
+        node this controller started, and relayed in the lease, which every provider's
+        agents read (a node without a pipe hears it there): each checkpoints and ends."""
+        for rank in ranks:  # (the pipe first: it is heard before the lease is read)
             self.notices.setdefault(rank, now)
+            if (node := self.nodes.get(rank)) is not None:
+                node.proc.tell(message("notice", why=source))
+        self.ctl._relay_notices(attempt, ranks, source)
 
     def _classify_failure(self, nodes: dict[int, LiveNode]) -> AttemptEnd:
         """A node exited non-zero: the user's code failed, unless it was a preemption."""
@@ -480,6 +497,7 @@ class AttemptWatch:
                 node.startup.update(msg["startup"])
             if all(n.launched for n in nodes.values()) and self.training_started is None:
                 self.training_started = clock().monotonic()
+                self.walls["nodes_started"] = clock().time()
                 # Without a launcher that waits for its peers (plain python), a quick node
                 # can be uploading its results before a slow one has launched.
                 if self.ctl.record.state is JobState.STARTING:
@@ -498,17 +516,22 @@ class AttemptWatch:
             if self.first_step_at is None:
                 self.first_step_at = clock().monotonic()
             self._started_up(attempt, nodes)
+            if event == "step":
+                self._recovered(attempt)
         elif event == "resumed" and isinstance(msg.get("step"), int):
+            self.walls.setdefault("state_restored", clock().time())
             self._resumed(attempt, int(msg["step"]))
             if self.first_step_at is None:  # training is under way, if only to resume
                 self.first_step_at = clock().monotonic()
             self._started_up(attempt, nodes)
         elif event == "first_step" and isinstance(ago := msg.get("ago", 0.0), (int, float)):
             # A rank's optimizer stepped (the worker hook): a script reporting no steps too.
-            at = clock().monotonic() - min(max(float(ago), 0.0), 60.0)
+            ago = min(max(float(ago), 0.0), 60.0)
+            at = clock().monotonic() - ago
             if self.first_step_at is None or at < self.first_step_at:
                 self.first_step_at = at
             self._started_up(attempt, nodes)
+            self._recovered(attempt, ago)
         elif event == "notice":
             self.notices.setdefault(node.rank, clock().monotonic())
         elif event == "state_stored":
@@ -560,6 +583,19 @@ class AttemptWatch:
             attempt_started=self.ctl._attempt_started,
         )
         self.ctl.jobs.event("startup", attempt=attempt.number, **attempt.startup)
+
+    def _recovered(self, attempt: Attempt, ago: float = 0.0) -> None:
+        """A relaunch's first training step (not its resume), `ago` seconds ago: how long
+        each stage of its recovery took since the attempt before it was interrupted, once."""
+        attempts = self.ctl.record.attempts
+        if attempt.recovery is not None or len(attempts) < 2 or attempts[-2] is attempt:
+            return
+        if attempts[-2].interrupted_at is None:
+            return
+        first_step = clock().time() - ago
+        stages = recovery_stages(attempts[-2], attempt, **self.walls, first_step=first_step)
+        attempt.recovery = stages
+        self.ctl.jobs.event("recovered", attempt=attempt.number, **stages)
 
     def _resumed(self, attempt: Attempt, step: int, *, guessed: bool = False) -> None:
         """`attempt` resumed from `step`: the script said so, or (`guessed`) it stepped

@@ -86,9 +86,9 @@ class NodeReports:
                 return
 
     def start_watching(self) -> None:
-        """The agent's threads beside the job: the lease, spot notices (EC2), the
-        heartbeat, the node's status, the ranks' first step."""
-        background = [(self.watch_lease, "lease-watch")]
+        """The agent's threads beside the job: the lease and the controller's pipe, spot
+        notices (EC2), the heartbeat, the node's status, the ranks' first step."""
+        background = [(self.watch_lease, "lease-watch"), (self.watch_pipe, "pipe-watch")]
         if self.settings.imds:
             background.append((self.watch_spot_notices, "imds"))
         background += [(self.heartbeat, "heartbeat"), (self.keep_status, "status")]

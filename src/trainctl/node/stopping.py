@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -134,6 +135,22 @@ class NodeStopping:
                 self.orphaned = True
                 os.kill(os.getpid(), self.stop_signal)
                 return
+
+    def watch_pipe(self) -> None:
+        """The controller that started this node tells it of a notice at once, on the
+        agent's input (RunningProcess.tell), rather than in the lease it reads every
+        control_poll_seconds; the lease stays the channel for a node that a controller
+        adopted, or that only the store reaches. Input that ends (the controller gone, or
+        none given) ends this watch."""
+        from trainctl.protocol import parse
+
+        for line in sys.stdin:
+            msg = parse(line)
+            if msg is None or msg.get("event") != "notice" or self.notice is not None:
+                continue
+            why = msg.get("why") if isinstance(msg.get("why"), str) else "interruption notice"
+            self.log(f"the controller's notice, over its pipe: {why}")
+            threading.Thread(target=self.on_notice, args=(why,), name="notice", daemon=True).start()
 
     def watch_spot_notices(self) -> None:
         """EC2's own notice, IMDSv2 spot/instance-action, polled when the node is on EC2."""

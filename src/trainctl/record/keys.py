@@ -12,7 +12,12 @@ from trainctl.clock import clock
 
 
 def now_iso() -> str:
-    moment = datetime.fromtimestamp(clock().time(), timezone.utc)
+    return iso_at(clock().time())
+
+
+def iso_at(seconds: float) -> str:
+    """A moment (seconds since the epoch) as a record keeps it."""
+    moment = datetime.fromtimestamp(seconds, timezone.utc)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -263,6 +263,11 @@ class Attempt(BaseModel):
     last_step_at: Timestamp | None = None
     checkpoint_stall_seconds: float | None = None
     data_wait_seconds: float | None = None
+    # When the controller saw what ended it (a node lost, a notice), for an interrupted
+    # attempt; and for the attempt after one, seconds from then to each stage of its
+    # recovery (attempt_ended, capacity, nodes_started, state_restored, first_step).
+    interrupted_at: Timestamp | None = None
+    recovery: dict[str, float] | None = None
 
     @field_validator("startup")
     @classmethod

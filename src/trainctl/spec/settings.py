@@ -43,8 +43,9 @@ class Settings(BaseSettings):
         gt=0,
         description="How often a node agent reads its job's lease in the store: whether the "
         "controller is alive, and the interruption notices the controller relays (a "
-        "relaunch by choice, an injected fault, a stop of an adopted node). EC2's own spot "
-        "notice comes from IMDS every imds_poll_seconds instead.",
+        "relaunch by choice, an injected fault, a stop of an adopted node) to a node it did "
+        "not start itself; a node it started (a local one, on this machine) hears them at "
+        "once over its pipe. EC2's own spot notice comes from IMDS every imds_poll_seconds.",
     )
     lease_seconds: float = Field(
         default=15.0, gt=0, description="A controller lease older than this is stale."

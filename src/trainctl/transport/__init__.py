@@ -33,3 +33,9 @@ class RunningProcess(ABC):
     @abstractmethod
     def kill(self) -> None:
         """Stop now, with every process it started."""
+
+    def tell(self, line: str) -> bool:
+        """A control line to the agent at once, over the input the controller holds (its
+        pipe), where it has one; False where it has none (an adopted node, a node only the
+        store reaches): the lease is the channel then."""
+        return False

@@ -20,7 +20,7 @@ class LocalProcess(RunningProcess):
             argv,
             env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # the controller's notices, at once (tell)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -36,6 +36,17 @@ class LocalProcess(RunningProcess):
         for line in self._proc.stdout:
             yield line.rstrip("\n")
         self._proc.stdout.close()
+
+    def tell(self, line: str) -> bool:
+        stdin = self._proc.stdin
+        if stdin is None:
+            return False
+        try:
+            stdin.write(line + "\n")
+            stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):  # it ended (or is ending)
+            return False
+        return True
 
     def poll(self) -> int | None:
         """The exit code, or None while the agent runs. Popen.poll() answers None while
