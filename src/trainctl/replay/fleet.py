@@ -113,6 +113,11 @@ class StandInNode:
         self.silenced.set()
         self._end(-9)
 
+    def tell(self, line: str) -> bool:
+        """No pipe: a replay's nodes stand for EC2's, which the controller reaches over SSH
+        and which hear its notices in the lease (RunningProcess.tell)."""
+        return False
+
     def notice(self) -> None:
         """An interruption notice for this node (the base stand-in ignores it)."""
 
