@@ -1,8 +1,8 @@
 """`make bench`: every figure of the performance table, each against a baseline measured in
 the same run on the same machine; writes bench/results.json and prints the table.
 
-    python -m bench.run                  # all figures: 3 repetitions (launch and throughput 5,
-                                         # stall 7), ~8 min on 2 cores
+    python -m bench.run                  # all figures: 3 repetitions (launch 5, throughput
+                                         # 4, stall 7); ~25 min on 2 busy cores (2026-12-06)
     python -m bench.run --quick          # fewer repetitions, shorter runs
     python -m bench.run --only upload    # one figure (repeatable)
     python -m bench.run --markdown       # print bench/results.json as a Markdown table

@@ -32,7 +32,9 @@ def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
     # A checkpoint (~66 MB) every 80 steps, ~4 s: far more often than a real job would, so
     # that the sync's cost shows. Its cost scales with checkpoint bytes per second (on the
     # local provider the "upload" is a copy into the store directory, on the same CPUs).
-    steps = 200 if ctx.quick else 320
+    # (240 steps: a 200-step window after the warm-up, two checkpoints in it; 320 made the
+    # two throughput figures 20 of make bench's minutes on a slow day, 2026-12-06)
+    steps = 200 if ctx.quick else 240
     # On a GPU the checkpoint is ~3.6 GB and a step ~40 ms: every 80 steps would write
     # over 1 GB/s, a disk benchmark rather than training's; one checkpoint in the window.
     every = 150 if TOPOLOGY.gpus else 80
@@ -49,8 +51,8 @@ def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
     base_stalls: list[float] = []
     rates: dict[str, list[float]] = {}  # samples/s and model TFLOP/s, both runs
     tc_stalls: list[float] = []
-    # Noisier than the others (a ~15 s window, checkpoints in it): 5 repetitions by default.
-    reps = ctx.reps if ctx.quick else ctx.reps + 2
+    # Noisier than the others (a ~15 s window, checkpoints in it): one more repetition.
+    reps = ctx.reps if ctx.quick else ctx.reps + 1
     name = "throughput-load" if load else "throughput"
     burner = None
     try:
