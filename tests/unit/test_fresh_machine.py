@@ -118,11 +118,14 @@ def test_the_docs_cli_page_shows_angle_brackets_as_text():
 
 def test_make_venv_says_its_steps_and_shows_pips_progress():
     """A fresh `make venv` takes minutes: it names each step, and the long installs (torch,
-    the package and its extras) show pip's own progress rather than --quiet."""
+    the package and its extras) show pip's own progress rather than --quiet, and how many
+    packages are in place while pip installs them."""
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
     steps = [line for line in recipe.splitlines() if line.strip().startswith("@echo")]
     assert [s.split('"')[1][:5] for s in steps[:3]] == ["[1/3]", "[2/3]", "[3/3]"], recipe
-    installs = [line for line in recipe.splitlines() if "install" in line and "$(PIP)" in line]
+    installs = [line for line in recipe.splitlines() if " install " in line]
     heavy = [line for line in installs if "torch==" in line or '-e ".[dev]"' in line]
     assert len(heavy) == 2 and not any("--quiet" in line for line in heavy), installs
+    # through the counter of packages put in place during pip's silent install step
+    assert all("$(PY) tools/pip-progress.py install" in line for line in heavy), heavy

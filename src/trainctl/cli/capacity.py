@@ -233,11 +233,12 @@ def gc(
     from trainctl.controller.remove import delete_local_leftovers, local_leftovers
     from trainctl.controller.submit import job_is_live
     from trainctl.store import default_store
+    from trainctl.tuning.loop import stray_supervisor_logs
 
     check_output(output)
     regions = _regions(region, required=False)
     store = default_store()
-    found: list[dict[str, Any]] = local_leftovers(store)
+    found: list[dict[str, Any]] = local_leftovers(store) + stray_supervisor_logs(store)
     failed: list[dict[str, Any]] = delete_local_leftovers(store, found) if yes else []
     if not regions:
         sys.stderr.write(

@@ -19,6 +19,12 @@ def controller_log_path(name: str) -> Path:
     return get_settings().home / "controllers" / f"{name}.log"
 
 
+def controller_logs() -> list[Path]:
+    """The logs of detached processes (controllers, tuning supervisors) on this machine."""
+    folder = get_settings().home / "controllers"
+    return sorted(folder.glob("*.log")) if folder.is_dir() else []
+
+
 def file_log(store: Store, log_path: Path, key: str) -> bool:
     """A detached process's log into the store at `key` once its job has ended, and off
     this machine (nothing of an ended job stays outside its store: `rm` and `prune` find it

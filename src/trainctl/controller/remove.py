@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trainctl.controller.detached import controller_log_path, file_log
+from trainctl.controller.detached import controller_log_path, controller_logs, file_log
 from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
 from trainctl.record.jobstore import JobStore
 from trainctl.record.keys import JobKeys, parse_iso
@@ -153,28 +153,21 @@ def local_leftovers(store: Store) -> list[dict[str, str]]:
 
 
 def _stray_logs(store: Store) -> list[dict[str, str]]:
-    """Logs of detached controllers and tuning supervisors whose job has ended but that a
-    process killed before its end left on this machine: `gc --yes` files each in the store,
-    where the job's own would be (jobs/<job>/controller.log, tuning/<name>/supervisor.log)."""
+    """Logs of detached controllers whose job has ended but that a process killed before
+    its end left on this machine: `gc --yes` files each in the store, where the job's own
+    would be (jobs/<job>/controller.log). (A tuning supervisor's: trainctl.tuning.loop.)"""
     from trainctl.controller.lease import lease_is_live
     from trainctl.errors import NotFoundError
-    from trainctl.tuning.record import TuningStore
 
     found = []
-    folder = get_settings().home / "controllers"
-    for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
-        name = log.stem
+    for log in controller_logs():
+        if log.stem.startswith("tuning-"):
+            continue
         try:
-            if name.startswith("tuning-"):
-                tuning = TuningStore(store, name.removeprefix("tuning-"))
-                if tuning.load().state != "InProgress":
-                    where = {"kind": "supervisor-log", "key": f"{tuning.prefix}/supervisor.log"}
-                    found.append({**where, "id": str(log), "job": name})
-                continue
-            jobs = JobStore(store, name)
+            jobs = JobStore(store, log.stem)
             if jobs.load().state.is_terminal() and not lease_is_live(jobs):
                 where = {"kind": "controller-log", "key": jobs.keys.controller_log}
-                found.append({**where, "id": str(log), "job": name})
+                found.append({**where, "id": str(log), "job": log.stem})
         except (SpecError, NotFoundError, UnreadableRecordError):
             continue  # not this store's, or not one gc can judge: it stays
     return found

@@ -47,6 +47,27 @@ def supervisor_log_path(name: str) -> Any:
     return get_settings().home / "controllers" / f"tuning-{name}.log"
 
 
+def stray_supervisor_logs(store: Store) -> list[dict[str, str]]:
+    """Logs of tuning supervisors whose tuning job has ended but that a process killed
+    before its end left on this machine: `trainctl gc --yes` files each in the store
+    (tuning/<name>/supervisor.log), as the supervisor does as it ends."""
+    from trainctl.controller.detached import controller_logs
+    from trainctl.errors import TrainctlError
+
+    found = []
+    for log in controller_logs():
+        if not log.stem.startswith("tuning-"):
+            continue
+        try:
+            tuning = TuningStore(store, log.stem.removeprefix("tuning-"))
+            if tuning.load().state != "InProgress":
+                where = {"kind": "supervisor-log", "key": f"{tuning.prefix}/supervisor.log"}
+                found.append({**where, "id": str(log), "job": log.stem})
+        except (TrainctlError, ValueError):
+            continue  # not this store's, or not one gc can judge: it stays
+    return found
+
+
 def spawn_supervisor(store: Store, name: str) -> int:
     """Run the tuning job's supervisor as a detached process of this machine; its pid."""
     from trainctl.controller.detached import spawn_detached
