@@ -113,17 +113,23 @@ def batches(loader: Iterable[T]) -> Iterator[T]:
     if meter.synthetic:
         yield from _repeat_first(loader, meter)
         return
+    for batch, waited in _waits(loader):
+        if meter.measuring:
+            meter.data_wait += waited
+            _count(meter, batch)
+        yield batch
+
+
+def _waits(loader: Iterable[T]) -> Iterator[tuple[T, float]]:
+    """Each batch, with the seconds the loop waited for it."""
     it = iter(loader)
     while True:
-        waited = time.perf_counter()
+        began = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
             return
-        if meter.measuring:
-            meter.data_wait += time.perf_counter() - waited
-            _count(meter, batch)
-        yield batch
+        yield batch, time.perf_counter() - began
 
 
 # Rank 0's wait for batches so far in this process, and when it was last sent: at most every
@@ -136,14 +142,8 @@ def _timed(loader: Iterable[T]) -> Iterator[T]:
     from trainctl.train import _background
 
     _background.at_end(_send_data_wait)
-    it = iter(loader)
-    while True:
-        began = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        _data_wait["seconds"] += time.perf_counter() - began
+    for batch, waited in _waits(loader):
+        _data_wait["seconds"] += waited
         if time.monotonic() - _data_wait["sent_at"] >= DATA_WAIT_REPORT_SECONDS:
             _send_data_wait()
         yield batch
