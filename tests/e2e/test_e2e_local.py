@@ -582,7 +582,9 @@ def test_a_fault_after_the_first_step_waits_out_a_slow_start(home, tmp_path):
     logs = job.store.list(f"jobs/{job.name}/logs/attempt-1")
     lines = [ln for i in logs for ln in log_lines(job.store.get_text(i.key))]
     trained = [ln for ln in lines if ln.startswith("trained step ")]
-    assert 5 <= len(trained) < 40, lines  # a second of steps: hit after training, not before
+    # hit after training began, not in the imports: a second of steps is ~20 on a quiet
+    # machine, fewer on a busy one (and a killed node's last lines may not reach the store)
+    assert 2 <= len(trained) < 40, lines
     events = JobStore(job.store, job.name).events()
     assert [e["attempt"] for e in events if e["type"] == "startup"][:1] == [1], events
 

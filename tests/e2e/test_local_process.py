@@ -47,3 +47,16 @@ def test_poll_after_another_thread_reaped_it(tmp_path):
     waiter.start()
     waiter.join(10)
     assert proc.poll() == 0
+
+
+def test_a_notice_reaches_the_agent_and_the_pipe_closes_with_it(tmp_path):
+    """tell() writes a line the agent reads at once; once its output ends and it is reaped,
+    the pipe is closed (left to the garbage collector it warned, an unclosed file, in the
+    user's process: seen in a SageMaker-style test that records warnings)."""
+    script = "import sys\nprint('heard', sys.stdin.readline().strip(), flush=True)\n"
+    proc = LocalProcess([sys.executable, "-c", script], env={}, cwd=tmp_path)
+    assert proc.tell("notice 1")
+    assert list(proc.lines()) == ["heard notice 1"]
+    assert proc.wait(10) == 0
+    assert proc._proc.stdin is not None and proc._proc.stdin.closed
+    assert not proc.tell("too late")  # an ended agent: the lease is the channel

@@ -36,6 +36,17 @@ class LocalProcess(RunningProcess):
         for line in self._proc.stdout:
             yield line.rstrip("\n")
         self._proc.stdout.close()
+        self._close_input()
+
+    def _close_input(self) -> None:
+        """The notice pipe closes once the agent's output has ended or it has been reaped:
+        left to the garbage collector it would warn (an unclosed file) in the user's process."""
+        stdin = self._proc.stdin
+        if stdin is not None and not stdin.closed:
+            try:
+                stdin.close()
+            except OSError:  # a notice half-written to an agent that died: nothing to keep
+                pass
 
     def tell(self, line: str) -> bool:
         stdin = self._proc.stdin
@@ -67,9 +78,11 @@ class LocalProcess(RunningProcess):
 
     def wait(self, timeout: float | None = None) -> int:
         try:
-            return self._proc.wait(timeout)
+            code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"process {self.pid} still running") from None
+        self._close_input()
+        return code
 
     def terminate(self) -> None:
         if self._proc.poll() is None:
