@@ -13,7 +13,9 @@ from typing import Any
 
 from bench.common import TOPOLOGY, WORKLOAD_ARGS, every, first, log, summary
 
-KILL_GOAL_S = 15.0
+# A week before the store diet, on a quiet machine: kill 4.65 s, notice 5.41 s (issue 65).
+KILL_GOAL_S = 4.5
+NOTICE_GOAL_S = 5.5
 WRITE_WINDOW_STEPS = 2
 
 
@@ -128,13 +130,13 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
             # checkpoint was still being written and uploaded when the kill came.
             ok = s["median"] <= KILL_GOAL_S and max(lost) <= every_n + WRITE_WINDOW_STEPS
             goal = (
-                f"<= {KILL_GOAL_S:.0f} s, steps lost <= {every_n} + {WRITE_WINDOW_STEPS} "
+                f"<= {KILL_GOAL_S} s, steps lost <= {every_n} + {WRITE_WINDOW_STEPS} "
                 "(1 interval + a write)"
             )
             title = "recovery after a node kill: kill -> steps advancing (local)"
         else:
-            ok = max(lost) == 0
-            goal = "steps lost = 0"
+            ok = s["median"] <= NOTICE_GOAL_S and max(lost) == 0
+            goal = f"<= {NOTICE_GOAL_S} s, steps lost = 0"
             title = "recovery after a notice: notice -> steps advancing"
         figures.append(
             {

@@ -66,7 +66,7 @@ def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path)
         "elastic-fallback", "uniform-progress",
     ]  # fmt: skip
     assert all(s.completed == s.runs == 1 for s in estimate.strategies), [
-        (s.strategy, s.not_completed) for s in estimate.strategies if s.completed != 1
+        (s.strategy, s.not_completed_attempts) for s in estimate.strategies if s.completed != 1
     ]
     on_demand, spot, fallback = by_name["on-demand"], by_name["spot"], by_name["fallback"]
     assert on_demand.cost_ratio.median == 1.0 and on_demand.relaunches.max == 0

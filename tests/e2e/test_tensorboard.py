@@ -152,12 +152,13 @@ def test_a_running_jobs_scalars_in_tensorboard_in_a_browser(home, tmp_path, monk
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403
+        refused.value.close()
     finally:
         hold.touch()
         if ui is not None:
             ui.close()
         board.send_signal(signal.SIGTERM)  # `kill PID` ends its TensorBoard too
-        board.wait(timeout=30)
+        board.communicate(timeout=30)  # (reaps it and closes its pipes)
     waited = subprocess.run([TRAINCTL, "attach", job], capture_output=True, text=True, timeout=120)
     assert waited.returncode == 0, waited.stdout + waited.stderr
     deadline = time.monotonic() + 15

@@ -301,3 +301,31 @@ def test_an_elastic_spot_job_grows_when_asked_spot_has_room_not_by_blind_relaunc
         blind = sizer(object())  # cannot be asked: a relaunch every elastic_probe_seconds
         assert blind.growth(2, 899) is None
         assert blind.growth(2, 900) == "growing: trying for 4 node(s) again"
+
+
+def test_a_replay_that_did_not_complete_says_how_it_got_there():
+    """The estimate's `not_completed_attempts`: each attempt's start, size, steps and end."""
+    from types import SimpleNamespace
+
+    from trainctl.replay.strategies import story
+
+    def attempt(number, at, steps, outcome, cause):
+        return SimpleNamespace(
+            number=number, started_at=f"2026-01-01T00:{at:02d}:00Z", nodes=[0] * 8,
+            resumed_from_step=steps[0], last_step=steps[1], outcome=outcome, cause=cause,
+        )  # fmt: skip
+
+    record = SimpleNamespace(
+        created_at="2026-01-01T00:00:00Z",
+        state=SimpleNamespace(value="Stopped"),
+        stop_reason="MaxWaitTimeExceeded: max_wait of 4140 s reached (2 attempt(s))",
+        attempts=[
+            attempt(1, 0, (None, 900), "interrupted", "spot reclaimed"),
+            attempt(2, 31, (0, 400), None, None),
+        ],
+    )
+    assert story(record) == (
+        "MaxWaitTimeExceeded: max_wait of 4140 s reached (2 attempt(s)): "
+        "attempt 1 at 0 s, 8 node(s), steps 0-900: interrupted (spot reclaimed); "
+        "attempt 2 at 1860 s, 8 node(s), steps 0-400: running"
+    )

@@ -70,6 +70,8 @@ class StrategyEstimate(BaseModel):
     runs: int
     completed: int  # the figures are over these (None: no start completed)
     not_completed: list[str]  # why the others ended (max_run, max_wait)
+    # and how each got there, attempt by attempt (`-o json`: the table says the first)
+    not_completed_attempts: list[str] = []
     hours: Spread | None
     cost_usd: Spread | None
     time_ratio: Spread | None
@@ -374,5 +376,6 @@ def _strategy_row(summary: dict[str, Any]) -> StrategyEstimate:
         runs=summary["runs"],
         completed=summary["completed"],
         not_completed=summary["not_completed"],
+        not_completed_attempts=[s for s in summary.get("stories", []) if s],
         **{k: Spread(**summary[k]) if summary[k] else None for k in keys},
     )

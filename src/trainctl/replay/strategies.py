@@ -189,10 +189,26 @@ def replay(
         "sizes": [len(a.nodes) for a in record.attempts],
         "causes": [a.resized or a.cause for a in record.attempts],
         "stop_reason": record.stop_reason,
+        "story": None if record.state.value == "Completed" else story(record),
         "outlook_error": outlook_error,
         "wall_s": time.monotonic() - wall,
         "clock_advances": advances,
     }
+
+
+def story(record: Any) -> str:
+    """How a replayed job that did not complete got there: each attempt's start (simulated
+    seconds into the job), its size, the steps it went from and to, and how it ended."""
+    from trainctl.record.keys import parse_iso
+
+    began = parse_iso(record.created_at)
+    parts = [
+        f"attempt {a.number} at {parse_iso(a.started_at) - began:.0f} s, {len(a.nodes)} node(s), "
+        f"steps {a.resumed_from_step or 0}-{a.last_step or 0}: {a.outcome or 'running'}"
+        + (f" ({a.cause})" if a.cause else "")
+        for a in record.attempts
+    ]
+    return f"{record.stop_reason or record.state.value}: " + "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -363,6 +379,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "not_completed": [
                     r["stop_reason"] or r["state"] for r in runs if r["state"] != "Completed"
                 ],
+                "stories": [r.get("story") for r in runs if r["state"] != "Completed"],
                 **{k: _spread_of([r[k] for r in done]) for k in FIGURES},
             }
         )
