@@ -1,5 +1,10 @@
 """Recovery: a node killed (or given an interruption notice) -> training steps advancing again.
 
+Beside each kill repetition, the baseline: the same workload started by hand with bare
+torchrun, launch -> first step (what a relaunch costs at the least: the interpreters, torch's
+import, the process group, the model). The goals are in seconds (issue 65's, measured on a
+quiet machine); the ratio says how much of a figure is the machine's speed that day.
+
 The workload runs as a trainctl job with an injected fault (`kill:1@T` / `notice:1@T`, T
 seconds after the attempt's launch). Measured from the controller's `fault` event to the
 first optimizer step of the next attempt (the workload's own timestamped BENCH line), plus
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import TOPOLOGY, WORKLOAD_ARGS, every, first, log, summary
+from bench.common import TOPOLOGY, WORKLOAD_ARGS, every, first, log, run_torchrun, summary
 
 # A week before the store diet, on a quiet machine: kill 4.65 s, notice 5.41 s (issue 65).
 KILL_GOAL_S = 4.5
@@ -112,9 +117,16 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
     at = 15.0
     reps = max(1, ctx.reps - 1) if ctx.quick else ctx.reps
     figures = []
+    base: list[float] = []
+    started = {**WORKLOAD_ARGS, "steps": 5, "warmup": 1, "checkpoint-every": 0}
     for kind in ("kill", "notice"):
         runs = []
         for rep in range(reps):
+            if kind == "kill":  # interleaved with the kills; the notices share them
+                bare = run_torchrun(ctx.procs, ctx.workdir / f"recovery-base-{rep}", started)
+                if (latency := bare.first_step_latency()) is not None:
+                    base.append(latency)
+                    log(f"recovery rep {rep + 1}: bare torchrun, first step {latency:.2f} s")
             r = _one(ctx, kind, hps, at)
             runs.append(r)
             log(
@@ -124,7 +136,8 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
             )
         seconds = [r["recovery_s"] for r in runs]
         lost = [r["steps_lost"] for r in runs]
-        s = summary(seconds)
+        s, b = summary(seconds), summary(base)
+        pairs = [x / y for x, y in zip(seconds, base, strict=False) if y]
         if kind == "kill":
             # One interval, plus the steps trained while the newest (asynchronous)
             # checkpoint was still being written and uploaded when the kill came.
@@ -143,11 +156,11 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
                 "name": f"recovery_{kind}",
                 "title": title,
                 "unit": "s",
-                "baseline_name": None,
-                "baseline": None,
+                "baseline_name": "bare torchrun, launch -> first step",
+                "baseline": b,
                 "trainctl": s,
-                "ratio": None,
-                "ratio_spread": None,
+                "ratio": s["median"] / b["median"] if b["median"] and s["median"] else None,
+                "ratio_spread": [min(pairs), max(pairs)] if pairs else None,
                 "goal": goal,
                 "pass": bool(ok),
                 "steps_lost": lost,
