@@ -112,9 +112,9 @@ def measure(ctx: Any) -> list[dict[str, Any]]:
         "keep": 2,
         "log-every": 1,
     }
-    # Seconds after the attempt's launch: workers step from ~6 s on, so by then a few
-    # checkpoints have been saved and uploaded.
-    at = 15.0
+    # Seconds after the attempt's launch: workers step from ~3 s on (~6 s on a slow day), a
+    # checkpoint every ~2 s, so by then one or more has been saved and uploaded.
+    at = 10.0
     reps = max(1, ctx.reps - 1) if ctx.quick else ctx.reps
     figures = []
     base: list[float] = []

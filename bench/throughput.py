@@ -51,8 +51,9 @@ def _measure(ctx: Any, *, load: bool) -> dict[str, Any]:
     base_stalls: list[float] = []
     rates: dict[str, list[float]] = {}  # samples/s and model TFLOP/s, both runs
     tc_stalls: list[float] = []
-    # Noisier than the others (a ~15 s window, checkpoints in it): one more repetition.
-    reps = ctx.reps if ctx.quick else ctx.reps + 1
+    # Noisier than the others (a ~15 s window, checkpoints in it): one more repetition;
+    # under load each run takes twice as long, and make bench must fit 15 minutes.
+    reps = ctx.reps if ctx.quick or load else ctx.reps + 1
     name = "throughput-load" if load else "throughput"
     burner = None
     try:
