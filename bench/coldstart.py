@@ -198,7 +198,9 @@ def figures(ctx: Any) -> list[dict[str, Any]]:
     """`make bench` (`--only coldstart`)."""
     workdir = temp_dir("trainctl-coldstart-")
     try:
-        return figures_of(measure_runs(2 if ctx.quick else ctx.reps, workdir))
+        # 2 repetitions (each a warm and a cold start beside the local baseline: ~25 s):
+        # make bench fits 15 minutes; `python -m bench.coldstart --reps 3` runs more
+        return figures_of(measure_runs(2, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
