@@ -39,6 +39,7 @@ def test_poll_sees_the_end_while_another_thread_waits(tmp_path, code, expected):
     finally:
         lock.release()
     assert proc.wait(5) == expected  # the waiter still reaps it, with its code
+    assert list(proc.lines()) == []  # (its output read to the end: the pipes closed)
 
 
 def test_poll_after_another_thread_reaped_it(tmp_path):
@@ -47,6 +48,7 @@ def test_poll_after_another_thread_reaped_it(tmp_path):
     waiter.start()
     waiter.join(10)
     assert proc.poll() == 0
+    assert list(proc.lines()) == []
 
 
 def test_a_notice_reaches_the_agent_and_the_pipe_closes_with_it(tmp_path):
