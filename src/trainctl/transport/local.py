@@ -45,7 +45,7 @@ class LocalProcess(RunningProcess):
         if stdin is not None and not stdin.closed:
             try:
                 stdin.close()
-            except OSError:  # a notice half-written to an agent that died: nothing to keep
+            except (OSError, ValueError):  # a notice half-written to an agent that died
                 pass
 
     def tell(self, line: str) -> bool:
