@@ -14,14 +14,22 @@ from trainctl.record.jobstore import JobStore
 from trainctl.spec.settings import get_settings
 from trainctl.store import Store
 
+# A tuning supervisor's log is `<this><tuning name>.log` beside the controllers' (each
+# kind's stray logs are found by its own package: trainctl.tuning.loop, controller.remove).
+SUPERVISOR_LOG_PREFIX = "tuning-"
+
+
+def _logs_folder() -> Path:
+    return get_settings().home / "controllers"
+
 
 def controller_log_path(name: str) -> Path:
-    return get_settings().home / "controllers" / f"{name}.log"
+    return _logs_folder() / f"{name}.log"
 
 
 def controller_logs() -> list[Path]:
     """The logs of detached processes (controllers, tuning supervisors) on this machine."""
-    folder = get_settings().home / "controllers"
+    folder = _logs_folder()
     return sorted(folder.glob("*.log")) if folder.is_dir() else []
 
 

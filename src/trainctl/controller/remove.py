@@ -19,7 +19,12 @@ import shutil
 import time
 from pathlib import Path
 
-from trainctl.controller.detached import controller_log_path, controller_logs, file_log
+from trainctl.controller.detached import (
+    SUPERVISOR_LOG_PREFIX,
+    controller_log_path,
+    controller_logs,
+    file_log,
+)
 from trainctl.errors import SpecError, TrainctlError, UnreadableRecordError
 from trainctl.record.jobstore import JobStore
 from trainctl.record.keys import JobKeys, parse_iso
@@ -161,7 +166,7 @@ def _stray_logs(store: Store) -> list[dict[str, str]]:
 
     found = []
     for log in controller_logs():
-        if log.stem.startswith("tuning-"):
+        if log.stem.startswith(SUPERVISOR_LOG_PREFIX):
             continue
         try:
             jobs = JobStore(store, log.stem)

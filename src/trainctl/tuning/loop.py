@@ -44,22 +44,24 @@ TRIAL_KEEP_ALIVE_SECONDS = 300
 
 
 def supervisor_log_path(name: str) -> Any:
-    return get_settings().home / "controllers" / f"tuning-{name}.log"
+    from trainctl.controller.detached import SUPERVISOR_LOG_PREFIX, controller_log_path
+
+    return controller_log_path(SUPERVISOR_LOG_PREFIX + name)
 
 
 def stray_supervisor_logs(store: Store) -> list[dict[str, str]]:
     """Logs of tuning supervisors whose tuning job has ended but that a process killed
     before its end left on this machine: `trainctl gc --yes` files each in the store
     (tuning/<name>/supervisor.log), as the supervisor does as it ends."""
-    from trainctl.controller.detached import controller_logs
+    from trainctl.controller.detached import SUPERVISOR_LOG_PREFIX, controller_logs
     from trainctl.errors import TrainctlError
 
     found = []
     for log in controller_logs():
-        if not log.stem.startswith("tuning-"):
+        if not log.stem.startswith(SUPERVISOR_LOG_PREFIX):
             continue
         try:
-            tuning = TuningStore(store, log.stem.removeprefix("tuning-"))
+            tuning = TuningStore(store, log.stem.removeprefix(SUPERVISOR_LOG_PREFIX))
             if tuning.load().state != "InProgress":
                 where = {"kind": "supervisor-log", "key": f"{tuning.prefix}/supervisor.log"}
                 found.append({**where, "id": str(log), "job": log.stem})
