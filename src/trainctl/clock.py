@@ -10,6 +10,7 @@ the clock's seconds. A process that replays a long job against a spot trace
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import heapq
@@ -57,6 +58,20 @@ class Clock:
         (the wall clock's does not: nothing to do)."""
         return _nothing
 
+    def leave(self) -> None:
+        """The calling thread is done with the clock's time until it next reads it or waits
+        (a pool's worker whose work is done; the wall clock's: nothing to do)."""
+
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """The calling thread waits outside the clock in the block (a join, a plain event)
+        for what threads that live by the clock do: time may move meanwhile."""
+        self.leave()
+        try:
+            yield
+        finally:
+            self.monotonic()  # at work again
+
     def close(self) -> None:
         """Nothing to end (a simulated clock ends its driver)."""
 
@@ -68,13 +83,15 @@ def _nothing() -> None:
 class _Waiter:
     """One thread's wait on a VirtualClock: until `deadline`, or until `ready()`."""
 
-    __slots__ = ("deadline", "done", "ready", "woken")
+    __slots__ = ("deadline", "done", "queued", "ready", "seq", "woken")
 
-    def __init__(self, deadline: float, ready: Callable[[], bool]) -> None:
+    def __init__(self, deadline: float, ready: Callable[[], bool], seq: int) -> None:
         self.deadline = deadline
         self.ready = ready
+        self.seq = seq  # the order it began to wait in: who of those due together goes first
         self.woken = threading.Event()
         self.done = False
+        self.queued = False  # due or notified: in line to run
 
 
 class VirtualClock(Clock):
@@ -82,12 +99,22 @@ class VirtualClock(Clock):
 
     A waiting thread (a `sleep`, a `get` on the clock's queue, a `wait` on its event) says
     until when. The clock jumps to the earliest deadline (rounded up to a multiple of
-    `quantum`, so that waits due close together wake together) and wakes the threads due
-    then, once every thread is waiting: no woken waiter is still to run, no thread that came
-    out of a wait (or read the clock) has run in the last `blocked_after` wall seconds
-    without waiting again, and nothing touched the clock for `settle` wall seconds. Work
-    takes no simulated time: a replay puts what things cost (a boot, a checkpoint) in as
-    sleeps, and a loaded machine changes how long a replay takes, not what it finds.
+    `quantum`, so that waits due close together wake together) once every thread is
+    waiting: no woken waiter is still to run, no thread that came out of a wait (or read the
+    clock) has run in the last `blocked_after` wall seconds without waiting again, and
+    nothing touched the clock for `settle` wall seconds. Work takes no simulated time: a
+    replay puts what things cost (a boot, a checkpoint) in as sleeps, and a loaded machine
+    changes how long a replay takes, not what it finds.
+
+    The waits that end at one time (due then, or their queue or event notified) end one at
+    a time, in the order they began, each once the one before waits again: the threads that
+    live by the clock take turns, so the same replay runs the same way, whatever the
+    machine's scheduler does (woken together, they raced: a controller that read a node's
+    progress before or after the node wrote it decided differently, and a replay's figures
+    moved from run to run). The thread whose turn ends hands the next turn on itself, and
+    moves the clock where it may, while nothing else is at work (no other thread came out of
+    a wait or read the clock without waiting again, none started or ended, nothing held):
+    no wall time between turns; otherwise the driver does, once it sees every thread wait.
 
     `blocked_after` bounds how long a thread that came out of a wait counts as at work
     without touching the clock again: a busy machine may not schedule it for tens of
@@ -98,6 +125,8 @@ class VirtualClock(Clock):
     it. Bench code that hands work between threads outside the clock holds it (`hold`)
     until the work is taken.
     """
+
+    IDLE_LOOK = 0.01  # wall seconds
 
     def __init__(
         self,
@@ -118,7 +147,13 @@ class VirtualClock(Clock):
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, _Waiter]] = []  # a heap of deadlines
         self._on: dict[int, set[_Waiter]] = {}  # id(queue or event) -> its waiters
-        self._woken = 0  # waiters woken, not yet running
+        self._turns: collections.deque[_Waiter] = collections.deque()  # in line to run
+        self._woken = 0  # waiters given their turn, not yet running
+        self.handed_on = 0  # turns handed on by the thread whose turn ended (not the driver)
+        # Set when a thread waited and could not hand on the next turn (others at work): the
+        # driver looks every `settle` then, and every IDLE_LOOK otherwise (a thread that ends
+        # or waits outside the clock after its turn says nothing).
+        self._needed = threading.Event()
         self._holds = 0
         self._touched = 0
         self._ids = itertools.count()
@@ -154,7 +189,6 @@ class VirtualClock(Clock):
         """Wait until `deadline` (clock seconds; inf: no deadline) or until `ready()`, which
         is checked when `on` (a queue or event of this clock) is notified; True if ready."""
         ready = ready or (lambda: False)
-        waiter = _Waiter(deadline, ready)
         with self._lock:
             if self._closed or ready():
                 return ready()
@@ -162,11 +196,18 @@ class VirtualClock(Clock):
                 return False
             self._start_driver()
             self._running.pop(threading.get_ident(), None)
+            waiter = _Waiter(deadline, ready, next(self._ids))
             if deadline < math.inf:
-                heapq.heappush(self._due, (deadline, next(self._ids), waiter))
+                heapq.heappush(self._due, (deadline, waiter.seq, waiter))
             if on is not None:
                 self._on.setdefault(id(on), set()).add(waiter)
             self._touched += 1
+            if self._alone():
+                self.handed_on += 1
+                self._next_turn()
+                self._needed.clear()
+            else:
+                self._needed.set()
         waiter.woken.wait()
         with self._lock:
             waiter.done = True
@@ -181,17 +222,49 @@ class VirtualClock(Clock):
         return ready()
 
     def _wake(self, waiter: _Waiter) -> None:
-        """Under the lock."""
-        if not waiter.woken.is_set() and not waiter.done:
-            waiter.woken.set()
-            self._woken += 1
+        """In line for a turn (under the lock)."""
+        if not waiter.queued and not waiter.done:
+            waiter.queued = True
+            self._turns.append(waiter)
 
     def notify(self, on: object) -> None:
-        """`on` (a queue or event of this clock) changed: its waiters check again."""
+        """`on` (a queue or event of this clock) changed: its waiters check again, in turn."""
         with self._lock:
-            for waiter in list(self._on.get(id(on), ())):
+            for waiter in sorted(self._on.get(id(on), ()), key=lambda w: w.seq):
                 self._wake(waiter)
             self._touched += 1
+
+    def _alone(self) -> bool:
+        """Whether the thread about to wait is the only one at work (under the lock): no turn
+        given and not yet taken, nothing held, no other thread out of a wait or started or
+        ended since the driver looked. Then it may hand on the next turn itself."""
+        return (
+            not self._woken
+            and not self._holds
+            and not self._running
+            and threading.active_count() == self._threads
+        )
+
+    def _next_turn(self) -> bool:
+        """The next waiter in line runs; none in line: the clock moves to the earliest
+        deadline and those due then are in line (under the lock). False if nothing waits
+        with a deadline or a turn."""
+        if not self._turns:
+            while self._due and (self._due[0][2].done or self._due[0][2].queued):
+                heapq.heappop(self._due)
+            if not self._due:
+                return False
+            deadline = self._due[0][0]
+            if self.quantum:  # never short of the deadline by a rounding error
+                deadline = max(deadline, math.ceil(deadline / self.quantum) * self.quantum)
+            self._now = max(self._now, deadline)
+            self.advances += 1
+            while self._due and self._due[0][0] <= self._now:
+                self._wake(heapq.heappop(self._due)[2])
+        waiter = self._turns.popleft()
+        waiter.woken.set()
+        self._woken += 1
+        return True
 
     @contextlib.contextmanager
     def _holding(self) -> Iterator[None]:
@@ -203,11 +276,18 @@ class VirtualClock(Clock):
             with self._lock:
                 self._holds -= 1
                 self._touched += 1
+                self._needed.set()
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Time stands still in the block: work handed to a thread outside the clock, until
         that thread takes it."""
         return self._holding()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+            self._touched += 1
+            self._needed.set()
 
     def hand(self, count: int) -> Callable[[], None]:
         """Held until each of `count` takers has called the function returned: a pool's
@@ -221,6 +301,7 @@ class VirtualClock(Clock):
             with self._lock:
                 self._holds -= 1
                 self._touched += 1
+                self._needed.set()
 
         return taken
 
@@ -238,26 +319,18 @@ class VirtualClock(Clock):
 
     def _drive(self) -> None:
         while True:
+            self._needed.wait(self.IDLE_LOOK)
             seen = self._touched
             time.sleep(self.settle)
             with self._lock:
                 if self._closed:
                     return
-                if self._touched != seen or self._holds or self._woken or not self._due:
+                if self._touched != seen or self._holds or self._woken:
                     continue
-                if self._any_running():
+                if not (self._turns or self._due) or self._any_running():
                     continue
-                while self._due and (self._due[0][2].done or self._due[0][2].woken.is_set()):
-                    heapq.heappop(self._due)
-                if not self._due:
-                    continue
-                deadline = self._due[0][0]
-                if self.quantum:  # never short of the deadline by a rounding error
-                    deadline = max(deadline, math.ceil(deadline / self.quantum) * self.quantum)
-                self._now = max(self._now, deadline)
-                self.advances += 1
-                while self._due and self._due[0][0] <= self._now:
-                    self._wake(heapq.heappop(self._due)[2])
+                self._next_turn()
+                self._needed.set()  # its turn may end without a wait (a thread that ends)
 
     def _any_running(self) -> bool:
         """Whether a thread is at work: it came out of a wait (or read the clock) within
@@ -296,11 +369,10 @@ class VirtualClock(Clock):
         """End the driver and every wait (a replay is over)."""
         with self._lock:
             self._closed = True
-            for _, _, waiter in self._due:
-                self._wake(waiter)
-            for waiters in self._on.values():
-                for waiter in waiters:
-                    self._wake(waiter)
+            waiting = [w for _, _, w in self._due] + [w for ws in self._on.values() for w in ws]
+            for waiter in waiting + list(self._turns):
+                waiter.woken.set()
+            self._needed.set()
         if self._driver is not None and self._driver is not threading.current_thread():
             self._driver.join()
 
@@ -431,6 +503,7 @@ def pool_map(
                 last = left[0] == 0
             if last:
                 finished.set()
+            clock().leave()  # back to the pool's idle wait, outside the clock
 
     pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
     try:

@@ -4,8 +4,11 @@ exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +35,21 @@ def measured_job(home) -> str:
     return job.name
 
 
+@contextlib.contextmanager
+def _busy_cores():
+    """A busy loop on every core while the block runs."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
+
+
 def _outage_trace(path) -> str:
     """8 nodes for 30 minutes, then none for 40, then 8 for a week (one zone)."""
     rows = [(0, 1800, 8), (1800, 4200, 0), (4200, 4200 + 7 * 86400, 8)]
@@ -51,12 +69,17 @@ def _outage_trace(path) -> str:
 @pytest.mark.timeout(240)
 def test_estimate_prints_each_strategy_against_on_demand(measured_job, tmp_path):
     # (replays side by side, a process each: the default; the table below runs them in turn)
-    done = _trainctl(
+    args = (
         "estimate", measured_job, "--trace", _outage_trace(tmp_path / "outage.json"),
         "--instance-type", "p3.2xlarge", "--nodes", "8", "--hours", "1", "--starts", "1",
         "-o", "json",
     )  # fmt: skip
+    done = _trainctl(*args)
     assert done.returncode == 0, done.stderr
+    # the same inputs, the same figures, to the last digit, on a machine made busy beside it
+    with _busy_cores():
+        again = _trainctl(*args)
+    assert again.stdout == done.stdout
     estimate = Estimate.model_validate_json(done.stdout)
     assert (estimate.nodes, estimate.instance_type, estimate.starts) == (8, "p3.2xlarge", 1)
     assert 0.1 <= estimate.step_seconds < 0.5  # measured from the job's own steps

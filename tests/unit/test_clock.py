@@ -154,6 +154,82 @@ def test_work_in_a_pool_and_a_thread_just_started_hold_the_clock():
     assert seen["back"] == 90.0 and seen["fresh"] == 90.0
 
 
+def _waiting(virtual: VirtualClock) -> int:
+    with virtual._lock:
+        waiters = {id(w) for _, _, w in virtual._due} | {
+            id(w) for ws in virtual._on.values() for w in ws
+        }
+        return len(waiters)
+
+
+def _started_in_order(virtual: VirtualClock, *targets) -> list[threading.Thread]:
+    """Threads for `targets`, each started once the one before waits on the clock (so the
+    order they begin to wait in is theirs), time held until all do."""
+    threads = []
+    with virtual.hold():
+        for target in targets:
+            threads.append(threading.Thread(target=target))
+            threads[-1].start()
+            while _waiting(virtual) < len(threads):
+                time.sleep(0.001)
+    return threads
+
+
+@pytest.mark.timeout(30)
+def test_waits_that_end_together_take_turns_in_the_order_they_began():
+    """Threads due at one time run one at a time, each until it waits again, in the order
+    their waits began: the same every run, however the machine schedules them (woken
+    together, they raced, and a replay's figures moved from run to run)."""
+    seen: list[tuple[str, str, float]] = []
+    with use_clock(VirtualClock()) as virtual:
+
+        def sleeper(name: str):
+            def run() -> None:
+                for _ in range(3):
+                    clock().sleep(10)
+                    seen.append(("in", name, clock().monotonic()))
+                    time.sleep(0.002)  # work: no other thread of the clock runs meanwhile
+                    seen.append(("out", name, clock().monotonic()))
+
+            return run
+
+        threads = _started_in_order(virtual, *(sleeper(name) for name in "abcd"))
+        for thread in threads:
+            thread.join(timeout=20)
+    assert seen == [
+        (step, name, at) for at in (10.0, 20.0, 30.0) for name in "abcd" for step in ("in", "out")
+    ]
+    assert virtual.advances == 3 and virtual.handed_on >= 8  # turns passed on without a wait
+
+
+@pytest.mark.timeout(30)
+def test_waiters_of_one_event_or_queue_take_turns_in_the_order_they_began():
+    seen: list[str] = []
+    with use_clock(VirtualClock()) as virtual:
+        ready, lines = virtual.event(), virtual.queue()
+
+        def waiter(name: str):
+            def run() -> None:
+                ready.wait(60)
+                seen.append(f"{name} in")
+                time.sleep(0.002)
+                seen.append(f"{name} out")
+                seen.append(f"{name} took {lines.get(timeout=60)}")
+
+            return run
+
+        def setter() -> None:
+            clock().sleep(5)
+            lines.put("first")
+            lines.put("second")
+            ready.set()
+
+        threads = _started_in_order(virtual, waiter("a"), waiter("b"), setter)
+        for thread in threads:
+            thread.join(timeout=20)
+    assert seen == ["a in", "a out", "a took first", "b in", "b out", "b took second"]
+
+
 @pytest.mark.timeout(30)
 def test_the_wall_clock_is_the_default_and_its_waits_are_plain():
     assert type(clock()) is Clock

@@ -271,7 +271,8 @@ def run_job(
     threading.Thread(target=control, name="controller", daemon=True).start()
     if act is not None:
         act(controller, result)
-    done.wait(timeout=timeout)
+    with clock().away():
+        done.wait(timeout=timeout)
     if not done.is_set():
         raise RuntimeError(f"job {record.name} did not end")
     result["events"] = controller.jobs.events()
