@@ -103,7 +103,7 @@ def estimate(
         5.0, help="Seconds a checkpoint holds training (trainctl diagnose measures it)."
     ),
     workers: int | None = typer.Option(
-        None, help="Replays run side by side, each in a process (default: two per CPU)."
+        None, help="Replays run side by side, each in a process (default: four per CPU)."
     ),
     output: str = OutputOpt,
 ) -> None:
