@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         help="json: the summary rows (strategy, interval, nodes, trace, and time_ratio and "
         "cost_ratio each with median, min and max) on stdout",
     )
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--workers", type=int, default=None, help="replays side by side (default: four per CPU)"
+    )
     parser.add_argument(
         "--outlook-error",
         default=str(OUTLOOK_ERROR),
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         args.strategies.split(","),
         None if args.outlook_error == "none" else float(args.outlook_error),
     )
-    log(f"{len(tasks)} replays, {args.workers} at a time")
+    log(f"{len(tasks)} replays, {args.workers or 'four per CPU'} at a time")
     rows = replay_all(tasks, args.workers)
     summary_rows = summarize(rows)
     elapsed = time.monotonic() - wall
