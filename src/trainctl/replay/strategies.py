@@ -11,6 +11,7 @@ relaunches; `summarize` sets each against on-demand over the starts; `table` pri
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -165,9 +166,11 @@ def replay(
         quantum=quantum,
         settings={**strategy.settings, **(settings or {})},
     )
-    spot_h = sum(c.seconds for c in record.instances if c.market == "spot") / 3600
-    od_h = sum(c.seconds for c in record.instances if c.market != "spot") / 3600
-    cost = sum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
+    # fsum: exact, so the same whatever order the instances were recorded in (a pool starts
+    # an attempt's nodes side by side; a plain sum's last digits followed its order)
+    spot_h = math.fsum(c.seconds for c in record.instances if c.market == "spot") / 3600
+    od_h = math.fsum(c.seconds for c in record.instances if c.market != "spot") / 3600
+    cost = math.fsum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
     spent = training.node_seconds
     kept = spent["training"] - spent["redone"]
     billed = (spot_h + od_h) * 3600
