@@ -160,6 +160,7 @@ class VirtualClock(Clock):
         self._touched = 0
         self._ids = itertools.count()
         self._closed = False
+        self._stopped: str | None = None  # why the driver failed
         self._driver: threading.Thread | None = None
         # Threads of the process before the clock (not its to wait for), and those it has
         # noticed since: a thread started under the clock is at work from its first sight
@@ -191,7 +192,11 @@ class VirtualClock(Clock):
         """Wait until `deadline` (clock seconds; inf: no deadline) or until `ready()`, which
         is checked when `on` (a queue or event of this clock) is notified; True if ready."""
         ready = ready or (lambda: False)
+        if deadline != deadline:  # NaN: it would sort nowhere in the heap, and stop the clock
+            raise ValueError("a wait on the simulated clock until NaN")
         with self._lock:
+            if self._stopped is not None:
+                raise RuntimeError(f"the simulated clock stopped: {self._stopped}")
             if self._closed or ready():
                 return ready()
             if self._now >= deadline:
@@ -212,6 +217,8 @@ class VirtualClock(Clock):
                 self._needed.set()
         waiter.woken.wait()
         with self._lock:
+            if self._stopped is not None:
+                raise RuntimeError(f"the simulated clock stopped: {self._stopped}")
             waiter.done = True
             self._woken -= 1
             self._running[threading.get_ident()] = time.monotonic()  # at work until it waits
@@ -315,9 +322,21 @@ class VirtualClock(Clock):
 
     # -- moving ----------------------------------------------------------------------------
     def _start_driver(self) -> None:
-        if self._driver is None:
-            self._driver = threading.Thread(target=self._drive, name="virtual-clock", daemon=True)
-            self._driver.start()
+        if self._driver is None:  # (set once started: a start that failed is tried again)
+            driver = threading.Thread(target=self._driving, name="virtual-clock", daemon=True)
+            driver.start()
+            self._driver = driver
+
+    def _driving(self) -> None:
+        """The driver; should it fail, every wait on the clock fails with its reason at once,
+        rather than wait for a move that will never come (a replay that hung)."""
+        try:
+            self._drive()
+        except BaseException as exc:
+            with self._lock:
+                self._stopped = f"{type(exc).__name__}: {exc}"
+                self._release_all()
+            raise
 
     def _drive(self) -> None:
         while True:
@@ -367,14 +386,18 @@ class VirtualClock(Clock):
                 return True
         return False
 
+    def _release_all(self) -> None:
+        """Every waiter runs (under the lock)."""
+        waiting = [w for _, _, w in self._due] + [w for ws in self._on.values() for w in ws]
+        for waiter in waiting + list(self._turns):
+            waiter.woken.set()
+        self._needed.set()
+
     def close(self) -> None:
         """End the driver and every wait (a replay is over)."""
         with self._lock:
             self._closed = True
-            waiting = [w for _, _, w in self._due] + [w for ws in self._on.values() for w in ws]
-            for waiter in waiting + list(self._turns):
-                waiter.woken.set()
-            self._needed.set()
+            self._release_all()
         if self._driver is not None and self._driver is not threading.current_thread():
             self._driver.join()
 

@@ -231,6 +231,31 @@ def test_waiters_of_one_event_or_queue_take_turns_in_the_order_they_began():
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_driver_that_fails_fails_every_wait_at_once(monkeypatch):
+    """Should the driver fail, the threads waiting on it hear why at once, and so does a
+    thread that waits after: never a replay that hangs."""
+    failures: list[str] = []
+    with use_clock(VirtualClock()) as virtual:
+        monkeypatch.setattr(virtual, "_any_running", lambda: 1 / 0)
+
+        def sleeper() -> None:
+            try:
+                clock().sleep(10)
+            except RuntimeError as exc:
+                failures.append(str(exc))
+
+        threads = _started_in_order(virtual, sleeper, sleeper)
+        for thread in threads:
+            thread.join(timeout=20)
+        with pytest.raises(RuntimeError, match="stopped: ZeroDivisionError"):
+            clock().sleep(1)
+    assert failures == ["the simulated clock stopped: ZeroDivisionError: division by zero"] * 2
+    with pytest.raises(ValueError, match="NaN"), use_clock(VirtualClock()):
+        clock().wait_until(float("nan"))
+
+
+@pytest.mark.timeout(30)
 def test_the_wall_clock_is_the_default_and_its_waits_are_plain():
     assert type(clock()) is Clock
     assert type(clock().queue()) is queue.Queue

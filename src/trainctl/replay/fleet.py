@@ -265,6 +265,8 @@ def run_job(
     def control() -> None:
         try:
             result["final"] = controller.run()
+        except BaseException as exc:  # (the simulated clock stopped, a bug): said below
+            result["error"] = exc
         finally:
             done.set()
 
@@ -275,5 +277,7 @@ def run_job(
         done.wait(timeout=timeout)
     if not done.is_set():
         raise RuntimeError(f"job {record.name} did not end")
+    if (error := result.pop("error", None)) is not None:
+        raise RuntimeError(f"job {record.name}: its controller failed: {error}") from error
     result["events"] = controller.jobs.events()
     return result

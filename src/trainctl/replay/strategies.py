@@ -166,14 +166,6 @@ def replay(
         quantum=quantum,
         settings={**strategy.settings, **(settings or {})},
     )
-    # fsum: exact, so the same whatever order the instances were recorded in (a pool starts
-    # an attempt's nodes side by side; a plain sum's last digits followed its order)
-    spot_h = math.fsum(c.seconds for c in record.instances if c.market == "spot") / 3600
-    od_h = math.fsum(c.seconds for c in record.instances if c.market != "spot") / 3600
-    cost = math.fsum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
-    spent = training.node_seconds
-    kept = spent["training"] - spent["redone"]
-    billed = (spot_h + od_h) * 3600
     return {
         "trace": trace.name,
         "workload": workload.name,
@@ -182,6 +174,25 @@ def replay(
         "title": strategy.title,
         "interval_s": round(interval_seconds),
         "start_s": start_s,
+        **_measured(record, training, workload),
+        "outlook_error": outlook_error,
+        "wall_s": time.monotonic() - wall,
+        "clock_advances": advances,
+    }
+
+
+def _measured(record: Any, training: Training, workload: Workload) -> dict[str, Any]:
+    """What a replayed job took and cost, from its record and its training's account."""
+    # fsum: exact, so the same whatever order the instances were recorded in (a pool starts
+    # an attempt's nodes side by side; a plain sum's last digits followed its order)
+    spot_h = math.fsum(c.seconds for c in record.instances if c.market == "spot") / 3600
+    od_h = math.fsum(c.seconds for c in record.instances if c.market != "spot") / 3600
+    cost = math.fsum(c.seconds / 3600 * (c.usd_per_hour or 0.0) for c in record.instances)
+    spent = training.node_seconds
+    kept = spent["training"] - spent["redone"]
+    billed = (spot_h + od_h) * 3600
+    booted = workload.boot_seconds * sum(len(a.nodes) for a in record.attempts)
+    return {
         "state": record.state.value,
         "hours": (record.duration_s or 0.0) / 3600,
         "cost_usd": cost,
@@ -189,10 +200,7 @@ def replay(
         "on_demand_node_hours": od_h,
         "wasted_node_hours": (billed - kept) / 3600,
         "redone_node_hours": spent["redone"] / 3600,
-        "restart_node_hours": (
-            spent["restart"] + workload.boot_seconds * sum(len(a.nodes) for a in record.attempts)
-        )
-        / 3600,
+        "restart_node_hours": (spent["restart"] + booted) / 3600,
         "checkpoint_node_hours": spent["checkpoint"] / 3600,
         # the share of the paid node-time that trained (record.goodput's, for a replay)
         "goodput": kept / billed if billed > 0 else None,
@@ -201,9 +209,6 @@ def replay(
         "causes": [a.resized or a.cause for a in record.attempts],
         "stop_reason": record.stop_reason,
         "story": None if record.state.value == "Completed" else story(record),
-        "outlook_error": outlook_error,
-        "wall_s": time.monotonic() - wall,
-        "clock_advances": advances,
     }
 
 
