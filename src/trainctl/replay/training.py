@@ -175,15 +175,17 @@ class TrainingNode(StandInNode):
         t, w = self.training, self.training.workload
         self._emit("agent_started", pid=os.getpid())
         self._emit("launched", pid=os.getpid())
+        if self.rank != 0:  # it follows rank 0 from here (its start-up is rank 0's to count)
+            self._finish(self._follow())
+            return
         began = clock().monotonic()
         restoring = t.saved > 0
         why = self._pause(w.bootstrap_seconds + (w.restore_seconds if restoring else 0.0))
-        if self.rank == 0:
-            t.spend("restart", (clock().monotonic() - began) * self.run.world)
+        t.spend("restart", (clock().monotonic() - began) * self.run.world)
         if why is None:
-            if restoring and self.rank == 0:
+            if restoring:
                 self._emit("resumed", step=w.step(t.saved))
-            why = self._train() if self.rank == 0 else self._follow()
+            why = self._train()
         self._finish(why)
 
     def _follow(self) -> str:
