@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -203,3 +204,29 @@ def test_on_a_terminal_the_head_comes_at_once_then_a_bar_over_the_replays(measur
     assert head_while_running, text  # the head, before any figure, the replays still running
     assert "13 replays" in text, text  # the bar's label (on-demand once, 6 strategies x 2)
     assert text.index("against outage-at-30-min") < text.rindex("on-demand only")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_its_replay_processes_end_with_it_when_it_is_killed(measured_job):
+    """`trainctl estimate` killed outright (no chance to end its pool): its replays' processes
+    end too, within seconds (left, one that hung ran for good)."""
+    from trainctl.procs import alive, descendants
+
+    estimate = subprocess.Popen(
+        [TRAINCTL, "estimate", measured_job, "--trace", "aws-p3-16node-2023-08",
+         "--instance-type", "p3.2xlarge", "--nodes", "64", "--hours", "6", "-o", "json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(replaying := descendants(estimate.pid)) < 3:  # a server, its workers
+            assert estimate.poll() is None and time.monotonic() < deadline, replaying
+            time.sleep(0.1)
+    finally:
+        estimate.kill()
+        estimate.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while left := [pid for pid in replaying if alive(pid)]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)

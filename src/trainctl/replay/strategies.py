@@ -317,12 +317,32 @@ def _replayed(
     # process's threads, and no worker pays the imports again (0.5 CPU-s each).
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["trainctl.replay.strategies", "trainctl.controller.controller"])
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_end_with, initargs=(os.getpid(),)
+    ) as pool:
         futures = {pool.submit(run_replay, job): job for job in jobs}
         for done in as_completed(futures):
             if on_done:
                 on_done(futures[done])
         return [future.result() for future in futures]
+
+
+def _end_with(parent: int) -> None:
+    """A replay worker ends with the process that asked for the replays: one killed outright
+    (a test's timeout) left its workers, and a replay that hung in one, running for good."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # (another user's process by now: gone too)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="replay-parent-watch", daemon=True).start()
 
 
 def attempt_node_seconds(record: Any) -> float:
