@@ -48,9 +48,11 @@ class Dashboard:
             return exc.code, exc.read()
 
     def close(self) -> None:
+        """Ends the dashboard, reaps it and closes its pipes (left open, the collector warned
+        of them in whichever test ran next)."""
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=15)
+            self.proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=5)
+            self.proc.communicate(timeout=5)
