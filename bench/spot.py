@@ -47,6 +47,7 @@ from trainctl.replay.strategies import (
     attempt_node_seconds,
     recommended_interval,
     replay_all,
+    replay_workers,
     simulate,
     strategies,
     summarize,
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         args.strategies.split(","),
         None if args.outlook_error == "none" else float(args.outlook_error),
     )
-    log(f"{len(tasks)} replays, {args.workers or 'four per CPU'} at a time")
+    log(f"{len(tasks)} replays, {replay_workers(len(tasks), args.workers)} at a time")
     rows = replay_all(tasks, args.workers)
     summary_rows = summarize(rows)
     elapsed = time.monotonic() - wall

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -294,18 +295,23 @@ def replay_all(
     return rows
 
 
+def replay_workers(replays: int, workers: int | None = None) -> int:
+    """How many of `replays` run side by side: `workers`, or four per CPU. A replay's
+    threads take turns, one at a time, and it waits between turns where the driver must see
+    them all wait; on a busy machine each process gets its share of a core (the README's
+    estimate on 2 cores at load 8: 43 s with 4 at a time, 33 s with 8, the same figures;
+    13 s either way on a quiet machine). Forked from one server, a worker costs about 50 MB
+    and no imports."""
+    return max(1, min(replays, workers or 4 * (os.cpu_count() or 1)))
+
+
 def _replayed(
     jobs: list[Replay], workers: int | None, on_done: Callable[[Replay], None] | None
 ) -> list[dict[str, Any]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # Four per CPU: a replay's threads take turns, one at a time, and it waits between turns
-    # where the driver must see them all wait; on a busy machine each process gets its share
-    # of a core (the README's estimate on 2 cores at load 8: 43 s with 4 at a time, 33 s
-    # with 8, the same figures; 13 s either way on a quiet machine). Forked from one server,
-    # a worker costs about 50 MB and no imports.
-    workers = max(1, min(len(jobs), workers or 4 * (os.cpu_count() or 1)))
+    workers = replay_workers(len(jobs), workers)
     if workers == 1:
         rows = []
         for job in jobs:
@@ -330,16 +336,14 @@ def _replayed(
 def _end_with(parent: int) -> None:
     """A replay worker ends with the process that asked for the replays: one killed outright
     (a test's timeout) left its workers, and a replay that hung in one, running for good."""
-    import threading
 
+    # (os.kill, not trainctl.procs.alive: that reads /proc, which a Mac has not)
     def watch() -> None:
         while True:
             time.sleep(1.0)
             try:
                 os.kill(parent, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # (another user's process by now: gone too)
+            except (ProcessLookupError, PermissionError):  # (its pid another user's by now)
                 os._exit(1)
 
     threading.Thread(target=watch, name="replay-parent-watch", daemon=True).start()
