@@ -336,6 +336,10 @@ def _mpirun_report(lines: list[str]) -> str | None:
 class LogShipper:
     """Tees lines to the console and a log file, copying the file to the store now and then."""
 
+    # What the copying thread waits on between copies: a stand-in node under a simulated
+    # clock (bench/scale.py) makes it the clock's event, so that the thread lives by it.
+    stop_event: Callable[[], threading.Event] = threading.Event
+
     def __init__(
         self, path: Path, store: Store, key: str, interval: float, redact=lambda line: line
     ) -> None:
@@ -347,7 +351,7 @@ class LogShipper:
         self._file = path.open("a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
         self._shipped = -1
-        self._stop = threading.Event()
+        self._stop = self.stop_event()
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
