@@ -148,8 +148,7 @@ def check_elastic(path: Path) -> dict[str, Any]:
                 fields=fields,
                 settings={
                     "TRAINCTL_ELASTIC_WAIT_SECONDS": str(ELASTIC_WAIT_SECONDS),
-                    "TRAINCTL_HEARTBEAT_SECONDS": "1",
-                    "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": "10",
+                    "TRAINCTL_HEARTBEAT_SECONDS": "1",  # rank 0's steps, every second
                 },
                 quantum=0.0,
             )

@@ -166,8 +166,15 @@ class VirtualClock(Clock):
         # noticed since: a thread started under the clock is at work from its first sight
         # until it waits (a pump or a node just started, not yet scheduled on a busy machine,
         # had time move under it before it ever read the clock).
-        self._noticed: set[int | None] = {t.ident for t in threading.enumerate()}
-        self._threads = len(self._noticed)
+        # (Thread objects, kept: a thread's ident is reused by the next one started, which
+        # a set of idents took for noticed; a relaunch ends an attempt's threads and starts
+        # as many, and time moved under its new pumps and nodes: a replay's figures moved,
+        # one run in ten at load 8.) The last of them and their number say, at a glance,
+        # whether any started since the driver looked: threads are listed as they start.
+        threads = threading.enumerate()
+        self._noticed: set[threading.Thread] = set(threads)
+        self._threads = len(threads)
+        self._last_thread = threads[-1]
 
     # -- reading ---------------------------------------------------------------------------
     def _touch(self) -> None:
@@ -251,7 +258,7 @@ class VirtualClock(Clock):
             not self._woken
             and not self._holds
             and not self._running
-            and threading.active_count() == self._threads
+            and not self._threads_changed(threading.enumerate())
         )
 
     def _next_turn(self) -> bool:
@@ -353,6 +360,10 @@ class VirtualClock(Clock):
                 self._next_turn()
                 self._needed.set()  # its turn may end without a wait (a thread that ends)
 
+    def _threads_changed(self, threads: list[threading.Thread]) -> bool:
+        """Whether a thread started or ended since the driver last looked."""
+        return len(threads) != self._threads or threads[-1] is not self._last_thread
+
     def _any_running(self) -> bool:
         """Whether a thread is at work: it came out of a wait (or read the clock) within
         blocked_after and has not waited again, and is not blocked outside the clock (in a
@@ -360,13 +371,14 @@ class VirtualClock(Clock):
         past blocked_after, and those that ended."""
         wall = time.monotonic()
         fresh: list[int | None] = []
-        if threading.active_count() != self._threads:  # (a look at each costs a lock)
-            threads = threading.enumerate()
+        threads = threading.enumerate()
+        if self._threads_changed(threads):
             self._threads = len(threads)
-            fresh = [t.ident for t in threads if t.ident not in self._noticed]
+            self._last_thread = threads[-1]
+            fresh = [t.ident for t in threads if t not in self._noticed]
+            self._noticed.update(threads)
         frames = _frames() if fresh or self._running else {}
         for ident in fresh:
-            self._noticed.add(ident)
             frame = frames.get(ident)
             if frame is not None and not _blocked_outside(frame) and ident != threading.get_ident():
                 self._running.setdefault(ident, wall)

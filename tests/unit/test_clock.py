@@ -154,6 +154,32 @@ def test_work_in_a_pool_and_a_thread_just_started_hold_the_clock():
     assert seen["back"] == 90.0 and seen["fresh"] == 90.0
 
 
+def test_a_thread_started_in_place_of_one_that_ended_is_at_work_until_it_waits():
+    """A thread takes the ident of one that ended (a relaunch ends an attempt's threads and
+    starts as many): it is a new thread all the same, and time stands while it works (the
+    clock knew threads by ident, took it for the old one, and moved under it)."""
+    gate = threading.Event()
+    before = threading.Thread(target=gate.wait)
+    before.start()
+    virtual = VirtualClock()
+    gate.set()
+    before.join()
+    read: list[float] = []
+
+    def work() -> None:
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until:  # work that reads no clock, then the clock
+            pass
+        read.append(virtual.monotonic())
+
+    with use_clock(virtual):
+        worker = threading.Thread(target=work)
+        worker.start()
+        virtual.sleep(10)
+        worker.join()
+    assert read == [0.0]
+
+
 def _waiting(virtual: VirtualClock) -> int:
     with virtual._lock:
         waiters = {id(w) for _, _, w in virtual._due} | {

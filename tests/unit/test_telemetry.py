@@ -75,6 +75,33 @@ def test_a_progress_save_in_an_outage_fails_fast_keeps_its_points_and_says_it_on
     assert jobs.records == [1, 4, 5] and jobs.prompt[-1] is False
 
 
+def test_the_progress_is_compared_only_after_a_line_or_a_value_since_the_last_look():
+    """Progress moves with the nodes' lines: without one, no JSON of the attempt is made to
+    see whether it moved (a fifth of a spot replay's CPU); a hand-off's save looks anyway."""
+    jobs = OutageJobs()
+    record = SimpleNamespace(
+        spec=SimpleNamespace(metric_definitions=[]),
+        metrics={},
+        attempts=[Attempt(number=1, started_at=T0, last_step=1)],
+        total_steps_reported=None,
+    )
+    telemetry = Telemetry(jobs, record, lambda text: None)  # type: ignore[arg-type]
+    telemetry.save_progress()
+    assert jobs.records == [1]
+    record.attempts[-1].last_step = 2  # (moved by no line: not looked at)
+    telemetry.save_progress()
+    assert jobs.records == [1]
+    telemetry.changes += 1  # a line heard (the watch counts them)
+    telemetry.save_progress()
+    assert jobs.records == [1, 2]
+    telemetry.progress_message(record.attempts[-1], 0, {"event": "step", "step": 3})
+    telemetry.save_progress()
+    assert jobs.records == [1, 2, 3]
+    record.attempts[-1].last_step = 4
+    telemetry.save_progress(prompt=False)
+    assert jobs.records == [1, 2, 3, 4]
+
+
 def test_a_total_that_shrinks_or_falls_below_the_step_reached_is_said_once_and_not_believed():
     """A script that counts a resumed epoch's rest as an epoch reports a smaller total after
     a relaunch (status said `114/60 steps (100%)`): the larger total stays the job's work, for

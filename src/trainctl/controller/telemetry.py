@@ -31,6 +31,10 @@ class Telemetry:
         self._recorder = MetricRecorder()  # values not yet in the store
         self._saved: tuple[str, tuple[tuple[str, float], ...]] | None = None
         self._unsaved = False  # a save failed (the store away): said once, and when it ends
+        # What may have moved the progress: the nodes' lines (the watch counts them) and the
+        # values recorded here; and that count when save_progress last compared.
+        self.changes = 0
+        self._changes_looked = -1
         self._totals_said: set[str] = set()  # how a reported total was odd (said once each)
 
     def metric(
@@ -44,6 +48,7 @@ class Telemetry:
         """A metric value of `attempt` (default: the current one): every value in the
         history, and the latest in the record unless it is an earlier attempt's line still
         draining."""
+        self.changes += 1
         current = self.record.attempts[-1] if self.record.attempts else None
         attempt = attempt or current
         if step is None and attempt is not None:
@@ -60,6 +65,7 @@ class Telemetry:
         step = msg.get("step")
         if msg.get("event") not in PROGRESS_EVENTS or not isinstance(step, int):
             return False
+        self.changes += 1
         if msg["event"] == "step" or step > (attempt.last_step or -1):
             attempt.last_step_at = now_iso()  # (a save or a stop at a step reached earlier: not)
         count_step(attempt, msg["event"], step)
@@ -124,22 +130,31 @@ class Telemetry:
         loop, so with the prompt store (Store.prompt): in a store outage a save fails in a
         second and the next one tries again, instead of holding the loop (and what it
         watches: lost nodes, due faults, stops) in the store's long backoff. `prompt=False`:
-        the last save of this controller (a hand-off), which waits for the store."""
+        the last save of this controller (a hand-off), which waits for the store.
+
+        Progress comes in the nodes' lines: with none heard since the last look (`changes`),
+        nothing is compared (the attempt's JSON, to see whether it moved, was a fifth of a
+        spot replay's CPU, where lines come every few minutes of simulated time)."""
         saved = self.save_metric_points(prompt=prompt)
-        progress = (
-            self.record.attempts[-1].model_dump_json(),
-            tuple(self.record.metrics.items()),
-            self.record.total_steps_reported,
-        )
-        if progress != self._saved:
-            try:
-                self.jobs.save(self.record, prompt=prompt)
-            except StoreError as exc:
-                if not self._unsaved:
-                    self.info(f"could not save the job's progress (tried again each save): {exc}")
-                self._unsaved = True
-                return
-            self._saved = progress
+        if self.changes != self._changes_looked or not prompt:
+            changes = self.changes
+            progress = (
+                self.record.attempts[-1].model_dump_json(),
+                tuple(self.record.metrics.items()),
+                self.record.total_steps_reported,
+            )
+            if progress != self._saved:
+                try:
+                    self.jobs.save(self.record, prompt=prompt)
+                except StoreError as exc:
+                    if not self._unsaved:
+                        self.info(
+                            f"could not save the job's progress (tried again each save): {exc}"
+                        )
+                    self._unsaved = True
+                    return
+                self._saved = progress
+            self._changes_looked = changes
         if saved and self._unsaved:
             self.info("the job's progress is saved again")
             self._unsaved = False

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 POLL_SECONDS = 0.25
 STOP_CHECK_SECONDS = 1.0
-RECORD_SAVE_SECONDS = 2.0
+PACE_SECONDS = 2.0  # how often the hang bound follows the job's pace
 # After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
 # a preemption) before blaming the user's code.
 SETTLE_SECONDS = 3.0
@@ -78,7 +78,8 @@ class WatchState:
 
     progress: ProgressWatch
     next_capacity_check: float
-    next_save: float
+    next_pace: float  # the hang bound's pace from the job's progress
+    next_progress_save: float  # the progress into the record
     pace: PaceBound | None = None  # a relaunch's hang bound from the job's own pace
     next_stop_check: float = 0.0
     next_checks: float = 0.0
@@ -210,7 +211,8 @@ class AttemptWatch:
         now = clock().monotonic()
         watch = WatchState(
             next_capacity_check=now + ELASTIC_CHECK_SECONDS,
-            next_save=now + RECORD_SAVE_SECONDS,
+            next_pace=now + PACE_SECONDS,
+            next_progress_save=now + self.ctl.settings.progress_save_seconds,
             progress=ProgressWatch(
                 self.ctl.settings.startup_timeout_seconds,
                 self.ctl.settings.progress_timeout_seconds,
@@ -236,9 +238,11 @@ class AttemptWatch:
             watch.next_checks = now + POLL_SECONDS
             self._fire_due_faults(cluster, nodes, now)
             self._mark_lost(nodes, now, watch)
-            if now >= watch.next_save:  # progress (steps, metrics) visible to `status`
-                watch.next_save = now + RECORD_SAVE_SECONDS
+            if now >= watch.next_pace:
+                watch.next_pace = now + PACE_SECONDS
                 update_pace(watch.progress, watch.pace, self.ctl.record.attempts[-1])
+            if now >= watch.next_progress_save:  # progress (steps, metrics) for `status`
+                watch.next_progress_save = now + self.ctl.settings.progress_save_seconds
                 self.ctl.telemetry.save_progress()
             end = self._verdict(cluster, nodes, now, watch)
             if end is not None:
@@ -271,6 +275,7 @@ class AttemptWatch:
         now = clock().monotonic()
         if rank < 0:
             return line, now
+        self.ctl.telemetry.changes += 1
         node = nodes[rank]
         if line is None:
             node.exit_code = node.proc.wait()

@@ -26,19 +26,28 @@ from trainctl.controller.recovery import deadline_max_wait, replayed
 from trainctl.replay.fleet import Fleet, run_job, settings_in_effect
 from trainctl.replay.limit import Limit, cheapest
 from trainctl.replay.market import OUTLOOK_ERROR, TraceMarket, TraceProvider
-from trainctl.replay.training import HEARTBEAT_SECONDS, Training, TrainingNode, Workload
+from trainctl.replay.training import (
+    SILENT_NODE_LOST_SECONDS,
+    STEP_REPORT_SECONDS,
+    Training,
+    TrainingNode,
+    Workload,
+)
 from trainctl.spec.trace import SpotTrace
 from trainctl.store import open_store
 
-# Controller settings for a replay: heartbeats at the stand-ins' cadence, lost well after;
+# Controller settings for a replay: heartbeats at rank 0's cadence, no node lost by silence;
 # the lease renewed every 200 s, not 5 (a replay has no second controller to keep out, and
 # the notices it relays are written at once: 810 of a 64-node replay's store writes were
 # renewals, a quarter of its CPU, for the same figures).
 REPLAY_SETTINGS = {
-    "TRAINCTL_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
-    "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(4 * HEARTBEAT_SECONDS),
+    "TRAINCTL_HEARTBEAT_SECONDS": str(STEP_REPORT_SECONDS),
+    "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(SILENT_NODE_LOST_SECONDS),
     "TRAINCTL_LOG_SYNC_SECONDS": "60",
     "TRAINCTL_LEASE_SECONDS": "600",
+    # (every 2 s, a save of the whole record each time rank 0 reported a step: a tenth of
+    # a replay's CPU; the record's end is saved whole all the same)
+    "TRAINCTL_PROGRESS_SAVE_SECONDS": "3600",
 }
 # Waits due within this many simulated seconds wake together (trainctl.clock.VirtualClock):
 # the controller's 0.25 s poll is one wake per quantum, and hours replay in seconds.

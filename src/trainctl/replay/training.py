@@ -12,6 +12,7 @@ survives an attempt) and where node-time went.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import Counter
@@ -21,16 +22,17 @@ from trainctl.clock import clock
 from trainctl.record.jobstore import lease_notice
 from trainctl.replay.fleet import Fleet, StandInNode
 
-# A replay's heartbeat, in simulated seconds: the agent's setting (heartbeat_seconds), which
-# a replay sets to this (trainctl.replay.strategies), its timeout well above. Rank 0 sends its
-# step (and a heartbeat) more often, every STEP_REPORT_SECONDS: the controller's progress and
-# the deadline policy's pace come from it. The other ranks only say they are alive: at 300 s
-# their beats were 45 % of a 64-node replay's wakes of the clock and 20 % of its CPU, for no
-# figure (a replay's faults end a node's stream; none is silent); from 1,200 s to 2,400 s,
-# 5 % of `trainctl estimate`'s CPU, the same figures. How often rank 0 looks for
-# the controller's notice (a growth) in its lease, as the agent does every control_poll_seconds.
-HEARTBEAT_SECONDS = 2400.0
+# A replay's nodes are never silent: its faults end a node's stream (a kill, a reclaim, a
+# notice), and the controller hears the end at once. So the ranks but 0 say nothing between
+# their start and their end, and a replay's controller counts no node lost by silence
+# (SILENT_NODE_LOST_SECONDS, its heartbeat timeout: longer than any replay). Their heartbeats,
+# every 2,400 simulated seconds, were ~60 % of a 64-node replay's lines, each a wake of the
+# node, its pump and the controller, for no figure. Rank 0 sends its step (and a heartbeat)
+# every STEP_REPORT_SECONDS: the controller's progress and the deadline policy's pace come
+# from it. How often rank 0 looks for the controller's notice (a growth) in its lease, as the
+# agent does every control_poll_seconds.
 STEP_REPORT_SECONDS = 300.0
+SILENT_NODE_LOST_SECONDS = 1e9
 NOTICE_POLL_SECONDS = 10.0
 
 
@@ -88,8 +90,18 @@ class AttemptRun:
     nodes: list[TrainingNode] = field(default_factory=list)
 
     def wake_all(self) -> None:
-        for node in list(self.nodes):
+        # by rank: the turns they take follow the order they are woken in, and the nodes
+        # joined the attempt in the order a thread pool started them (its figures moved)
+        for node in sorted(self.nodes, key=lambda node: node.rank):
             node.wake()
+
+    def notice(self) -> None:
+        """A notice to any node stops all, once (EC2 tells each reclaimed node: waking all
+        for each was 64 x 64 wakes at 64 nodes, a tenth of a replay's CPU). A node that joins
+        the attempt later sees it before it first waits."""
+        if not self.noticed:
+            self.noticed = True
+            self.wake_all()
 
 
 class Training:
@@ -101,9 +113,10 @@ class Training:
 
         self.workload = workload
         self.interval_seconds = interval_seconds
-        # The agent's setting, as every node reads it: read once a replay, not once a node
-        # (a read scans the environment: 256 of them were a sixth of a replay's settings time).
-        self.heartbeat_seconds = get_settings().heartbeat_seconds
+        # Rank 0's step reports: every STEP_REPORT_SECONDS, or the agent's heartbeat where a
+        # replay sets it shorter (a calibration run of a minute: bench/spot.py). Read once a
+        # replay, not once a node (a read scans the environment).
+        self.step_report_seconds = min(get_settings().heartbeat_seconds, STEP_REPORT_SECONDS)
         self.saved = 0.0
         self.runs: dict[int, AttemptRun] = {}
         self.node_seconds: Counter[str] = Counter()
@@ -124,21 +137,18 @@ class TrainingNode(StandInNode):
 
     def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
         self.training: Training = fleet.training  # type: ignore[attr-defined]
-        self.heartbeat = self.training.heartbeat_seconds
-        self.step_report = min(self.heartbeat, STEP_REPORT_SECONDS)
         self._wake = clock().event()
         self.run = self.training.run(attempt, fleet.sizes[attempt])
         self.run.nodes.append(self)
         if attempt in fleet.preempting:  # a notice that came while the machine booted
-            self.run.noticed = True
+            self.run.notice()
         super().__init__(fleet, job, attempt, rank)
 
     def wake(self) -> None:
         self._wake.set()
 
     def notice(self) -> None:
-        self.run.noticed = True
-        self.run.wake_all()
+        self.run.notice()
 
     def terminate(self) -> None:
         super().terminate()
@@ -189,9 +199,8 @@ class TrainingNode(StandInNode):
         self._finish(why)
 
     def _follow(self) -> str:
-        while (why := self._pause(self.heartbeat)) is None:
-            self._emit("heartbeat")
-        return why
+        """A rank but 0: it trains in step with rank 0 until something stops the attempt."""
+        return self._pause(math.inf) or "finished"  # (it returns only once stopped)
 
     def _save(self, samples: float) -> str | None:
         """A checkpoint of `samples`: training holds for the save; None once it is in."""
@@ -216,7 +225,7 @@ class TrainingNode(StandInNode):
         rate = w.samples_per_second(world)
         samples = t.saved
         now = last = clock().monotonic()
-        next_save, next_beat = now + t.interval_seconds, now + self.step_report
+        next_save, next_beat = now + t.interval_seconds, now + t.step_report_seconds
         next_poll = now + NOTICE_POLL_SECONDS
         while True:
             finish_at = now + (w.total_samples - samples) / rate
@@ -246,13 +255,12 @@ class TrainingNode(StandInNode):
             if now >= next_beat:
                 self._emit("heartbeat")
                 self._emit("step", step=w.step(samples))
-                next_beat = now + self.step_report
+                next_beat = now + t.step_report_seconds
             if now >= next_poll:
                 next_poll = now + NOTICE_POLL_SECONDS
                 lease = self.jobs.read_lease()  # the controller's notice (a growth)
                 if lease_notice(lease, self.attempt, self.rank) is not None:
-                    self.run.noticed = True
-                    self.run.wake_all()
+                    self.run.notice()
 
     def _finish(self, why: str) -> None:
         if why == "killed":

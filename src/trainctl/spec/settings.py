@@ -38,6 +38,13 @@ class Settings(BaseSettings):
         "lines (longer in jobs of thousands of nodes: see paced). The terminal that runs "
         "the job shows each line as it comes; `trainctl logs` elsewhere is this far behind.",
     )
+    progress_save_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the controller saves a job's progress (its steps and metric "
+        "values) to the record, where `status` and the dashboard read it, when it moved. A "
+        "spot replay (`trainctl estimate`), which nobody watches, saves it once an hour.",
+    )
     control_poll_seconds: float = Field(
         default=10.0,
         gt=0,
