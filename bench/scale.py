@@ -136,12 +136,6 @@ class SimNode(StandInNode):
         log_path = harness.root / f"{job}-{attempt}-{rank}.log"
 
         class QuietShipper(LogShipper):  # the agent's shipper, without its console tee
-            # Living by the clock: on a simulated one, a copy that held the shipper's lock (or
-            # the counting store's) while the machine ran other work, its thread niced as the
-            # agent's is, left the node blocked in `write`, and time moved past its heartbeats
-            # (a node counted lost, at load 8, in one run of five).
-            stop_event = staticmethod(lambda: clock().event())
-
             def write(self, line: str) -> None:
                 with self._lock:
                     self._file.write(stamped_line(line) + "\n")

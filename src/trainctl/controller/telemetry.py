@@ -136,28 +136,33 @@ class Telemetry:
         nothing is compared (the attempt's JSON, to see whether it moved, was a fifth of a
         spot replay's CPU, where lines come every few minutes of simulated time)."""
         saved = self.save_metric_points(prompt=prompt)
-        if self.changes != self._changes_looked or not prompt:
-            changes = self.changes
-            progress = (
-                self.record.attempts[-1].model_dump_json(),
-                tuple(self.record.metrics.items()),
-                self.record.total_steps_reported,
-            )
-            if progress != self._saved:
-                try:
-                    self.jobs.save(self.record, prompt=prompt)
-                except StoreError as exc:
-                    if not self._unsaved:
-                        self.info(
-                            f"could not save the job's progress (tried again each save): {exc}"
-                        )
-                    self._unsaved = True
-                    return
-                self._saved = progress
-            self._changes_looked = changes
+        looked = self.changes == self._changes_looked and prompt
+        if not looked and not self._save_if_moved(prompt):
+            return
         if saved and self._unsaved:
             self.info("the job's progress is saved again")
             self._unsaved = False
+
+    def _save_if_moved(self, prompt: bool) -> bool:
+        """The record saved if its progress moved since the last save; False if the store
+        refused it (said once; the next save tries again)."""
+        changes = self.changes
+        progress = (
+            self.record.attempts[-1].model_dump_json(),
+            tuple(self.record.metrics.items()),
+            self.record.total_steps_reported,
+        )
+        if progress != self._saved:
+            try:
+                self.jobs.save(self.record, prompt=prompt)
+            except StoreError as exc:
+                if not self._unsaved:
+                    self.info(f"could not save the job's progress (tried again each save): {exc}")
+                self._unsaved = True
+                return False
+            self._saved = progress
+        self._changes_looked = changes
+        return True
 
 
 def startup_stages(

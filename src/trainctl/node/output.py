@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainctl.clock import clock
 from trainctl.node.priority import yield_cpu_to_training
 from trainctl.protocol import RANK_MARK, message, stamped_line
 
@@ -336,10 +337,6 @@ def _mpirun_report(lines: list[str]) -> str | None:
 class LogShipper:
     """Tees lines to the console and a log file, copying the file to the store now and then."""
 
-    # What the copying thread waits on between copies: a stand-in node under a simulated
-    # clock (bench/scale.py) makes it the clock's event, so that the thread lives by it.
-    stop_event: Callable[[], threading.Event] = threading.Event
-
     def __init__(
         self, path: Path, store: Store, key: str, interval: float, redact=lambda line: line
     ) -> None:
@@ -351,7 +348,11 @@ class LogShipper:
         self._file = path.open("a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
         self._shipped = -1
-        self._stop = self.stop_event()
+        # The clock's event (on a node, a plain one): a stand-in node under a simulated clock
+        # (bench/scale.py) copies by that clock's time, and its copying thread counts as at
+        # work there (waiting in wall seconds, niced, it held the lock a node's `write` needs
+        # while the clock took the node for idle and moved past its heartbeats).
+        self._stop = clock().event()
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
