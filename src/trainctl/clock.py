@@ -83,15 +83,31 @@ def _nothing() -> None:
 class _Waiter:
     """One thread's wait on a VirtualClock: until `deadline`, or until `ready()`."""
 
-    __slots__ = ("deadline", "done", "queued", "ready", "seq", "woken")
+    __slots__ = ("deadline", "done", "parked", "queued", "ready", "released", "seq")
 
     def __init__(self, deadline: float, ready: Callable[[], bool], seq: int) -> None:
         self.deadline = deadline
         self.ready = ready
         self.seq = seq  # the order it began to wait in: who of those due together goes first
-        self.woken = threading.Event()
+        # Held until its turn: the waiting thread blocks acquiring it (`_park`). A plain
+        # lock, not an Event (a Condition, a lock and Python-level waits and notifies each
+        # time: a fifth of a replay's CPU went to the clock's waits).
+        self.parked = threading.Lock()
+        self.parked.acquire()
+        self.released = False
         self.done = False
         self.queued = False  # due or notified: in line to run
+
+    def release(self) -> None:
+        """Its turn (under the clock's lock; once)."""
+        if not self.released:
+            self.released = True
+            self.parked.release()
+
+
+def _park(parked: threading.Lock) -> None:
+    """Wait for a turn (this function's frame tells a thread waiting here: `_BLOCKING_FRAMES`)."""
+    parked.acquire()
 
 
 class VirtualClock(Clock):
@@ -222,7 +238,7 @@ class VirtualClock(Clock):
                 self._needed.clear()
             else:
                 self._needed.set()
-        waiter.woken.wait()
+        _park(waiter.parked)
         with self._lock:
             if self._stopped is not None:
                 raise RuntimeError(f"the simulated clock stopped: {self._stopped}")
@@ -278,7 +294,7 @@ class VirtualClock(Clock):
             while self._due and self._due[0][0] <= self._now:
                 self._wake(heapq.heappop(self._due)[2])
         waiter = self._turns.popleft()
-        waiter.woken.set()
+        waiter.release()
         self._woken += 1
         return True
 
@@ -402,7 +418,7 @@ class VirtualClock(Clock):
         """Every waiter runs (under the lock)."""
         waiting = [w for _, _, w in self._due] + [w for ws in self._on.values() for w in ws]
         for waiter in waiting + list(self._turns):
-            waiter.woken.set()
+            waiter.release()
         self._needed.set()
 
     def close(self) -> None:
@@ -426,6 +442,7 @@ _BLOCKING_FRAMES = frozenset(
         ("queue.py", "put"),
         ("thread.py", "_worker"),
         ("_base.py", "result"),
+        ("clock.py", "_park"),  # a wait on this clock, for its turn
     }
 )
 

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from trainctl.controller.controller import Controller
 
 POLL_SECONDS = 0.25
-STOP_CHECK_SECONDS = 1.0
 PACE_SECONDS = 2.0  # how often the hang bound follows the job's pace
 # After a node exits non-zero, how long to wait for the rest of the picture (a lost peer,
 # a preemption) before blaming the user's code.
@@ -83,6 +82,9 @@ class WatchState:
     pace: PaceBound | None = None  # a relaunch's hang bound from the job's own pace
     next_stop_check: float = 0.0
     next_checks: float = 0.0
+    # No running node can have been silent past the heartbeat timeout before this (the
+    # least recently heard one's last line, plus the timeout): no scan of them until then.
+    silence_due: float = 0.0
     first_abnormal: float | None = None
 
     def abnormal(self, now: float) -> None:
@@ -104,6 +106,7 @@ class AttemptWatch:
         # Why the attempt is checkpointing to relaunch by choice: an elastic job growing, a
         # job on its on-demand fallback trying spot again (None: it is not).
         self.relaunching: str | None = None
+        self.machines_lost = 0  # how many nodes the machine watcher found gone
         self.state_stored = False  # the attempt's nodes put saved state in the store
         self.stored_files: dict[int, int] = {}  # rank -> checkpoint files it stored
         # A hung attempt's nodes: rank -> {worker rank: where it waits} (controller.hangs).
@@ -160,6 +163,7 @@ class AttemptWatch:
                 # written on this attempt's own nodes: a late watcher touches no other attempt
                 if node.machine_lost is None and self.ctl._nodes is nodes:
                     nodes[rank].machine_lost = why
+                    self.machines_lost += 1
                     self.ctl._info(f"algo-{rank + 1}: {why}")
                     try:
                         self.ctl.jobs.event(
@@ -298,19 +302,28 @@ class AttemptWatch:
         return line, now
 
     def _mark_lost(self, nodes: dict[int, LiveNode], now: float, watch: WatchState) -> None:
-        """Nodes whose machine is gone, or that have been silent too long."""
-        for node in nodes.values():
+        """Nodes whose machine is gone, or that have been silent too long. (Each node is
+        looked at only where one may be: at hundreds of nodes, every check's scan of them
+        all was a tenth of a replay's CPU.)"""
+        for node in nodes.values() if self.machines_lost else ():
             why = node.machine_lost
             if why and node.lost is None and (node.exit_code is None or not node.result):
                 if node.exit_code is None and node.proc.poll() is not None:
                     continue  # it ended as the machine went: its end says how, at once
                 self._node_lost(node, why, now)
                 watch.abnormal(now)
+        if now <= watch.silence_due:
+            return
+        timeout = self.ctl.settings.heartbeat_timeout_seconds
+        running = [node for node in nodes.values() if node.exit_code is None]
+        for node in running:
             silent = now - node.last_seen
-            if node.exit_code is None and silent > self.ctl.settings.heartbeat_timeout_seconds:
+            if silent > timeout:
                 if node.lost is None:
                     self._node_lost(node, f"no heartbeat for {silent:.0f} s", now)
                 watch.abnormal(now)
+        # (a node's last line only moves later, and a node that ended is not looked at)
+        watch.silence_due = min((node.last_seen for node in running), default=now) + timeout
 
     def _node_lost(self, node: LiveNode, why: str, now: float) -> None:
         """`node` counts as lost (infrastructure, not the user's code): said in the record at
@@ -344,11 +357,10 @@ class AttemptWatch:
                 else self.ctl.jobs.stop_requested() or "controller received SIGTERM"
             )
         if self.ctl.stop_reason is None and now >= watch.next_stop_check:
-            watch.next_stop_check = now + STOP_CHECK_SECONDS
+            watch.next_stop_check = now + self.ctl.settings.stop_check_seconds
             self.ctl.stop_reason = self.ctl.jobs.stop_requested()
-            self.ctl.stop_reason = self.ctl.stop_reason or self.ctl.budget.reached(
-                self.training_started
-            )
+        if self.ctl.stop_reason is None:
+            self.ctl.stop_reason = self.ctl.budget.reached(self.training_started)
         if self.ctl.stop_reason is None and self.measured_at is not None:
             # (a rank that ended abnormally after the measurement is one its peer's end
             # broke: not the script's failure)
@@ -411,9 +423,8 @@ class AttemptWatch:
         on its on-demand fallback, once it is time to try spot again: every node gets an
         interruption notice, checkpoints and exits, and the next attempt is provisioned
         (a relaunch by choice happens at a checkpoint boundary)."""
+        # (no node is lost here: `_verdict` ends the attempt on one before it asks)
         if self.relaunching or self.notices or self.training_started is None:
-            return
-        if any(n.lost for n in nodes.values()):
             return
         better = self.ctl.capacity.better_relaunch(
             cluster, now - self.training_started, state_stored=self.state_stored

@@ -228,10 +228,10 @@ def estimate(
     against `trace` (a shipped trace's name, or a trace file): `hours` of training on
     demand at full size (default: the job's own, once it completed), on `nodes` nodes
     (default: the job's; the measured step time is taken to hold at any size) of
-    `instance_type` (default: the job's). The replays run `workers` at a time (default: a
-    CPU each); `on_start` is given the estimate without its strategies (what is known before
-    any replay: its head) and the number of replays; `on_replay` is told of each as it
-    ends."""
+    `instance_type` (default: the job's). The replays run `workers` at a time (default: four
+    per CPU); `on_start` is given, once their processes have started, the estimate without
+    its strategies (what is known before any replay ends: its head) and the number of
+    replays; `on_replay` is told of each as it ends."""
     from trainctl.record.jobstore import JobStore
     from trainctl.replay.strategies import (
         Replay,
@@ -274,14 +274,16 @@ def estimate(
         "checkpoint_interval_seconds": interval,
         "starts": starts,
     }
-    if on_start is not None:
-        on_start(Estimate(**known, **_prices(market, kind), strategies=[]), len(jobs))
+
+    def begin() -> None:
+        if on_start is not None:
+            on_start(Estimate(**known, **_prices(market, kind), strategies=[]), len(jobs))
 
     def done(job: Replay) -> None:
         if on_replay:
             on_replay(f"{next(ended)} of {len(jobs)} replays done ({job.describe()})")
 
-    rows = replay_all(jobs, workers, on_done=done)
+    rows = replay_all(jobs, workers, on_done=done, on_begin=begin)
     scale = _price_scale(market, kind)
     for row in rows:
         row["cost_usd"] *= scale

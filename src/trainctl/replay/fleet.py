@@ -73,6 +73,10 @@ class StandInNode:
     """One node agent's stand-in (a trainctl.transport.RunningProcess); `_agent` is what it
     does, in a thread of its own."""
 
+    # Its result in the store at its end, as the agent writes it (for a controller that
+    # follows the node through the store: one that took the job over).
+    stores_result = True
+
     def __init__(self, fleet: Fleet, job: str, attempt: int, rank: int) -> None:
         from trainctl.record.jobstore import JobStore
 
@@ -147,9 +151,10 @@ class StandInNode:
             "preempted": code == 85,
             "notice": None,
         }
-        self.jobs.store.put_text(
-            self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
-        )
+        if self.stores_result:
+            self.jobs.store.put_text(
+                self.jobs.keys.node_result(self.attempt, self.rank), json.dumps(result)
+            )
         self._emit("result", **result)
         self._end(code)
 

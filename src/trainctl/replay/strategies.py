@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -37,17 +38,19 @@ from trainctl.spec.trace import SpotTrace
 from trainctl.store import open_store
 
 # Controller settings for a replay: heartbeats at rank 0's cadence, no node lost by silence;
-# the lease renewed every 200 s, not 5 (a replay has no second controller to keep out, and
+# the lease renewed every 1,200 s, not 5 (a replay has no second controller to keep out, and
 # the notices it relays are written at once: 810 of a 64-node replay's store writes were
-# renewals, a quarter of its CPU, for the same figures).
+# renewals, a quarter of its CPU, for the same figures; every 200 s, still 6 %).
 REPLAY_SETTINGS = {
     "TRAINCTL_HEARTBEAT_SECONDS": str(STEP_REPORT_SECONDS),
     "TRAINCTL_HEARTBEAT_TIMEOUT_SECONDS": str(SILENT_NODE_LOST_SECONDS),
     "TRAINCTL_LOG_SYNC_SECONDS": "60",
-    "TRAINCTL_LEASE_SECONDS": "600",
+    "TRAINCTL_LEASE_SECONDS": "3600",
     # (every 2 s, a save of the whole record each time rank 0 reported a step: a tenth of
     # a replay's CPU; the record's end is saved whole all the same)
     "TRAINCTL_PROGRESS_SAVE_SECONDS": "3600",
+    # (a read of the store every 30-s quantum for a stop nobody asks for: 8 % of its CPU)
+    "TRAINCTL_STOP_CHECK_SECONDS": "3600",
 }
 # Waits due within this many simulated seconds wake together (trainctl.clock.VirtualClock):
 # the controller's 0.25 s poll is one wake per quantum, and hours replay in seconds.
@@ -276,12 +279,15 @@ def replay_all(
     jobs: list[Replay],
     workers: int | None = None,
     on_done: Callable[[Replay], None] | None = None,
+    on_begin: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every replay's row, in the order given, `workers` at a time (default: four per CPU) in
     processes of their own: each has its own simulated clock, so a busy machine slows a
-    replay and does not change what it finds. `on_done` is told as each one ends. Each row
-    has the limit from its start (`limit_*`: trainctl.replay.limit), worked out once a start."""
-    rows = _replayed(jobs, workers, on_done)
+    replay and does not change what it finds. `on_begin` is called once their processes are
+    started (a progress bar's thread started before would be in each), `on_done` as each
+    replay ends. Each row has the limit from its start (`limit_*`: trainctl.replay.limit),
+    worked out once a start."""
+    rows = _replayed(jobs, workers, on_done, on_begin or _nothing)
     limits: dict[tuple[int, Workload, float, float], Limit | None] = {}
     for job, row in zip(jobs, rows, strict=True):
         key = (id(job.trace), job.workload, job.interval_seconds, job.start_s)
@@ -309,37 +315,56 @@ def replay_workers(replays: int, workers: int | None = None) -> int:
     threads take turns, one at a time, and it waits between turns where the driver must see
     them all wait; on a busy machine each process gets its share of a core (the README's
     estimate on 2 cores at load 8: 43 s with 4 at a time, 33 s with 8, the same figures;
-    13 s either way on a quiet machine). Forked from one server, a worker costs about 50 MB
-    and no imports."""
+    13 s either way on a quiet machine). Forked, a worker costs about 50 MB and no imports."""
     return max(1, min(replays, workers or 4 * (os.cpu_count() or 1)))
 
 
+def _nothing() -> None:
+    return None
+
+
 def _replayed(
-    jobs: list[Replay], workers: int | None, on_done: Callable[[Replay], None] | None
+    jobs: list[Replay],
+    workers: int | None,
+    on_done: Callable[[Replay], None] | None,
+    on_begin: Callable[[], None],
 ) -> list[dict[str, Any]]:
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     workers = replay_workers(len(jobs), workers)
     if workers == 1:
+        on_begin()
         rows = []
         for job in jobs:
             rows.append(run_replay(job))
             if on_done:
                 on_done(job)
         return rows
-    # Forked from a server that imported the replay's modules once: no state of this
-    # process's threads, and no worker pays the imports again (0.5 CPU-s each).
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["trainctl.replay.strategies", "trainctl.controller.controller"])
     with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_end_with, initargs=(os.getpid(),)
+        workers, mp_context=_worker_start(), initializer=_end_with, initargs=(os.getpid(),)
     ) as pool:
+        # (a pool forks its workers at the first submit, before its own threads start)
         futures = {pool.submit(run_replay, job): job for job in jobs}
+        on_begin()
         for done in as_completed(futures):
             if on_done:
                 on_done(futures[done])
         return [future.result() for future in futures]
+
+
+def _worker_start() -> Any:
+    """How the replays' processes start: forked from this process where that is safe (Linux,
+    and no other thread here, whose locks a child could inherit held), with the replay's
+    modules already imported; otherwise forked from a server that imports them once. (The
+    server was 1.1 s of the README's estimate at load 8, before the first replay began:
+    a second interpreter, its imports, on a fifth of a core.)"""
+    import multiprocessing
+
+    if sys.platform == "linux" and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["trainctl.replay.strategies", "trainctl.controller.controller"])
+    return context
 
 
 def _end_with(parent: int) -> None:

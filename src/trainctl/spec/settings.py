@@ -45,6 +45,14 @@ class Settings(BaseSettings):
         "values) to the record, where `status` and the dashboard read it, when it moved. A "
         "spot replay (`trainctl estimate`), which nobody watches, saves it once an hour.",
     )
+    stop_check_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the controller of a running attempt looks in the store for "
+        "a stop request (`trainctl stop`, `Estimator.stop()`): a stop begins within this "
+        "long; each look is one read of the store. A spot replay, which nobody stops, looks "
+        "once an hour.",
+    )
     control_poll_seconds: float = Field(
         default=10.0,
         gt=0,
