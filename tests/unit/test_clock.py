@@ -180,6 +180,24 @@ def test_a_thread_started_in_place_of_one_that_ended_is_at_work_until_it_waits()
     assert read == [0.0]
 
 
+@pytest.mark.timeout(60)
+def test_a_thread_first_seen_waiting_for_its_turn_does_not_hold_the_clock():
+    """A thread the driver first sees already parked in a wait on the clock is not at work:
+    time moves at once, not after `blocked_after` (its wait's frame says where it is)."""
+    virtual = VirtualClock(blocked_after=30.0)
+    with use_clock(virtual):
+        with virtual.hold():  # the driver looks only once the new thread waits
+            sleeper = threading.Thread(target=lambda: virtual.sleep(10))
+            sleeper.start()
+            while _waiting(virtual) < 1:
+                time.sleep(0.001)
+        began = time.monotonic()
+        virtual.sleep(20)
+        took = time.monotonic() - began
+        sleeper.join()
+    assert took < 10  # (30 s, held by a thread taken for one at work)
+
+
 def _waiting(virtual: VirtualClock) -> int:
     with virtual._lock:
         waiters = {id(w) for _, _, w in virtual._due} | {
