@@ -237,7 +237,6 @@ def estimate(
         Replay,
         recommended_interval,
         replay_all,
-        summarize,
     )
     from trainctl.store import default_store
 
@@ -284,13 +283,20 @@ def estimate(
             on_replay(f"{next(ended)} of {len(jobs)} replays done ({job.describe()})")
 
     rows = replay_all(jobs, workers, on_done=done, on_begin=begin)
-    scale = _price_scale(market, kind)
+    strategies_rows = _strategy_rows(rows, _price_scale(market, kind))
+    return Estimate(**known, **_prices(market, kind), strategies=strategies_rows)
+
+
+def _strategy_rows(rows: list[dict[str, Any]], scale: float) -> list[Any]:
+    """Each strategy's row over its replays, their costs scaled to the instance type's
+    prices (`scale`: the replays price the trace's own)."""
+    from trainctl.replay.strategies import summarize
+
     for row in rows:
         row["cost_usd"] *= scale
         if row.get("limit_usd") is not None:
             row["limit_usd"] *= scale
-    strategies_rows = [_strategy_row(r) for r in summarize(rows)]
-    return Estimate(**known, **_prices(market, kind), strategies=strategies_rows)
+    return [_strategy_row(r) for r in summarize(rows)]
 
 
 def _replays(market: SpotTrace, workload: Workload, interval: float, starts: int) -> list[Any]:
