@@ -287,7 +287,7 @@ def replay_all(
     started (a progress bar's thread started before would be in each), `on_done` as each
     replay ends. Each row has the limit from its start (`limit_*`: trainctl.replay.limit),
     worked out once a start."""
-    rows = _replayed(jobs, workers, on_done, on_begin or _nothing)
+    rows = _replayed(jobs, workers, on_done, on_begin)
     limits: dict[tuple[int, Workload, float, float], Limit | None] = {}
     for job, row in zip(jobs, rows, strict=True):
         key = (id(job.trace), job.workload, job.interval_seconds, job.start_s)
@@ -319,21 +319,18 @@ def replay_workers(replays: int, workers: int | None = None) -> int:
     return max(1, min(replays, workers or 4 * (os.cpu_count() or 1)))
 
 
-def _nothing() -> None:
-    return None
-
-
 def _replayed(
     jobs: list[Replay],
     workers: int | None,
     on_done: Callable[[Replay], None] | None,
-    on_begin: Callable[[], None],
+    on_begin: Callable[[], None] | None,
 ) -> list[dict[str, Any]]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     workers = replay_workers(len(jobs), workers)
     if workers == 1:
-        on_begin()
+        if on_begin:
+            on_begin()
         rows = []
         for job in jobs:
             rows.append(run_replay(job))
@@ -345,7 +342,8 @@ def _replayed(
     ) as pool:
         # (a pool forks its workers at the first submit, before its own threads start)
         futures = {pool.submit(run_replay, job): job for job in jobs}
-        on_begin()
+        if on_begin:
+            on_begin()
         for done in as_completed(futures):
             if on_done:
                 on_done(futures[done])
